@@ -1,0 +1,2 @@
+class LensHeadsError(Exception):
+    """A user-facing error: one clear message, no traceback needed."""

@@ -1,0 +1,198 @@
+"""Head geometry: one declarative entry per architecture.
+
+Everything lens_heads needs to know about where an attention head lives in a model's
+parameters is written here as data (pyvene style), so no other module branches on the
+architecture. Names are Hugging Face parameter names *relative to one attention module*.
+
+Layouts of the Q/K/V output features (rows of a Linear weight, columns of a Conv1D):
+- ``separate``:   one projection per part; head g owns features [g*d, (g+1)*d).
+- ``interleaved``: one fused projection viewed as [head, part, d] (BLOOM ``query_key_value``).
+- ``blocked``:    one fused projection viewed as [part, head, d] (GPT-2 ``c_attn``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from torch import Tensor
+
+from lens_heads.errors import LensHeadsError
+
+Part = Literal["q", "k", "v"]
+PARTS: tuple[Part, ...] = ("q", "k", "v")
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """How one architecture lays out its attention heads (declarative)."""
+
+    name: str
+    model_types: tuple[str, ...]  # HF ``config.model_type`` values served by this entry
+    layers: str  # path of the block list, e.g. "model.layers"
+    attn: str  # attention module inside a block, e.g. "self_attn"
+    qkv: dict[str, str]  # part -> projection module (the same name for all parts when fused)
+    out: str  # output projection module
+    layout: Literal["separate", "interleaved", "blocked"] = "separate"
+    conv1d: bool = False  # GPT-2 Conv1D: weight is [in, out], so output features are dim 1
+    qkv_bias: bool = False
+    out_bias: bool = False
+    alibi: bool = False
+    qk_norm: Literal[None, "per_head", "full"] = None  # "full": norm over all heads (OLMo-2)
+    prepends_bos: bool = False  # the usual tokenizer behaviour (the loaded tokenizer decides)
+    # config attribute names (first one present wins)
+    n_layers_keys: tuple[str, ...] = ("num_hidden_layers", "n_layer")
+    n_heads_keys: tuple[str, ...] = ("num_attention_heads", "n_head")
+    n_kv_keys: tuple[str, ...] = ("num_key_value_heads",)
+    d_model_keys: tuple[str, ...] = ("hidden_size", "n_embd")
+    head_dim_keys: tuple[str, ...] = ("head_dim",)
+
+
+_SEPARATE = dict(q="q_proj", k="k_proj", v="v_proj")
+
+ARCHITECTURES: dict[str, ArchSpec] = {
+    spec.name: spec
+    for spec in [
+        ArchSpec("llama", ("llama", "mistral"), "model.layers", "self_attn", _SEPARATE, "o_proj",
+                 prepends_bos=True),
+        ArchSpec("qwen2", ("qwen2",), "model.layers", "self_attn", _SEPARATE, "o_proj",
+                 qkv_bias=True),
+        ArchSpec("olmo2", ("olmo2",), "model.layers", "self_attn", _SEPARATE, "o_proj",
+                 qk_norm="full"),
+        ArchSpec("gemma3", ("gemma3", "gemma3_text"), "model.layers", "self_attn", _SEPARATE,
+                 "o_proj", qk_norm="per_head", prepends_bos=True),
+        ArchSpec("bloom", ("bloom",), "transformer.h", "self_attention",
+                 dict(q="query_key_value", k="query_key_value", v="query_key_value"), "dense",
+                 layout="interleaved", qkv_bias=True, out_bias=True, alibi=True),
+        ArchSpec("gpt2", ("gpt2",), "transformer.h", "attn",
+                 dict(q="c_attn", k="c_attn", v="c_attn"), "c_proj",
+                 layout="blocked", conv1d=True, qkv_bias=True, out_bias=True),
+    ]
+}
+
+
+def arch_for_model_type(model_type: str) -> ArchSpec:
+    for spec in ARCHITECTURES.values():
+        if model_type in spec.model_types:
+            return spec
+    supported = ", ".join(f"{s.name} ({'/'.join(s.model_types)})" for s in ARCHITECTURES.values())
+    raise LensHeadsError(
+        f"unsupported architecture {model_type!r}; lens_heads supports: {supported}"
+    )
+
+
+def alibi_slopes(n_heads: int) -> Tensor:
+    """ALiBi slopes m_h as BLOOM builds them (closest power of two, then interleaved extras)."""
+    closest = 2 ** math.floor(math.log2(n_heads))
+    base = 2 ** (-(2 ** -(math.log2(closest) - 3)))
+    slopes = [base ** (i + 1) for i in range(closest)]
+    if closest != n_heads:
+        extra_base = 2 ** (-(2 ** -(math.log2(2 * closest) - 3)))
+        n_extra = min(closest, n_heads - closest)
+        slopes += [extra_base ** (i + 1) for i in range(0, 2 * n_extra, 2)]
+    return torch.tensor(slopes, dtype=torch.float64)
+
+
+@dataclass(frozen=True)
+class ParamSlice:
+    """Features ``index`` along ``dim`` of parameter ``name`` (full HF name)."""
+
+    name: str
+    dim: int
+    index: Tensor
+
+
+def _first(config, keys: tuple[str, ...], default=None):
+    for key in keys:
+        value = getattr(config, key, None)
+        if value is not None:
+            return value
+    return default
+
+
+@dataclass(frozen=True)
+class HeadGeometry:
+    """An architecture entry resolved against one model config."""
+
+    arch: ArchSpec
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    d_head: int
+    d_model: int
+
+    @classmethod
+    def from_config(cls, config) -> "HeadGeometry":
+        model_type = getattr(config, "model_type", None) or "?"
+        arch = arch_for_model_type(model_type)
+        n_heads = _first(config, arch.n_heads_keys)
+        d_model = _first(config, arch.d_model_keys)
+        d_head = _first(config, arch.head_dim_keys) or d_model // n_heads
+        return cls(arch, _first(config, arch.n_layers_keys), n_heads,
+                   _first(config, arch.n_kv_keys, n_heads), d_head, d_model)
+
+    # --- head bookkeeping -------------------------------------------------------------
+    @property
+    def group_size(self) -> int:
+        """Query heads per KV head (1 without grouped-query attention)."""
+        return self.n_heads // self.n_kv_heads
+
+    def kv_head(self, head: int) -> int:
+        return head // self.group_size
+
+    def check_head(self, layer: int, head: int) -> None:
+        if not (0 <= layer < self.n_layers and 0 <= head < self.n_heads):
+            raise LensHeadsError(
+                f"head {layer}.{head} out of range: the model has {self.n_layers} layers "
+                f"x {self.n_heads} heads (layer 0..{self.n_layers - 1}, head 0..{self.n_heads - 1})"
+            )
+
+    def alibi_slopes(self) -> Tensor | None:
+        return alibi_slopes(self.n_heads) if self.arch.alibi else None
+
+    # --- where head features live -----------------------------------------------------
+    def _module(self, layer: int, module: str) -> str:
+        return f"{self.arch.layers}.{layer}.{self.arch.attn}.{module}"
+
+    def _features(self, part: Part, head: int) -> Tensor:
+        """Output-feature indices of ``head`` (a KV head for k/v) in its Q/K/V projection."""
+        d, p = self.d_head, PARTS.index(part)
+        layout = self.arch.layout
+        if layout == "separate":
+            start = head * d
+        elif layout == "interleaved":  # [head, part, d]
+            start = (head * 3 + p) * d
+        else:  # blocked: [part, head, d]
+            start = (p * self.n_heads + head) * d
+        return torch.arange(start, start + d)
+
+    def qkv_slices(self, layer: int, head: int, part: Part, bias: bool = False) -> ParamSlice:
+        """Weight (or bias) features that compute ``part`` for query head ``head``.
+
+        For k/v under grouped-query attention this is the shared KV head's slice.
+        """
+        self.check_head(layer, head)
+        unit = head if part == "q" else self.kv_head(head)
+        suffix = "bias" if bias else "weight"
+        dim = 0 if bias else (1 if self.arch.conv1d else 0)
+        name = self._module(layer, self.arch.qkv[part]) + "." + suffix
+        return ParamSlice(name, dim, self._features(part, unit))
+
+    def out_slice(self, layer: int, head: int) -> ParamSlice:
+        """Input features of the output projection that read ``head`` (its W_O^h)."""
+        self.check_head(layer, head)
+        dim = 0 if self.arch.conv1d else 1
+        index = torch.arange(head * self.d_head, (head + 1) * self.d_head)
+        return ParamSlice(self._module(layer, self.arch.out) + ".weight", dim, index)
+
+    def out_bias_name(self, layer: int) -> str | None:
+        return self._module(layer, self.arch.out) + ".bias" if self.arch.out_bias else None
+
+    def w_o(self, params: dict[str, Tensor], layer: int) -> Tensor:
+        """W_O of one layer as [head, d_head, d_model] from HF parameters."""
+        sl = self.out_slice(layer, 0)
+        w = params[sl.name]
+        w = w if self.arch.conv1d else w.T  # -> [n_heads*d_head, d_model]
+        return w.reshape(self.n_heads, self.d_head, self.d_model)

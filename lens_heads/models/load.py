@@ -1,0 +1,179 @@
+"""``load_model(spec)``: one object holding the TransformerLens bridge, tokenizer and geometry.
+
+``spec`` may be a zoo name (``smollm2-135m``), a path to a ``.gguf`` file, a local Hugging
+Face directory, or a hub id (for users who are online). Attention is always eager, so the
+bridge's ``hook_pattern`` sees real attention probabilities.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import re
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from lens_heads.errors import LensHeadsError
+from lens_heads.models import zoo
+from lens_heads.models.geometry import HeadGeometry
+
+DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
+          "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+
+
+def resolve_dtype(dtype: str | torch.dtype) -> torch.dtype:
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype not in DTYPES:
+        raise LensHeadsError(f"unknown dtype {dtype!r}; choose one of: {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+@dataclass
+class ModelSource:
+    """Where weights come from, enough to load the plain HF model again (e.g. for surgery)."""
+
+    spec: str
+    path: str  # directory, gguf file or hub id given to transformers
+    gguf_file: str | None = None
+    digest: str | None = None  # sha256 of the GGUF when known
+
+    def hf_kwargs(self) -> tuple[str, dict]:
+        if self.gguf_file:
+            return str(Path(self.gguf_file).parent), {"gguf_file": Path(self.gguf_file).name}
+        return self.path, {}
+
+
+@dataclass
+class LoadedModel:
+    bridge: object  # transformer_lens.model_bridge.TransformerBridge
+    tokenizer: object
+    geometry: HeadGeometry
+    source: ModelSource
+    dtype: torch.dtype
+    device: str
+    prepends_bos: bool = field(default=False)
+
+    @property
+    def hf_model(self):
+        """The Hugging Face model the bridge wraps (its parameters are the model's)."""
+        return self.bridge.original_model
+
+    @property
+    def name(self) -> str:
+        return self.source.spec
+
+    def params(self) -> dict[str, torch.Tensor]:
+        """HF-named parameters (TransformerLens wrapper segments stripped)."""
+        out = {}
+        for name, p in self.hf_model.named_parameters(remove_duplicate=False):
+            out.setdefault(name.replace("._original_component", ""), p)
+        return out
+
+    def load_hf_model(self):
+        """A fresh, unwrapped copy of the HF model from the same source (for editing)."""
+        return load_hf(self.source, self.dtype, self.device)[0]
+
+    def to_tokens(self, texts: list[str] | str) -> list[torch.Tensor]:
+        texts = [texts] if isinstance(texts, str) else texts
+        return [torch.tensor(self.tokenizer(t)["input_ids"], dtype=torch.long) for t in texts]
+
+
+@contextlib.contextmanager
+def _quiet():
+    """Silence the chatty loaders (GGUF dequantisation bars, bridge banners)."""
+    logger = logging.getLogger("transformers")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        try:
+            yield
+        finally:
+            logger.setLevel(level)
+
+
+def resolve_source(spec: str | os.PathLike) -> ModelSource:
+    """Turn a user spec into a ModelSource, checking local files on the way."""
+    spec = str(spec)
+    if spec in zoo.ZOO:
+        path = zoo.fetch(spec)
+        return ModelSource(spec, str(path), str(path), zoo.ZOO[spec].sha256)
+    path = Path(spec).expanduser()
+    if spec.endswith(".gguf"):
+        if not path.is_file():
+            raise LensHeadsError(f"GGUF file not found: {spec}")
+        with open(path, "rb") as f:
+            if f.read(4) != b"GGUF":
+                raise LensHeadsError(f"{spec} is not a GGUF file (bad magic bytes)")
+        for entry in zoo.ZOO.values():  # a known model's file is verified against its digest
+            if path.stat().st_size == entry.size or path.name == entry.filename:
+                zoo.verify(path, entry.sha256)
+                return ModelSource(spec, str(path), str(path), entry.sha256)
+        return ModelSource(spec, str(path), str(path), zoo.sha256_file(path))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise LensHeadsError(f"{spec} is a directory without config.json: not a HF model folder")
+        return ModelSource(spec, str(path))
+    if path.exists():
+        raise LensHeadsError(f"{spec}: expected a .gguf file or a model directory")
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
+        return ModelSource(spec, spec)  # hub id: resolved by transformers when online
+    raise LensHeadsError(
+        f"unknown model spec {spec!r}: not a zoo name ({', '.join(zoo.ZOO)}), an existing "
+        f".gguf file or model directory, or a hub id of the form owner/name"
+    )
+
+
+def load_hf(source: ModelSource, dtype: torch.dtype, device: str = "cpu"):
+    """Load the plain HF model and tokenizer (eager attention) from a ModelSource."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    path, kwargs = source.hf_kwargs()
+    try:
+        with _quiet():
+            config = AutoConfig.from_pretrained(path, **kwargs)
+            HeadGeometry.from_config(config)  # unsupported architectures fail here, early
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, attn_implementation="eager", **kwargs)
+            tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
+    except LensHeadsError:
+        raise
+    except Exception as exc:  # noqa: BLE001 -- any loader failure becomes one clear message
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        hint = " (HF_HUB_OFFLINE=1: hub ids cannot be fetched)" if offline else ""
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LensHeadsError(f"could not load model {source.spec!r}{hint}: {first}") from None
+    if not getattr(model.config, "architectures", None):  # GGUF configs may lack it
+        model.config.architectures = [type(model).__name__]
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return model.to(device).eval(), tokenizer
+
+
+def boot(model, tokenizer, source: ModelSource, dtype, device) -> LoadedModel:
+    """Wrap an HF model in a TransformerLens bridge (in place: the bridge owns its modules)."""
+    from transformer_lens.model_bridge import TransformerBridge
+
+    geometry = HeadGeometry.from_config(model.config)
+    with _quiet():
+        bridge = TransformerBridge.boot_transformers(
+            source.path if source.gguf_file is None else source.spec,
+            hf_model=model, tokenizer=tokenizer, device=device, dtype=dtype)
+    bridge.eval()
+    probe = tokenizer("a")["input_ids"]
+    prepends = tokenizer.bos_token_id is not None and len(probe) > 0 and probe[0] == tokenizer.bos_token_id
+    return LoadedModel(bridge, tokenizer, geometry, source, dtype, device, prepends)
+
+
+def load_model(spec, dtype: str | torch.dtype = "float32", device: str = "cpu") -> LoadedModel:
+    """Load ``spec`` (zoo name, .gguf, HF directory or hub id) onto the TransformerLens bridge."""
+    torch_dtype = resolve_dtype(dtype)
+    source = resolve_source(spec)
+    model, tokenizer = load_hf(source, torch_dtype, device)
+    return boot(model, tokenizer, source, torch_dtype, device)

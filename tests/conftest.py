@@ -1,0 +1,138 @@
+"""Shared fixtures: a tokenizer built offline, tiny random models of every supported
+architecture (built once per session, saved as HF folders), and the real SmolLM2."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import pytest
+import torch
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+_CORPUS = [
+    "The capital of France is Paris. The capital of Italy is Rome.",
+    "Attention heads that do nothing are called dormant heads.",
+    "Question: How do I boil an egg? Answer: put it in boiling water.",
+    "A B C D Answer: the following are multiple choice questions",
+] * 20
+
+
+def build_tokenizer(folder: Path):
+    """A small byte-level BPE tokenizer, trained offline, saved and re-loaded."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=400, special_tokens=["<unk>", "<s>", "</s>", "<pad>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(_CORPUS, trainer)
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                   unk_token="<unk>", pad_token="<pad>")
+    fast.save_pretrained(folder)
+    return AutoTokenizer.from_pretrained(folder)
+
+
+def tiny_config(arch: str, vocab: int):
+    import transformers as T
+
+    common = dict(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  max_position_embeddings=256)
+    if arch == "llama":
+        return T.LlamaConfig(num_attention_heads=4, num_key_value_heads=2, **common)
+    if arch == "qwen2":
+        return T.Qwen2Config(num_attention_heads=4, num_key_value_heads=2, **common)
+    if arch == "olmo2":
+        return T.Olmo2Config(num_attention_heads=4, num_key_value_heads=2, **common)
+    if arch == "gemma3":
+        return T.Gemma3TextConfig(num_attention_heads=4, num_key_value_heads=1, head_dim=16,
+                                  sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+                                  **common)
+    if arch == "bloom":
+        return T.BloomConfig(vocab_size=vocab, hidden_size=64, n_layer=2, n_head=4)
+    if arch == "gpt2":
+        return T.GPT2Config(vocab_size=vocab, n_embd=64, n_layer=2, n_head=4, n_positions=256)
+    raise KeyError(arch)
+
+
+TINY_ARCHS = ["llama", "qwen2", "olmo2", "gemma3", "bloom", "gpt2"]
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer_dir(tmp_path_factory) -> Path:
+    folder = tmp_path_factory.mktemp("tok")
+    build_tokenizer(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tiny_tokenizer_dir):
+    """Factory: arch -> folder holding a tiny random HF model of that architecture."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    cache: dict[str, Path] = {}
+
+    def make(arch: str) -> Path:
+        if arch not in cache:
+            tok = AutoTokenizer.from_pretrained(tiny_tokenizer_dir)
+            torch.manual_seed(0)
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                model = AutoModelForCausalLM.from_config(tiny_config(arch, len(tok)),
+                                                         attn_implementation="eager")
+                _randomise(model)
+            folder = tmp_path_factory.mktemp(f"tiny-{arch}")
+            model.save_pretrained(folder)
+            tok.save_pretrained(folder)
+            cache[arch] = folder
+        return cache[arch]
+
+    return make
+
+
+def _randomise(model) -> None:
+    """Give biases and norm gains random values so no slice is trivially zero or one."""
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias") or "norm" in name or "ln_" in name:
+                p.add_(0.1 * torch.randn(p.shape, generator=g))
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_model_dir):
+    """Factory: arch -> LoadedModel (fp32) of the tiny random model, cached per session."""
+    from lens_heads import load_model
+
+    cache = {}
+
+    def make(arch: str):
+        if arch not in cache:
+            cache[arch] = load_model(str(tiny_model_dir(arch)))
+        return cache[arch]
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def smollm2():
+    """The real SmolLM2-135M-Instruct from the offline zoo (fp32)."""
+    from lens_heads import load_model
+
+    return load_model("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"shared evaluation data not found at {SHARED_DATA}")
+    return SHARED_DATA

@@ -1,0 +1,206 @@
+"""Foundation: loading, bridge parity with HF eager, hook shapes, and the geometry map."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from lens_heads import LensHeadsError, load_model
+from lens_heads.hooks import hook_name, run_with_hooks
+from lens_heads.models import zoo
+from conftest import TINY_ARCHS
+
+TEXT = "The capital of France is Paris. Attention heads that do nothing are dormant."
+
+
+def _ids(model, text=TEXT):
+    return torch.tensor([model.tokenizer(text)["input_ids"]])
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_bridge_matches_hf_eager(arch, tiny_model, tiny_model_dir):
+    model = tiny_model(arch)
+    assert model.geometry.arch.name == arch
+    ids = _ids(model)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir(arch), attn_implementation="eager").eval()
+    with torch.no_grad():
+        expected = hf(ids).logits
+    got = run_with_hooks(model, ids, None, [])
+    diff = (got - expected).abs().max().item()
+    print(f"{arch}: max |bridge - HF eager| = {diff:.3g}")
+    assert diff <= 1e-5
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_hook_shapes(arch, tiny_model):
+    model = tiny_model(arch)
+    g = model.geometry
+    ids = _ids(model)
+    T = ids.shape[1]
+    shapes = {}
+
+    def grab(name):
+        def fn(x, hook):
+            shapes[name] = tuple(x.shape)
+        return fn
+
+    names = [hook_name(k, L) for L in range(g.n_layers) for k in ("pattern", "v", "z")]
+    hooks = [(n, grab(n)) for n in names]
+    run_with_hooks(model, ids, None, hooks)
+    for L in range(g.n_layers):
+        assert shapes[hook_name("pattern", L)] == (1, g.n_heads, T, T)
+        assert shapes[hook_name("v", L)] == (1, T, g.n_kv_heads, g.d_head)
+        assert shapes[hook_name("z", L)] == (1, T, g.n_heads, g.d_head)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_out_slice_zeroing_equals_hook_z_zeroing(arch, tiny_model, tiny_model_dir):
+    """Proves the geometry map: zeroing W_O^h in the HF weights == zeroing head h in hook_z."""
+    model = tiny_model(arch)
+    g = model.geometry
+    ids = _ids(model)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir(arch), attn_implementation="eager").eval()
+    hf_params = dict(hf.named_parameters())
+    base = run_with_hooks(model, ids, None, [])
+    for layer in range(g.n_layers):
+        for head in range(g.n_heads):
+            def zero(z, hook, head=head):
+                z = z.clone()
+                z[:, :, head] = 0
+                return z
+
+            via_hook = run_with_hooks(model, ids, None, [(hook_name("z", layer), zero)])
+            sl = g.out_slice(layer, head)
+            w = hf_params[sl.name]
+            saved = w.detach().clone()
+            with torch.no_grad():
+                w.index_fill_(sl.dim, sl.index, 0.0)
+                via_weights = hf(ids).logits
+                w.copy_(saved)
+            assert (via_hook - base).abs().max() > 1e-6, "ablation had no effect"
+            assert (via_hook - via_weights).abs().max().item() <= 1e-5, (layer, head)
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_qkv_slices_address_the_heads_projection(arch, tiny_model, tiny_model_dir):
+    """Q/K/V slices: perturbing head h's V slice changes only hook_z of heads reading that KV head."""
+    model = tiny_model(arch)
+    g = model.geometry
+    ids = _ids(model)
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir(arch), attn_implementation="eager").eval()
+    params = dict(hf.named_parameters())
+    z_out = {}
+
+    def capture(module, args, kwargs, output):
+        z_out["z"] = (args[0] if args else kwargs["hidden_states"]).detach().clone()
+
+    attn = hf.get_submodule(f"{g.arch.layers}.0.{g.arch.attn}")
+    handle = getattr(attn, g.arch.out).register_forward_hook(capture, with_kwargs=True)
+    with torch.no_grad():
+        hf(ids)
+        before = z_out["z"].reshape(1, ids.shape[1], g.n_heads, g.d_head)
+        head = g.n_heads - 1
+        sl = g.qkv_slices(0, head, "v")
+        w = params[sl.name]
+        w.index_add_(sl.dim, sl.index, torch.ones_like(w.index_select(sl.dim, sl.index)))
+        hf(ids)
+        after = z_out["z"].reshape(1, ids.shape[1], g.n_heads, g.d_head)
+    handle.remove()
+    changed = {h for h in range(g.n_heads) if (after[..., h, :] - before[..., h, :]).abs().max() > 1e-6}
+    assert changed == {h for h in range(g.n_heads) if g.kv_head(h) == g.kv_head(head)}
+
+
+def test_bloom_alibi_slopes(tiny_model):
+    g = tiny_model("bloom").geometry
+    slopes = g.alibi_slopes()
+    assert torch.allclose(slopes, torch.tensor([2 ** (-8 * (h + 1) / 4) for h in range(4)], dtype=torch.float64))
+    assert tiny_model("llama").geometry.alibi_slopes() is None
+
+
+def test_bloom_16_head_slopes_match_paper():
+    from lens_heads.models.geometry import alibi_slopes
+
+    s = alibi_slopes(16)
+    assert abs(s[0].item() - 0.7071) < 1e-4 and abs(s[15].item() - 0.0039) < 1e-4
+
+
+# --- the real model ---------------------------------------------------------------------
+
+def test_smollm2_real_model(smollm2):
+    model = smollm2
+    g = model.geometry
+    assert (g.arch.name, g.n_layers, g.n_heads, g.n_kv_heads, g.d_head) == ("llama", 30, 9, 3, 64)
+    assert model.prepends_bos is False
+    ids = _ids(model, "The capital of France is")
+    logits = run_with_hooks(model, ids, None, [])
+    with torch.no_grad():
+        hf_logits = model.hf_model(ids).logits
+    assert (logits - hf_logits).abs().max().item() == 0.0
+    out = ids
+    for _ in range(6):
+        nxt = run_with_hooks(model, out, None, [])[0, -1].argmax()
+        out = torch.cat([out, nxt.view(1, 1)], dim=1)
+    text = model.tokenizer.decode(out[0, ids.shape[1]:])
+    assert "Paris" in text, text
+
+
+def test_zoo_cache_is_reused(smollm2):
+    path = zoo.fetch("smollm2-135m")
+    assert path.stat().st_size == zoo.ZOO["smollm2-135m"].size
+
+
+# --- bad input --------------------------------------------------------------------------
+
+def test_unknown_spec():
+    with pytest.raises(LensHeadsError, match="unknown model spec"):
+        load_model("definitely not a model")
+
+
+def test_unknown_dtype(tiny_model_dir):
+    with pytest.raises(LensHeadsError, match="unknown dtype"):
+        load_model(str(tiny_model_dir("llama")), dtype="float8")
+
+
+def test_directory_without_config(tmp_path):
+    with pytest.raises(LensHeadsError, match="without config.json"):
+        load_model(str(tmp_path))
+
+
+def test_unsupported_architecture(tmp_path, tiny_tokenizer_dir):
+    import transformers as T
+
+    cfg = T.GPTNeoXConfig(vocab_size=400, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                          intermediate_size=64)
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
+    with pytest.raises(LensHeadsError, match="unsupported architecture 'gpt_neox'.*llama"):
+        load_model(str(tmp_path))
+
+
+def test_truncated_and_wrong_digest_gguf(tmp_path, smollm2):
+    src = zoo.fetch("smollm2-135m")
+    truncated = tmp_path / "smollm2-135m.gguf"
+    with open(src, "rb") as f, open(truncated, "wb") as g:
+        g.write(f.read(1 << 20))
+    with pytest.raises(LensHeadsError, match="sha256"):
+        load_model(str(truncated))
+    garbage = tmp_path / "other.gguf"
+    garbage.write_bytes(b"not a gguf at all")
+    with pytest.raises(LensHeadsError, match="not a GGUF"):
+        load_model(str(garbage))
+    unknown = tmp_path / "unknown.gguf"
+    with open(src, "rb") as f, open(unknown, "wb") as g:
+        g.write(f.read(1 << 16))
+    with pytest.raises(LensHeadsError, match="could not load"):
+        load_model(str(unknown))
+
+
+def test_corrupted_cache_is_detected(tmp_path, monkeypatch):
+    monkeypatch.setenv("LENS_HEADS_CACHE", str(tmp_path))
+    entry = zoo.ZOO["smollm2-135m"]
+    (tmp_path / entry.filename).write_bytes(b"GGUF" + b"\0" * 100)
+    with pytest.raises(LensHeadsError, match="does not match"):
+        zoo.fetch("smollm2-135m")
