@@ -1,0 +1,48 @@
+"""``lens-heads`` command line: argument parsing that calls the public API, nothing else.
+
+Each subcommand lives in its own module here and exposes ``register(subparsers)``, which
+adds its parser and sets ``func`` to a function taking the parsed arguments. A
+``LensHeadsError`` anywhere becomes one clear message on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from lens_heads.errors import LensHeadsError
+
+COMMANDS = ["info", "score", "evaluate", "sweep", "diagnose", "repair", "report", "demo"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="lens-heads", description="Find, test and repair dormant attention heads.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"lens_heads.cli.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name == f"lens_heads.cli.{name}":
+                continue  # not built yet
+            raise
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except LensHeadsError as exc:
+        print(f"lens-heads {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"lens-heads {args.command}: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,37 @@
+"""``lens-heads info MODEL``: geometry, BOS behaviour and per-layer first-token attention."""
+
+from __future__ import annotations
+
+from lens_heads.cli.common import add_model_args
+
+
+def register(sub) -> None:
+    p = sub.add_parser("info", help="describe a model's heads and its first-token attention")
+    add_model_args(p)
+    p.add_argument("--data", default="c4", help="corpus for the attention summary (default c4)")
+    p.add_argument("--n-inputs", type=int, default=8)
+    p.add_argument("--max-len", type=int, default=128)
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from lens_heads.data import load_texts, tokenize_texts
+    from lens_heads.models import load_model
+    from lens_heads.models.summary import first_token_attention
+
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    g = model.geometry
+    print(f"model        {model.name}")
+    print(f"architecture {g.arch.name}")
+    print(f"heads        {g.n_layers} layers x {g.n_heads} heads ({g.n_kv_heads} KV heads), d_head {g.d_head}")
+    print(f"BOS          tokenizer {'prepends' if model.prepends_bos else 'does not prepend'} a BOS token")
+    if g.arch.alibi:
+        print("ALiBi slopes " + " ".join(f"{s:.4g}" for s in g.alibi_slopes().tolist()))
+    texts = load_texts(args.data, n=args.n_inputs)
+    inputs = tokenize_texts(model.tokenizer, texts, args.max_len)
+    per_layer = first_token_attention(model, inputs)
+    print(f"mean attention on the first token, {len(inputs)} {args.data} texts x <= {args.max_len} tokens:")
+    for layer, row in enumerate(per_layer):
+        bar = "#" * int(round(row.mean().item() * 40))
+        print(f"  layer {layer:>2}  {row.mean().item():.3f}  {bar}")
+    return 0
