@@ -1,0 +1,654 @@
+"""Multiple-choice tasks with lm-evaluation-harness 0.4.x prompts, reproduced exactly.
+
+One record type (``MCRecord``), one declarative spec per task (``TaskSpec``, kept in the
+name-keyed registry ``TASKS``), and ``Task`` = spec + records + few-shot pool:
+
+    task = load_task("mmlu")                      # local copy under the data root, else the hub
+    rec = task.records[0]
+    shots = task.fewshot(rec)                     # MMLU: first 5 dev items of rec's subject
+    reqs = task.requests(rec, shots)              # [(context, continuation)] one per choice
+    # score sum log p(continuation | context) per request, then:
+    task.score(rec, lls)                          # {"acc": ..., "acc_norm": ...} as lm-eval does
+
+Prompt construction follows lm-eval 0.4.x ``ConfigurableTask.fewshot_context`` /
+``construct_requests`` for plain-text (no chat template) prompts::
+
+    context = description + sum(shot_q + target_delimiter + shot_answer + fewshot_delimiter) + q
+    continuation = target_delimiter + choice
+
+with ``target_delimiter=" "``, ``fewshot_delimiter="\\n\\n"``. For "multiple input" tasks
+(WinoGrande, partial scoring) each *choice* yields a different context and all share one
+continuation; a WinoGrande shot is ``prefix-with-gold-option + " " + suffix + "\\n\\n"``.
+
+acc_norm divides each choice's log-likelihood by ``len(choice)`` in characters, where
+``choice`` is the string from ``doc_to_choice`` *without* the leading delimiter (see
+``Task.choice_lengths``), exactly as lm-eval's ``process_results``.
+
+Tasks here (``TASKS``):
+
+* ``mmlu``: 57 subjects, eval split ``test`` (14,042), 5-shot from ``dev`` with the
+  ``first_n`` sampler (the first k dev items of the same subject, in file order).
+  Local: ``<data root>/mmlu/{dev,test}/<subject>_{dev,test}.csv``; hub: ``cais/mmlu`` "all".
+* ``piqa``: ``validation`` (1,838), 0-shot, metrics acc and acc_norm.
+  Local: ``piqa/valid.jsonl`` + ``valid-labels.lst``; hub: ``baber/piqa``.
+* ``winogrande``: ``validation`` (1,267, WinoGrande 1.1 dev), 5-shot, partial scoring.
+  Local: ``winogrande/dev.jsonl``; hub: ``allenai/winogrande`` ``winogrande_xl``.
+
+Few-shot sampling (``Task.fewshot``) mirrors lm-eval's ``ContextSampler``: one
+``random.Random(seed)`` (lm-eval's default seed is 1234) is advanced through the records in
+task order, each record drawing ``rnd.sample(pool, k + 1)`` and dropping the record itself;
+results are computed once for the whole task and cached, so a record gets the same shots
+whichever subset or order you evaluate in (lm-eval's ``--limit N`` is a prefix, and matches).
+
+Deviation (WinoGrande): lm-eval draws WinoGrande shots from the *train* split, which is not
+available offline. By default the pool here is the evaluated split itself minus the item
+(an item is never its own shot). Pass ``load_task("winogrande", fewshot_split="train")``
+online to use lm-eval's pool; with it the draws are identical to lm-eval's.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import random
+import string
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable, Sequence
+from urllib.parse import unquote
+
+from lens_heads.data.corpora import iter_rows
+from lens_heads.data.paths import load_hub_dataset, local_file
+from lens_heads.errors import LensHeadsError
+
+DEFAULT_SEED = 1234  # lm-eval's default --fewshot_seed / fewshot_random_seed
+
+# -----------------------------------------------------------------------------
+# Records and specs
+
+
+@dataclass
+class MCRecord:
+    """One multiple-choice item.
+
+    ``question`` is the item's main text (MMLU question, PIQA goal, WinoGrande sentence
+    with its ``_``); ``choices`` the answer options as plain text (WinoGrande: the two
+    names); ``gold`` the 0-based correct index; ``raw`` the source row, in the hub
+    dataset's schema for the built-in tasks.
+    """
+
+    doc_id: int
+    question: str
+    choices: list[str]
+    gold: int
+    subject: str | None = None
+    raw: dict = field(default_factory=dict, repr=False)
+
+
+def _no_description(rec: MCRecord) -> str:
+    return ""
+
+
+def _question_text(rec: MCRecord) -> str:
+    return rec.question
+
+
+def _plain_choices(rec: MCRecord) -> list[str]:
+    return list(rec.choices)
+
+
+@dataclass
+class TaskSpec:
+    """Declarative description of a multiple-choice task (like an lm-eval task YAML).
+
+    loader(split, data_root) -> (records, source) loads one split, local copy first;
+    ``fewshot_split=None`` means shots come from the evaluated split itself (minus the item).
+    ``sampler`` is ``"first_n"`` (first k of the pool, in order) or ``"random"``
+    (lm-eval's default ContextSampler). ``fewshot_by_subject`` restricts the pool to the
+    record's subject. The four ``doc_to_*`` / ``description`` callables take an MCRecord
+    and play the role of lm-eval's fields of the same names; ``doc_to_target`` is only used
+    by ``multiple_input`` tasks (for the others the target is ``doc_to_choice[gold]``).
+    """
+
+    name: str
+    loader: Callable[[str, str | os.PathLike | None], tuple[list[MCRecord], str]]
+    splits: tuple[str, ...] = ("validation",)
+    default_split: str = "validation"
+    n_shot: int = 0
+    fewshot_split: str | None = None
+    sampler: str = "random"
+    fewshot_by_subject: bool = False
+    description: Callable[[MCRecord], str] = _no_description
+    doc_to_text: Callable[[MCRecord], str] = _question_text
+    doc_to_choice: Callable[[MCRecord], list[str]] = _plain_choices
+    doc_to_target: Callable[[MCRecord], str] | None = None
+    multiple_input: bool = False
+    target_delimiter: str = " "
+    fewshot_delimiter: str = "\n\n"
+    metrics: tuple[str, ...] = ("acc",)
+    about: str = ""
+
+    def format_shot(self, rec: MCRecord) -> str:
+        """One solved few-shot example, delimiters included (lm-eval ``build_qa_turn``)."""
+        if self.multiple_input:
+            q, a = self.doc_to_choice(rec)[rec.gold], self.doc_to_target(rec)
+        else:
+            q, a = self.doc_to_text(rec), self.doc_to_choice(rec)[rec.gold]
+        if a == "":
+            return q
+        return q + self.target_delimiter + a + self.fewshot_delimiter
+
+    def requests(self, rec: MCRecord, fewshot: Sequence[MCRecord] = ()) -> list[tuple[str, str]]:
+        """One ``(context, continuation)`` per choice, in choice order."""
+        prefix = self.description(rec) + "".join(self.format_shot(fs) for fs in fewshot)
+        if self.multiple_input:
+            cont = self.target_delimiter + self.doc_to_target(rec)
+            return [(prefix + c, cont) for c in self.doc_to_choice(rec)]
+        ctx = prefix + self.doc_to_text(rec)
+        return [(ctx, self.target_delimiter + c) for c in self.doc_to_choice(rec)]
+
+
+TASKS: dict[str, TaskSpec] = {}
+
+
+def register_task(spec: TaskSpec | Callable[[], TaskSpec], *, overwrite: bool = False):
+    """Add a task to ``TASKS``. Use as ``register_task(spec)`` or as a decorator on a
+    zero-argument function returning a TaskSpec. Returns its argument."""
+    s = spec if isinstance(spec, TaskSpec) else spec()
+    if not isinstance(s, TaskSpec):
+        raise LensHeadsError(f"register_task needs a TaskSpec (or a function returning one), got {type(s).__name__}")
+    if s.name in TASKS and not overwrite:
+        raise LensHeadsError(f"Task {s.name!r} is already registered (pass overwrite=True to replace it)")
+    TASKS[s.name] = s
+    return spec
+
+
+# -----------------------------------------------------------------------------
+# Task = spec + records + few-shot pool
+
+
+@dataclass
+class Task:
+    """A loaded task. ``records`` are the items to evaluate, in lm-eval's order."""
+
+    spec: TaskSpec
+    records: list[MCRecord]
+    split: str
+    source: str = ""
+    _pool_loader: Callable[[], list[MCRecord]] | None = field(default=None, repr=False)
+    _pool: list[MCRecord] | None = field(default=None, repr=False)
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __iter__(self):
+        return iter(self.records)
+
+    def __repr__(self) -> str:
+        return f"Task({self.name!r}, split={self.split!r}, n={len(self.records)}, n_shot={self.spec.n_shot}, source={self.source!r})"
+
+    @property
+    def pool_is_eval_split(self) -> bool:
+        return self._pool_loader is None
+
+    @property
+    def fewshot_pool(self) -> list[MCRecord]:
+        """The records few-shot examples are drawn from (loaded on first use)."""
+        if self._pool is None:
+            self._pool = self.records if self._pool_loader is None else self._pool_loader()
+        return self._pool
+
+    def requests(self, record: MCRecord, fewshot: Sequence[MCRecord] = ()) -> list[tuple[str, str]]:
+        """One ``(context, continuation)`` per choice (see TaskSpec.requests)."""
+        return self.spec.requests(record, fewshot)
+
+    def build(self, record: MCRecord, n_shot: int | None = None, seed: int = DEFAULT_SEED) -> list[tuple[str, str]]:
+        """``requests(record, fewshot(record, n_shot, seed))``."""
+        return self.requests(record, self.fewshot(record, n_shot, seed))
+
+    def choice_lengths(self, record: MCRecord) -> list[int]:
+        """acc_norm denominators: character length of each ``doc_to_choice`` string."""
+        return [len(c) for c in self.spec.doc_to_choice(record)]
+
+    def score(self, record: MCRecord, loglikelihoods: Sequence[float]) -> dict[str, float]:
+        """lm-eval's multiple-choice metrics for one record from per-request log-likelihoods."""
+        lls = [float(x) for x in loglikelihoods]
+        if len(lls) != len(record.choices):
+            raise LensHeadsError(f"{self.name} doc {record.doc_id}: got {len(lls)} log-likelihoods for {len(record.choices)} choices")
+        norm = [ll / n for ll, n in zip(lls, self.choice_lengths(record))]
+        pred, pred_norm = _argmax(lls), _argmax(norm)  # first maximum, like np.argmax
+        return {"acc": float(pred == record.gold), "acc_norm": float(pred_norm == record.gold)}
+
+    def fewshot(self, record: MCRecord, n_shot: int | None = None, seed: int = DEFAULT_SEED) -> list[MCRecord]:
+        """The few-shot examples lm-eval would put before ``record`` (see module docstring)."""
+        k = self.spec.n_shot if n_shot is None else int(n_shot)
+        if k < 0:
+            raise LensHeadsError(f"n_shot must be >= 0, got {k}")
+        if k == 0:
+            return []
+        if self.spec.sampler == "first_n":
+            pool = self._subject_pool(record)
+            if self.pool_is_eval_split:  # lm-eval passes eval_doc only when fewshot split == eval split
+                pool = [x for x in pool if x.raw != record.raw]
+            if k > len(pool):
+                raise LensHeadsError(f"{self.name}: {k}-shot requested but the few-shot pool for "
+                                     f"{record.subject or 'this task'} has only {len(pool)} items")
+            return pool[:k]
+        if self.spec.sampler != "random":
+            raise LensHeadsError(f"{self.name}: unknown sampler {self.spec.sampler!r} (use 'random' or 'first_n')")
+        key = (k, seed)
+        if key not in self._cache:
+            self._cache[key] = self._draw_all(k, seed)
+        try:
+            return list(self._cache[key][id(record)])
+        except KeyError:
+            raise LensHeadsError(f"{self.name}: record doc_id={record.doc_id} is not one of this task's records; "
+                                 f"few-shot draws are defined for task.records only") from None
+
+    def _subject_pool(self, record: MCRecord) -> list[MCRecord]:
+        pool = self.fewshot_pool
+        if self.spec.fewshot_by_subject:
+            pool = [x for x in pool if x.subject == record.subject]
+        return pool
+
+    def _draw_all(self, k: int, seed: int) -> dict[int, list[MCRecord]]:
+        """lm-eval ContextSampler.sample(k, eval_doc) run over all records with one RNG."""
+        rnd = random.Random(seed)
+        draws: dict[int, list[MCRecord]] = {}
+        for rec in self.records:
+            pool = self._subject_pool(rec)
+            if k + 1 > len(pool):
+                raise LensHeadsError(f"{self.name}: {k}-shot needs a few-shot pool of at least {k + 1} items, "
+                                     f"got {len(pool)}")
+            res = [x for x in rnd.sample(pool, k + 1) if x.raw != rec.raw][:k]
+            if len(res) < k:  # duplicates of the item in the pool (lm-eval 0.4.13 resamples)
+                res = rnd.sample([x for x in pool if x.raw != rec.raw], k)
+            draws[id(rec)] = res
+        return draws
+
+
+def _argmax(xs: Sequence[float]) -> int:
+    best = 0
+    for i, x in enumerate(xs):
+        if x > xs[best]:
+            best = i
+    return best
+
+
+# -----------------------------------------------------------------------------
+# Loading
+
+
+def load_task(
+    name_or_spec: str | TaskSpec | os.PathLike,
+    split: str | None = None,
+    data_root: str | os.PathLike | None = None,
+    *,
+    fewshot_split: str | None = None,
+    n_shot: int | None = None,
+) -> Task:
+    """Load a task by registered name, TaskSpec, or local-file spec.
+
+    ``name_or_spec``: a name in ``TASKS`` ("mmlu", "piqa", "winogrande"), a TaskSpec, a
+    ``"file:PATH?..."`` string (see ``load_mc_file``) or an existing .jsonl/.json/.csv/.parquet
+    path (with the default fields ``question``/``choices``/``answer``).
+    ``split`` defaults to the spec's ``default_split``; ``fewshot_split`` overrides where
+    shots come from (e.g. ``"train"`` for WinoGrande, online); ``n_shot`` overrides the
+    default number of shots (``task.spec.n_shot``).
+    """
+    if isinstance(name_or_spec, TaskSpec):
+        spec = name_or_spec
+    else:
+        s = os.fspath(name_or_spec)
+        if s.startswith("file:") or (s not in TASKS and Path(s).suffix.lower() in _MC_SUFFIXES):
+            task = load_mc_spec(s)
+            if n_shot is not None:
+                task.spec = replace(task.spec, n_shot=n_shot)
+            return task
+        if s not in TASKS:
+            raise LensHeadsError(
+                f"Unknown task {s!r}. Valid names: {', '.join(sorted(TASKS))}; "
+                f"or a local file: 'file:PATH.jsonl?question=...&choices=a,b&answer=...'"
+            )
+        spec = TASKS[s]
+    if n_shot is not None:
+        spec = replace(spec, n_shot=n_shot)
+    split = split or spec.default_split
+    records, source = spec.loader(split, data_root)
+    if not records:
+        raise LensHeadsError(f"{spec.name}: split {split!r} ({source}) has no records")
+    fs_split = fewshot_split or spec.fewshot_split
+    pool_loader = None
+    if fs_split is not None and fs_split != split:
+        pool_loader = lambda: spec.loader(fs_split, data_root)[0]  # noqa: E731
+    return Task(spec, records, split, source, pool_loader)
+
+
+def _check_split(name: str, split: str, splits: Sequence[str]) -> None:
+    if split not in splits:
+        raise LensHeadsError(f"{name}: unknown split {split!r}; valid splits: {', '.join(splits)}")
+
+
+# --- MMLU --------------------------------------------------------------------
+
+_MMLU_SPLIT_DIR = {"test": "test", "dev": "dev", "validation": "val"}
+
+
+def _mmlu_loader(split: str, data_root=None) -> tuple[list[MCRecord], str]:
+    """Records ordered by subject file name then row; doc_id = index in that order."""
+    _check_split("mmlu", split, tuple(_MMLU_SPLIT_DIR))
+    sub = _MMLU_SPLIT_DIR[split]
+    folder = local_file(f"mmlu/{sub}", data_root)
+    suffix = f"_{sub}.csv"
+    files = sorted(folder.glob(f"*{suffix}")) if folder is not None else []
+    if files:
+        recs: list[MCRecord] = []
+        for path in files:
+            subject = path.name[: -len(suffix)]
+            with open(path, encoding="utf-8", newline="") as f:
+                for row in csv.DictReader(f):
+                    choices = [row[f"choice{i}"] for i in range(4)]
+                    raw = {"question": row["question"], "subject": subject, "choices": choices, "answer": int(row["answer"])}
+                    recs.append(MCRecord(len(recs), raw["question"], choices, raw["answer"], subject, raw))
+        return recs, f"local:{folder}"
+    ds = load_hub_dataset("cais/mmlu", "all", split, what="task 'mmlu'")
+    recs = [MCRecord(i, r["question"], list(r["choices"]), int(r["answer"]), r["subject"], dict(r)) for i, r in enumerate(ds)]
+    return recs, "hub:cais/mmlu/all"
+
+
+def mmlu_description(rec: MCRecord) -> str:
+    """lm-eval's per-subject description (``_generate_configs.py``: underscores -> spaces)."""
+    return f"The following are multiple choice questions (with answers) about {rec.subject.replace('_', ' ')}.\n\n"
+
+
+def _mmlu_text(rec: MCRecord) -> str:
+    c = rec.choices
+    return f"{rec.question.strip()}\nA. {c[0]}\nB. {c[1]}\nC. {c[2]}\nD. {c[3]}\nAnswer:"
+
+
+def _mmlu_choices(rec: MCRecord) -> list[str]:
+    return ["A", "B", "C", "D"]
+
+
+register_task(TaskSpec(
+    name="mmlu", loader=_mmlu_loader, splits=("test", "dev", "validation"), default_split="test",
+    n_shot=5, fewshot_split="dev", sampler="first_n", fewshot_by_subject=True,
+    description=mmlu_description, doc_to_text=_mmlu_text, doc_to_choice=_mmlu_choices,
+    metrics=("acc",), about="MMLU, 57 subjects; lm-eval 'mmlu' (acc, subjects weighted by size)",
+))
+
+
+# --- PIQA --------------------------------------------------------------------
+
+
+def _piqa_loader(split: str, data_root=None) -> tuple[list[MCRecord], str]:
+    _check_split("piqa", split, ("validation", "train"))
+    data = local_file("piqa/valid.jsonl", data_root) if split == "validation" else None
+    labels = local_file("piqa/valid-labels.lst", data_root) if split == "validation" else None
+    if data is not None and labels is not None:
+        rows = list(iter_rows(data))
+        with open(labels, encoding="utf-8") as f:
+            gold = [int(x) for x in f.read().split()]
+        if len(gold) != len(rows):
+            raise LensHeadsError(f"{data}: {len(rows)} rows but {labels} has {len(gold)} labels")
+        rows = [{**r, "label": g} for r, g in zip(rows, gold)]
+        source = f"local:{data}"
+    else:
+        rows = [dict(r) for r in load_hub_dataset("baber/piqa", None, split, what="task 'piqa'")]
+        source = "hub:baber/piqa"
+    recs = [MCRecord(i, r["goal"], [r["sol1"], r["sol2"]], int(r["label"]), None, r) for i, r in enumerate(rows)]
+    return recs, source
+
+
+def _piqa_text(rec: MCRecord) -> str:
+    return f"Question: {rec.question}\nAnswer:"
+
+
+register_task(TaskSpec(
+    name="piqa", loader=_piqa_loader, splits=("validation", "train"), default_split="validation",
+    n_shot=0, doc_to_text=_piqa_text, metrics=("acc", "acc_norm"),
+    about="PIQA validation, 0-shot; lm-eval 'piqa' (acc, acc_norm)",
+))
+
+
+# --- WinoGrande ---------------------------------------------------------------
+
+
+def _winogrande_loader(split: str, data_root=None) -> tuple[list[MCRecord], str]:
+    _check_split("winogrande", split, ("validation", "train"))
+    data = local_file("winogrande/dev.jsonl", data_root) if split == "validation" else None
+    if data is not None:
+        rows, source = list(iter_rows(data)), f"local:{data}"
+    else:
+        rows = [dict(r) for r in load_hub_dataset("allenai/winogrande", "winogrande_xl", split, what="task 'winogrande'")]
+        source = "hub:allenai/winogrande/winogrande_xl"
+    recs = []
+    for i, r in enumerate(rows):
+        if r["answer"] not in ("1", "2"):
+            raise LensHeadsError(f"winogrande {source} row {i}: answer {r['answer']!r} is not '1' or '2'")
+        recs.append(MCRecord(i, r["sentence"], [r["option1"], r["option2"]], int(r["answer"]) - 1, None, r))
+    return recs, source
+
+
+def _winogrande_choices(rec: MCRecord) -> list[str]:
+    """Sentence prefix up to the blank with each option substituted (the contexts)."""
+    idx = rec.question.index("_")
+    return [rec.question[:idx] + opt for opt in rec.choices]
+
+
+def _winogrande_target(rec: MCRecord) -> str:
+    """The shared text after the blank (scored)."""
+    idx = rec.question.index("_") + 1
+    return rec.question[idx:].strip()
+
+
+register_task(TaskSpec(
+    name="winogrande", loader=_winogrande_loader, splits=("validation", "train"), default_split="validation",
+    n_shot=5, fewshot_split=None, sampler="random",
+    doc_to_choice=_winogrande_choices, doc_to_target=_winogrande_target, multiple_input=True,
+    metrics=("acc",),
+    about="WinoGrande (xl) validation, 5-shot, partial scoring; lm-eval 'winogrande' (acc). "
+          "Shots from the same split minus the item unless fewshot_split='train'",
+))
+
+
+# -----------------------------------------------------------------------------
+# Generic local multiple-choice files
+
+_MC_SUFFIXES = {".jsonl", ".json", ".csv", ".parquet"}
+
+
+class _Fields(dict):
+    def __missing__(self, key):
+        raise LensHeadsError(f"template names {{{key}}} but the row has no such field; available: {sorted(self)}")
+
+
+def load_mc_file(
+    path: str | os.PathLike,
+    question: str = "question",
+    choices: str | Sequence[str] = "choices",
+    answer: str = "answer",
+    answer_type: str = "index",
+    subject: str | None = None,
+    prompt_template: str = "{question}",
+    choice_template: str = "{choice}",
+    *,
+    labels: Sequence[str] | str = string.ascii_uppercase,
+    description: str = "",
+    target_delimiter: str = " ",
+    fewshot_delimiter: str = "\n\n",
+    n_shot: int = 0,
+    name: str | None = None,
+) -> Task:
+    """Load a local multiple-choice file (.jsonl, .json, .csv, .parquet) as a Task.
+
+    Field mapping:
+      question        field holding the question text;
+      choices         a list of fields, one per choice (``["sol1", "sol2"]``), or one field
+                      holding a list (in a .csv: a JSON list such as ``["a", "b"]``);
+      answer          field holding the correct answer, read per ``answer_type``:
+                      "index" 0-based integer (``"2"`` is fine), "label" one of ``labels``
+                      (default A, B, C, ...; e.g. ``labels="12"`` for 1-based), "text" the
+                      correct choice's text;
+      subject         optional field used as the record's subject.
+
+    Prompt: ``prompt_template`` is a ``str.format`` template over the row's fields plus
+    ``{question}`` (the question field's value), ``{choices}`` and ``{subject}``, e.g.
+    ``"Question: {question}\\nAnswer:"``. Each choice is scored as the continuation
+    ``target_delimiter + choice_template`` with ``{choice}`` (text), ``{label}``
+    (``labels[i]``) and ``{index}``; e.g. ``choice_template="{label}"`` for MMLU-style letters.
+    ``description`` is prepended once. Default 0-shot; with ``n_shot=k`` (or
+    ``task.fewshot(rec, k)``) shots are drawn from the same file minus the item, with
+    lm-eval's seeded sampler.
+
+    String form (CLI): ``file:PATH?key=value&key=value`` with keys question, choices
+    (comma-separated field names; one name = a list-valued field), answer, answer_type,
+    subject, prompt (or prompt_template), choice (or choice_template), labels, description,
+    n_shot, name. Values are URL-decoded and ``\\n`` / ``\\t`` escapes are expanded, e.g.
+    ``file:piqa.jsonl?question=goal&choices=sol1,sol2&answer=label&prompt=Question: {goal}\\nAnswer:``.
+    """
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise LensHeadsError(f"Multiple-choice file not found: {path}")
+    if path.suffix.lower() not in _MC_SUFFIXES:
+        raise LensHeadsError(f"{path}: unsupported file type {path.suffix!r}; use .jsonl, .json, .csv or .parquet")
+    if answer_type not in ("index", "label", "text"):
+        raise LensHeadsError(f"answer_type must be 'index', 'label' or 'text', got {answer_type!r}")
+    labels = list(labels)
+    rows = list(iter_rows(path))
+    if not rows:
+        raise LensHeadsError(f"{path} is empty: no rows to load")
+
+    records = []
+    for i, row in enumerate(rows):
+        def get(fname: str, role: str):
+            if fname not in row:
+                raise LensHeadsError(f"{path}: row {i} has no field {fname!r} (given as {role}); "
+                                     f"fields available: {', '.join(map(repr, row))}")
+            return row[fname]
+
+        q = get(question, "question")
+        if isinstance(choices, str):
+            ch = get(choices, "choices")
+            if isinstance(ch, str):
+                try:
+                    ch = json.loads(ch)
+                except json.JSONDecodeError:
+                    ch = None
+            if not isinstance(ch, list):
+                raise LensHeadsError(f"{path}: row {i}: field {choices!r} should hold a list of choices; "
+                                     f"to use several fields give a list (or 'a,b' in a file: spec)")
+        else:
+            ch = [get(c, "a choice") for c in choices]
+        ch = ["" if c is None else str(c) for c in ch]
+        if len(ch) < 2:
+            raise LensHeadsError(f"{path}: row {i} has {len(ch)} choice(s); need at least 2")
+        gold = _parse_answer(get(answer, "answer"), answer_type, ch, labels, f"{path}: row {i}")
+        subj = None if subject is None else str(get(subject, "subject"))
+        records.append(MCRecord(i, "" if q is None else str(q), ch, gold, subj, dict(row)))
+
+    def doc_to_text(rec: MCRecord) -> str:
+        return prompt_template.format_map(_Fields({**rec.raw, "question": rec.question, "choices": rec.choices,
+                                                   "subject": rec.subject}))
+
+    def doc_to_choice(rec: MCRecord) -> list[str]:
+        if len(rec.choices) > len(labels) and "{label}" in choice_template:
+            raise LensHeadsError(f"doc {rec.doc_id}: {len(rec.choices)} choices but only {len(labels)} labels")
+        return [choice_template.format_map(_Fields({"choice": c, "index": j, "label": labels[j] if j < len(labels) else ""}))
+                for j, c in enumerate(rec.choices)]
+
+    # Fail now, not in the middle of an evaluation, if a template names a missing field.
+    doc_to_text(records[0])
+    doc_to_choice(records[0])
+
+    spec = TaskSpec(
+        name=name or path.stem, loader=_fixed_loader(records, f"local:{path}"), splits=("file",),
+        default_split="file", n_shot=n_shot, fewshot_split=None, sampler="random",
+        description=lambda rec: description, doc_to_text=doc_to_text, doc_to_choice=doc_to_choice,
+        target_delimiter=target_delimiter, fewshot_delimiter=fewshot_delimiter, metrics=("acc", "acc_norm"),
+        about=f"local multiple-choice file {path}",
+    )
+    return Task(spec, records, "file", f"local:{path}")
+
+
+def _fixed_loader(records: list[MCRecord], source: str):
+    def loader(split: str, data_root=None):
+        return records, source
+
+    return loader
+
+
+def _parse_answer(value: Any, answer_type: str, choices: list[str], labels: list[str], where: str) -> int:
+    if answer_type == "index":
+        try:
+            gold = int(str(value).strip()) if not isinstance(value, int) else value
+        except ValueError:
+            raise LensHeadsError(f"{where}: answer {value!r} is not an integer index "
+                                 f"(use answer_type='label' or 'text' for other forms)") from None
+    elif answer_type == "label":
+        v = str(value).strip()
+        matches = [j for j, lab in enumerate(labels) if lab == v] or [j for j, lab in enumerate(labels) if lab.lower() == v.lower()]
+        if not matches:
+            raise LensHeadsError(f"{where}: answer {value!r} is not one of the labels {labels[: len(choices)]}")
+        gold = matches[0]
+    else:
+        v = str(value).strip()
+        matches = [j for j, c in enumerate(choices) if c.strip() == v]
+        if not matches:
+            raise LensHeadsError(f"{where}: answer text {value!r} matches none of the choices {choices}")
+        gold = matches[0]
+    if not 0 <= gold < len(choices):
+        raise LensHeadsError(f"{where}: answer {value!r} gives index {gold}, outside 0..{len(choices) - 1}")
+    return gold
+
+
+_SPEC_KEYS = {
+    "question": "question", "choices": "choices", "answer": "answer", "answer_type": "answer_type",
+    "subject": "subject", "prompt": "prompt_template", "prompt_template": "prompt_template",
+    "choice": "choice_template", "choice_template": "choice_template", "labels": "labels",
+    "description": "description", "n_shot": "n_shot", "name": "name",
+    "target_delimiter": "target_delimiter", "fewshot_delimiter": "fewshot_delimiter",
+}
+
+
+def parse_mc_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """Split ``"file:PATH?k=v&..."`` into ``(PATH, load_mc_file kwargs)``."""
+    s = spec[len("file:"):] if spec.startswith("file:") else spec
+    path, _, query = s.partition("?")
+    kwargs: dict[str, Any] = {}
+    # Split by hand rather than parse_qsl: "+" stays "+" (templates may contain it).
+    for item in filter(None, query.split("&")):
+        key, _, value = item.partition("=")
+        key, value = unquote(key).strip(), unquote(value)
+        if key not in _SPEC_KEYS:
+            raise LensHeadsError(f"Unknown option {key!r} in {spec!r}; valid options: {', '.join(sorted(_SPEC_KEYS))}")
+        value = _unescape(value)
+        arg = _SPEC_KEYS[key]
+        if arg == "choices":
+            parts = [p.strip() for p in value.split(",") if p.strip()]
+            value = parts if len(parts) > 1 else (parts[0] if parts else "")
+        elif arg == "n_shot":
+            try:
+                value = int(value)
+            except ValueError:
+                raise LensHeadsError(f"n_shot must be an integer in {spec!r}, got {value!r}") from None
+        elif arg == "labels" and "," in value:
+            value = [p.strip() for p in value.split(",")]
+        kwargs[arg] = value
+    return unquote(path), kwargs
+
+
+def _unescape(s: str) -> str:
+    return s.replace("\\\\", "\0").replace("\\n", "\n").replace("\\t", "\t").replace("\0", "\\")
+
+
+def load_mc_spec(spec: str) -> Task:
+    """``load_mc_file`` from its string form (see ``load_mc_file``)."""
+    path, kwargs = parse_mc_spec(spec)
+    return load_mc_file(path, **kwargs)
