@@ -1,0 +1,286 @@
+"""Collapse diagnosis of attention heads (METHODS.md section B).
+
+Per head, from attention patterns on a fixed prompt or a corpus:
+
+- ``bos_mass``   mean over real query rows t of A[t, f], f = the input's first real token
+                 (position 0 with right padding); t = f is included (its value is 1).
+- ``entropy``    mean over real query rows of -sum_j A[t, j] ln A[t, j] (A clamped at 1e-10
+                 inside the log); nats.
+- ``local_mass`` mean over real query rows t >= f + 3 of A[t, t-2] + A[t, t-1] + A[t, t]
+                 (the mass on the last 3 positions <= t). Rows t < f + 3 are left out because
+                 their 3-position window covers every key, so they would score 1 whatever the
+                 head does; the window of every counted row excludes the first token, so local
+                 mass never double-counts BOS mass. NaN when no input has 4 or more tokens.
+
+Each statistic is averaged per input first, then over inputs (a dataset-level value is the
+mean over inputs, as for the head scores). Classes, tested in this order::
+
+    dead         bos_mass   > 0.95
+    bos_sink     bos_mass   > 0.50
+    low_entropy  entropy    < 0.5
+    local        local_mass > 0.6
+    healthy      otherwise
+
+The "band" is the set of head indices that are sick (any class but healthy) in more than 30 %
+of layers. For ALiBi models the slope of each head is reported beside its class.
+
+Streaming: one hook on ``hook_pattern`` per layer reduces the pattern to [batch, head]
+statistics inside the hook, so no pattern is kept.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Iterable, Sequence
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from lens_heads.data import iter_batches
+from lens_heads.errors import LensHeadsError
+from lens_heads.hooks import hook_name, layer_of, run_with_hooks
+
+CLASSES: tuple[str, ...] = ("dead", "bos_sink", "low_entropy", "local", "healthy")
+SICK: tuple[str, ...] = CLASSES[:-1]
+LOCAL_WINDOW = 3
+
+
+@dataclass(frozen=True)
+class DiagnosisThresholds:
+    dead: float = 0.95  # bos_mass above -> dead
+    bos_sink: float = 0.50  # bos_mass above -> bos_sink
+    low_entropy: float = 0.5  # entropy below (nats) -> low_entropy
+    local: float = 0.6  # local_mass above -> local
+    band_fraction: float = 0.30  # a head index is in the band when sick in more than this share of layers
+
+
+# -----------------------------------------------------------------------------
+# Reductions of one attention pattern
+
+
+def pattern_stats(
+    pattern: Float[Tensor, "batch head q k"], mask: Int[Tensor, "batch pos"]
+) -> tuple[Float[Tensor, "batch head"], Float[Tensor, "batch head"], Float[Tensor, "batch head"]]:
+    """Per-input (bos_mass, entropy, local_mass) of every head, padding excluded.
+
+    Works for left or right padding: the first real token of each row is where its mask
+    first equals 1. local_mass is NaN for an input with fewer than 4 real tokens.
+    """
+    A = pattern.float()
+    m = mask.to(A.device).float()  # [b, T]
+    b, _, T, _ = A.shape
+    first = m.argmax(-1)  # [b] index of the first real token
+    n_rows = m.sum(-1).clamp_min(1)[:, None]  # [b, 1]
+
+    bos = A.gather(-1, first.view(b, 1, 1, 1).expand(b, A.shape[1], T, 1))[..., 0]  # [b, h, q]
+    bos_mass = (bos * m[:, None]).sum(-1) / n_rows
+
+    ent = -(A * A.clamp_min(1e-10).log()).sum(-1)  # [b, h, q]
+    entropy = (ent * m[:, None]).sum(-1) / n_rows
+
+    # window mass A[t,t] + A[t,t-1] + A[t,t-2] from the diagonals, for rows t >= 2
+    local = A.diagonal(0, -2, -1)[..., 2:] + A.diagonal(-1, -2, -1)[..., 1:] + A.diagonal(-2, -2, -1)
+    pos = torch.arange(T, device=A.device)
+    rows = m * (pos[None, :] >= first[:, None] + LOCAL_WINDOW).float()  # [b, T]
+    n_local = rows[:, 2:].sum(-1)[:, None]
+    local_mass = (local * rows[:, None, 2:]).sum(-1) / n_local  # 0/0 = NaN when no row counts
+    return bos_mass, entropy, local_mass
+
+
+def classify(
+    bos_mass: Tensor, entropy: Tensor, local_mass: Tensor,
+    thresholds: DiagnosisThresholds = DiagnosisThresholds(),
+) -> list:
+    """Class names with the shape of the inputs (nested lists), tested in the documented order."""
+    t = thresholds
+    out = []
+    for bos, ent, loc in zip(bos_mass.reshape(-1).tolist(), entropy.reshape(-1).tolist(),
+                             local_mass.reshape(-1).tolist()):
+        if bos > t.dead:
+            out.append("dead")
+        elif bos > t.bos_sink:
+            out.append("bos_sink")
+        elif ent < t.low_entropy:
+            out.append("low_entropy")
+        elif not math.isnan(loc) and loc > t.local:
+            out.append("local")
+        else:
+            out.append("healthy")
+    shape = tuple(bos_mass.shape)
+    for size in reversed(shape[1:]):
+        out = [out[i:i + size] for i in range(0, len(out), size)]
+    return out
+
+
+# -----------------------------------------------------------------------------
+# Result
+
+
+@dataclass
+class Diagnosis:
+    bos_mass: Float[Tensor, "layer head"]
+    entropy: Float[Tensor, "layer head"]
+    local_mass: Float[Tensor, "layer head"]
+    alibi_slopes: Float[Tensor, "head"] | None = None
+    thresholds: DiagnosisThresholds = field(default_factory=DiagnosisThresholds)
+    n_inputs: int = 0
+
+    def __post_init__(self) -> None:
+        self.classes: list[list[str]] = classify(self.bos_mass, self.entropy, self.local_mass,
+                                                 self.thresholds)
+
+    @property
+    def n_layers(self) -> int:
+        return self.bos_mass.shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return self.bos_mass.shape[1]
+
+    def counts(self) -> dict[str, int]:
+        flat = [c for row in self.classes for c in row]
+        return {c: flat.count(c) for c in CLASSES}
+
+    @property
+    def healthy_count(self) -> int:
+        return self.counts()["healthy"]
+
+    def heads(self, classes: Iterable[str] = SICK) -> list[tuple[int, int]]:
+        """(layer, head) of every head in one of ``classes``, in layer-major order."""
+        wanted = check_classes(classes)
+        return [(L, h) for L in range(self.n_layers) for h in range(self.n_heads)
+                if self.classes[L][h] in wanted]
+
+    def band(self) -> list[int]:
+        """Head indices sick (any class but healthy) in more than band_fraction of layers."""
+        return [h for h in range(self.n_heads)
+                if sum(self.classes[L][h] != "healthy" for L in range(self.n_layers))
+                > self.thresholds.band_fraction * self.n_layers]
+
+    def summary(self) -> str:
+        counts = ", ".join(f"{c} {n}" for c, n in self.counts().items())
+        band = self.band()
+        return (f"{self.n_layers * self.n_heads} heads ({self.n_layers} x {self.n_heads}) on "
+                f"{self.n_inputs} inputs: {counts}; band: {format_band(band)}")
+
+    def to_frame(self):
+        import pandas as pd
+
+        rows = []
+        for L in range(self.n_layers):
+            for h in range(self.n_heads):
+                rows.append(dict(
+                    layer=L, head=h, bos_mass=float(self.bos_mass[L, h]), entropy=float(self.entropy[L, h]),
+                    local_mass=float(self.local_mass[L, h]), **{"class": self.classes[L][h]},
+                    alibi_slope=float(self.alibi_slopes[h]) if self.alibi_slopes is not None else float("nan"),
+                ))
+        return pd.DataFrame(rows, columns=["layer", "head", "bos_mass", "entropy", "local_mass", "class",
+                                           "alibi_slope"])
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write the CSV atomically (temp file in the same folder, then os.replace)."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "w", newline="") as f:
+                self.to_frame().to_csv(f, index=False, float_format="%.6g")
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, thresholds: DiagnosisThresholds = DiagnosisThresholds()) -> "Diagnosis":
+        """Read a CSV written by ``save``; classes are recomputed with ``thresholds``."""
+        import pandas as pd
+
+        try:
+            df = pd.read_csv(path)
+        except FileNotFoundError:
+            raise LensHeadsError(f"diagnosis file not found: {path}") from None
+        need = {"layer", "head", "bos_mass", "entropy", "local_mass"}
+        if not need <= set(df.columns):
+            raise LensHeadsError(f"{path}: not a diagnosis CSV (needs columns {sorted(need)})")
+        L, H = int(df["layer"].max()) + 1, int(df["head"].max()) + 1
+        grids = {}
+        for col in ("bos_mass", "entropy", "local_mass"):
+            grid = torch.full((L, H), float("nan"))
+            grid[df["layer"].to_numpy(), df["head"].to_numpy()] = torch.tensor(df[col].to_numpy(), dtype=torch.float)
+            grids[col] = grid
+        slopes = None
+        if "alibi_slope" in df.columns and df["alibi_slope"].notna().any():
+            slopes = torch.full((H,), float("nan"))
+            slopes[df["head"].to_numpy()] = torch.tensor(df["alibi_slope"].to_numpy(), dtype=torch.float)
+        return cls(grids["bos_mass"], grids["entropy"], grids["local_mass"], slopes, thresholds)
+
+
+def check_classes(classes: Iterable[str] | str) -> set[str]:
+    if isinstance(classes, str):
+        classes = [c.strip() for c in classes.split(",") if c.strip()]
+    classes = set(c.replace("-", "_").lower() for c in classes)
+    unknown = classes - set(CLASSES)
+    if unknown:
+        raise LensHeadsError(f"unknown head class(es) {', '.join(sorted(unknown))}; "
+                             f"choose from: {', '.join(CLASSES)}")
+    if not classes:
+        raise LensHeadsError(f"no head class given; choose from: {', '.join(CLASSES)}")
+    return classes
+
+
+def format_band(band: Sequence[int]) -> str:
+    return "none" if not band else f"{len(band)} heads: " + ",".join(f"H{h}" for h in band)
+
+
+# -----------------------------------------------------------------------------
+# Running it
+
+
+def as_token_inputs(model, inputs) -> list[Tensor]:
+    """A string, a list of strings or a list of 1-D token tensors -> list of token tensors."""
+    if isinstance(inputs, (str, Tensor)):
+        inputs = [inputs]
+    inputs = list(inputs)
+    if not inputs:
+        raise LensHeadsError("no inputs to diagnose")
+    out = []
+    for x in inputs:
+        t = model.to_tokens(x)[0] if isinstance(x, str) else torch.as_tensor(x, dtype=torch.long).reshape(-1)
+        if len(t) == 0:
+            raise LensHeadsError("an input has no tokens")
+        out.append(t)
+    return out
+
+
+def diagnose(
+    model, inputs, thresholds: DiagnosisThresholds = DiagnosisThresholds(), batch_size: int = 8
+) -> Diagnosis:
+    """Diagnose every head of ``model`` (a LoadedModel) on ``inputs`` (strings or token tensors)."""
+    g = model.geometry
+    seqs = as_token_inputs(model, inputs)
+    sums = torch.zeros(3, g.n_layers, g.n_heads, dtype=torch.float64)
+    local_n = torch.zeros(g.n_layers, g.n_heads, dtype=torch.float64)
+    pad = model.tokenizer.pad_token_id or 0
+    for _, ids, mask in iter_batches(seqs, batch_size, pad_id=pad, side="right"):
+        def hook(pattern, hook, mask=mask):
+            L = layer_of(hook)
+            bos, ent, loc = pattern_stats(pattern, mask)
+            sums[0, L] += bos.sum(0).double().cpu()
+            sums[1, L] += ent.sum(0).double().cpu()
+            ok = ~loc.isnan()
+            sums[2, L] += loc.nan_to_num(0.0).sum(0).double().cpu()
+            local_n[L] += ok.sum(0).double().cpu()
+
+        run_with_hooks(model, ids, mask, [(hook_name("pattern", L), hook) for L in range(g.n_layers)],
+                       return_logits=False)
+    n = len(seqs)
+    slopes = g.alibi_slopes()
+    return Diagnosis((sums[0] / n).float(), (sums[1] / n).float(), (sums[2] / local_n).float(),
+                     slopes.float() if slopes is not None else None, thresholds, n)
