@@ -1,0 +1,32 @@
+"""Views of lens_heads results: circuitsvis attention patterns (``patterns``) and matplotlib
+figures (``figures``). Views read results; only ``attention_heads`` runs the model (one
+forward of one text, for its patterns)."""
+
+from lens_heads.viz.figures import (
+    DIAGNOSIS_CLASSES,
+    canonical_class,
+    class_label,
+    base_accuracy,
+    diagnosis_map,
+    random_baseline,
+    read_sweep,
+    score_distributions,
+    score_grid,
+    score_heatmap,
+    sweep_curves,
+    wasserstein_matrix,
+)
+from lens_heads.viz.patterns import (
+    AttentionView,
+    atomic_write_text,
+    attention_heads,
+    bundle_script,
+    head_label,
+    parse_heads,
+)
+
+__all__ = [
+    "AttentionView", "attention_heads", "bundle_script", "head_label", "parse_heads", "atomic_write_text",
+    "score_heatmap", "score_grid", "sweep_curves", "read_sweep", "base_accuracy", "random_baseline",
+    "score_distributions", "wasserstein_matrix", "diagnosis_map", "DIAGNOSIS_CLASSES", "canonical_class", "class_label",
+]

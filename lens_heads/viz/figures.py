@@ -1,0 +1,315 @@
+"""Matplotlib figures of saved results: score heatmaps and distributions, sweep curves,
+Wasserstein distances between score distributions, and the diagnosis map.
+
+Every function takes data (tidy frames, arrays) and returns a ``matplotlib.figure.Figure``
+built without pyplot: nothing is shown, no global figure state is touched, any backend works.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+from matplotlib.colors import ListedColormap
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch
+
+from lens_heads.errors import LensHeadsError
+
+DIAGNOSIS_CLASSES: dict[str, tuple[str, str]] = {  # class -> (label, colour), in the order tested
+    "dead": ("DEAD", "#1f1f1f"),
+    "bos_sink": ("BOS-sink", "#d62728"),
+    "low_entropy": ("low-entropy", "#ff7f0e"),
+    "local": ("local", "#9467bd"),
+    "healthy": ("healthy", "#2ca02c"),
+}
+_EXTRA_COLOURS = ["#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+def _require(frame: pd.DataFrame, columns: Sequence[str], what: str) -> None:
+    if not isinstance(frame, pd.DataFrame):
+        raise LensHeadsError(f"{what}: expected a pandas DataFrame, got {type(frame).__name__}")
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise LensHeadsError(f"{what} lacks column(s) {', '.join(missing)} "
+                             f"(has: {', '.join(map(str, frame.columns))})")
+    if frame.empty:
+        raise LensHeadsError(f"{what} is empty")
+
+
+def inactive_when(score_fn: str) -> str | None:
+    """"high"/"low" from the score registry, or None when the registry does not know it."""
+    try:
+        from lens_heads.scores import SCORES
+    except ImportError:
+        return None
+    fn = SCORES.get(score_fn)
+    return getattr(fn, "inactive_when", None)
+
+
+def score_grid(frame: pd.DataFrame, score_fn: str) -> pd.DataFrame:
+    """[layer x head] table of one score function's dataset-level value."""
+    _require(frame, ["layer", "head", "score_fn", "value"], "scores frame")
+    sub = frame[frame["score_fn"] == score_fn]
+    if sub.empty:
+        known = ", ".join(sorted(frame["score_fn"].unique()))
+        raise LensHeadsError(f"score function {score_fn!r} not in the scores frame (has: {known})")
+    return sub.pivot_table(index="layer", columns="head", values="value", aggfunc="mean").sort_index()
+
+
+def score_heatmap(frame: pd.DataFrame, score_fn: str, annotate: bool | None = None) -> Figure:
+    """Heatmap of one score over layer x head (rows = layers, top to bottom)."""
+    grid = score_grid(frame, score_fn)
+    n_layers, n_heads = grid.shape
+    fig = Figure(figsize=(min(14.0, 2.2 + 0.55 * n_heads), min(16.0, 1.6 + 0.32 * n_layers)),
+                 layout="constrained")
+    ax = fig.add_subplot()
+    im = ax.imshow(grid.to_numpy(dtype=float), aspect="auto", cmap="viridis", interpolation="nearest")
+    ax.set_xticks(range(n_heads), [str(h) for h in grid.columns])
+    step = max(1, n_layers // 16)
+    ax.set_yticks(range(0, n_layers, step), [str(L) for L in grid.index[::step]])
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    when = inactive_when(score_fn)
+    ax.set_title(f"{score_fn}" + (f"  (inactive when {when})" if when else ""))
+    fig.colorbar(im, ax=ax, shrink=0.9, label=score_fn)
+    if annotate is None:
+        annotate = n_layers * n_heads <= 160
+    if annotate:
+        values = grid.to_numpy(dtype=float)
+        mid = np.nanmean(values)
+        for (i, j), v in np.ndenumerate(values):
+            if np.isfinite(v):
+                ax.text(j, i, f"{v:.2g}", ha="center", va="center", fontsize=7,
+                        color="black" if v > mid else "white")
+    return fig
+
+
+# --- sweeps -----------------------------------------------------------------------------
+
+SUMMARY_COLUMNS = ["score_fn", "fraction", "pct_zeroed", "accuracy", "ci_low", "ci_high", "seed", "threshold"]
+
+
+def read_sweep(path: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """``(summary, within_1pt or None)`` from a sweep folder (or a summary CSV)."""
+    path = Path(path)
+    summary_path = path / "summary.csv" if path.is_dir() else path
+    if not summary_path.is_file():
+        raise LensHeadsError(f"no sweep summary at {summary_path}" if path.exists()
+                             else f"sweep path not found: {path}")
+    try:
+        summary = pd.read_csv(summary_path)
+    except pd.errors.EmptyDataError:
+        raise LensHeadsError(f"sweep summary {summary_path} is empty") from None
+    _require(summary, ["score_fn", "fraction", "pct_zeroed", "accuracy"], f"sweep summary {summary_path}")
+    within_path = summary_path.parent / "within_1pt.csv"
+    within = pd.read_csv(within_path) if within_path.is_file() and within_path.stat().st_size else None
+    return summary, within
+
+
+def base_accuracy(summary: pd.DataFrame) -> float:
+    """Accuracy with nothing zeroed: the rows at fraction 0 (or score_fn "none")."""
+    base = summary[(summary["fraction"] == 0) | (summary["score_fn"] == "none")]
+    return float(base["accuracy"].mean()) if not base.empty else float("nan")
+
+
+def random_baseline(summary: pd.DataFrame) -> pd.DataFrame:
+    """Random rows averaged over seeds per fraction: pct_zeroed, accuracy, band_low, band_high, n_seeds.
+
+    The band is the mean of the per-seed confidence intervals when the sweep gives them,
+    else the min-max over seeds.
+    """
+    rnd = summary[summary["score_fn"] == "random"]
+    if rnd.empty:
+        return pd.DataFrame(columns=["fraction", "pct_zeroed", "accuracy", "band_low", "band_high", "n_seeds"])
+    has_ci = {"ci_low", "ci_high"} <= set(rnd.columns) and rnd[["ci_low", "ci_high"]].notna().all().all()
+    out = rnd.groupby("fraction").agg(
+        pct_zeroed=("pct_zeroed", "mean"), accuracy=("accuracy", "mean"),
+        band_low=("ci_low" if has_ci else "accuracy", "mean" if has_ci else "min"),
+        band_high=("ci_high" if has_ci else "accuracy", "mean" if has_ci else "max"),
+        n_seeds=("accuracy", "size"))
+    return out.reset_index().sort_values("pct_zeroed")
+
+
+def sweep_curves(summary: pd.DataFrame, within: pd.DataFrame | None = None,
+                 base: float | None = None, title: str | None = None) -> Figure:
+    """Accuracy vs % heads zeroed: one line per score function, the random baseline (mean over
+    seeds, with its band), the base accuracy and the "-1 point" line."""
+    _require(summary, ["score_fn", "fraction", "pct_zeroed", "accuracy"], "sweep summary")
+    base = base_accuracy(summary) if base is None else float(base)
+    one_point = 1.0 if summary["accuracy"].max() > 1.0 else 0.01  # accuracy in % or in [0, 1]
+    labels = {}
+    if within is not None and {"score_fn", "max_pct_zeroed_within_1pt"} <= set(within.columns):
+        labels = {r.score_fn: f" ({r.max_pct_zeroed_within_1pt:.1f} %)" for r in within.itertuples()}
+
+    fig = Figure(figsize=(8.0, 5.0), layout="constrained")
+    ax = fig.add_subplot()
+    fns = [f for f in summary["score_fn"].unique() if f not in ("random", "none")]
+    for fn in fns:
+        rows = summary[summary["score_fn"] == fn].sort_values("pct_zeroed")
+        ax.plot(rows["pct_zeroed"], rows["accuracy"], marker="o", ms=3.5, lw=1.6, label=fn + labels.get(fn, ""))
+    rnd = random_baseline(summary)
+    if not rnd.empty:
+        seeds = int(rnd["n_seeds"].max())
+        ax.plot(rnd["pct_zeroed"], rnd["accuracy"], color="grey", ls="--", lw=1.6, marker="s", ms=3,
+                label=f"random (mean of {seeds} seed{'s' * (seeds > 1)})" + labels.get("random", ""))
+        ax.fill_between(rnd["pct_zeroed"], rnd["band_low"], rnd["band_high"], color="grey", alpha=0.2,
+                        lw=0, label="random band")
+    if np.isfinite(base):
+        ax.axhline(base, color="black", lw=1, label=f"base {base:.3g}")
+        ax.axhline(base - one_point, color="black", lw=1, ls=":", label="base - 1 point")
+    ax.set_xlabel("% heads zeroed (realised)")
+    ax.set_ylabel("accuracy")
+    ax.set_title(title or "Accuracy as heads are zeroed")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    return fig
+
+
+# --- distributions ----------------------------------------------------------------------
+
+def _values(frame: pd.DataFrame, score_fn: str, label: str) -> np.ndarray:
+    _require(frame, ["score_fn", "value"], f"scores frame {label!r}")
+    v = frame.loc[frame["score_fn"] == score_fn, "value"].to_numpy(dtype=float)
+    return v[np.isfinite(v)]
+
+
+def score_distributions(frames: Mapping[str, pd.DataFrame], score_fn: str | Sequence[str] | None = None,
+                        kind: str = "violin") -> Figure:
+    """Distribution over heads of each score function, one violin (or histogram) per
+    model/dataset label. ``score_fn``: one id, several, or None for every id all frames share."""
+    if not frames:
+        raise LensHeadsError("no score frames to compare")
+    if kind not in ("violin", "hist"):
+        raise LensHeadsError(f"kind must be 'violin' or 'hist', not {kind!r}")
+    for label, frame in frames.items():
+        _require(frame, ["score_fn", "value"], f"scores frame {label!r}")
+    if score_fn is None:
+        shared = set.intersection(*(set(f["score_fn"].unique()) for f in frames.values()))
+        order = list(dict.fromkeys(next(iter(frames.values()))["score_fn"]))
+        fns = [f for f in order if f in shared]
+    else:
+        fns = [score_fn] if isinstance(score_fn, str) else list(score_fn)
+    if not fns:
+        raise LensHeadsError("the score frames share no score function")
+    labels = list(frames)
+    ncols = min(3, len(fns))
+    nrows = -(-len(fns) // ncols)
+    fig = Figure(figsize=(4.2 * ncols, 3.2 * nrows), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
+    for ax, fn in zip(axes, fns):
+        data = [_values(frames[lb], fn, lb) for lb in labels]
+        if not any(len(d) for d in data):
+            raise LensHeadsError(f"score function {fn!r} has no values in any frame")
+        if kind == "violin":
+            pos = [i for i, d in enumerate(data) if len(d) > 1]
+            if pos:
+                ax.violinplot([data[i] for i in pos], positions=pos, showmedians=True)
+            ax.set_xticks(range(len(labels)), labels, rotation=20 if len(labels) > 2 else 0)
+        else:
+            for lb, d in zip(labels, data):
+                ax.hist(d, bins=30, alpha=0.5, label=lb)
+            ax.legend(fontsize=7)
+        ax.set_title(fn, fontsize=10)
+        ax.grid(alpha=0.3)
+    for ax in axes[len(fns):]:
+        ax.set_visible(False)
+    return fig
+
+
+def wasserstein_matrix(samples: Mapping[str, Sequence[float] | np.ndarray]) -> tuple[pd.DataFrame, Figure]:
+    """Pairwise 1-Wasserstein distances between score samples (e.g. one score function's
+    per-head values for base vs instruct models), as a labelled matrix and its heatmap."""
+    from scipy.stats import wasserstein_distance
+
+    if len(samples) < 2:
+        raise LensHeadsError("need at least two samples to compare")
+    arrays = {}
+    for label, s in samples.items():
+        a = np.asarray(s, dtype=float).ravel()
+        a = a[np.isfinite(a)]
+        if a.size == 0:
+            raise LensHeadsError(f"sample {label!r} has no finite values")
+        arrays[label] = a
+    labels = list(arrays)
+    n = len(labels)
+    d = np.zeros((n, n))
+    for i in range(n):
+        for j in range(i + 1, n):
+            d[i, j] = d[j, i] = wasserstein_distance(arrays[labels[i]], arrays[labels[j]])
+    matrix = pd.DataFrame(d, index=labels, columns=labels)
+
+    fig = Figure(figsize=(2.5 + 0.9 * n, 2.0 + 0.8 * n), layout="constrained")
+    ax = fig.add_subplot()
+    im = ax.imshow(d, cmap="magma_r", interpolation="nearest")
+    ax.set_xticks(range(n), labels, rotation=30, ha="right")
+    ax.set_yticks(range(n), labels)
+    top = d.max() if d.max() > 0 else 1.0
+    for (i, j), v in np.ndenumerate(d):
+        ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
+                color="white" if v > 0.6 * top else "black")
+    ax.set_title("Wasserstein distance")
+    fig.colorbar(im, ax=ax, shrink=0.85)
+    return matrix, fig
+
+
+# --- diagnosis --------------------------------------------------------------------------
+
+def canonical_class(name: str) -> str:
+    """"BOS-sink" / "bos_sink" / "DEAD" -> the diagnose module's names ("bos_sink", "dead")."""
+    return str(name).strip().replace("-", "_").lower()
+
+
+def class_label(name: str) -> str:
+    c = canonical_class(name)
+    return DIAGNOSIS_CLASSES[c][0] if c in DIAGNOSIS_CLASSES else str(name)
+
+
+def diagnosis_map(diag: pd.DataFrame) -> Figure:
+    """Class of every head (layer x head, categorical colours), with each head's ALiBi slope
+    on an axis above it when the frame has finite ``alibi_slope`` values."""
+    _require(diag, ["layer", "head", "class"], "diagnosis frame")
+    names = diag["class"].astype(str).map(canonical_class)
+    present = list(names.unique())
+    classes = [c for c in DIAGNOSIS_CLASSES if c in present] + [c for c in present if c not in DIAGNOSIS_CLASSES]
+    extra = iter(_EXTRA_COLOURS * 4)
+    colours = [DIAGNOSIS_CLASSES[c][1] if c in DIAGNOSIS_CLASSES else next(extra) for c in classes]
+    code = {c: i for i, c in enumerate(classes)}
+    n_layers, n_heads = int(diag["layer"].max()) + 1, int(diag["head"].max()) + 1
+    grid = np.full((n_layers, n_heads), np.nan)
+    grid[diag["layer"].to_numpy(int), diag["head"].to_numpy(int)] = names.map(code).to_numpy(float)
+
+    slopes = None
+    if "alibi_slope" in diag.columns:
+        s = diag.groupby("head")["alibi_slope"].mean().reindex(range(n_heads))
+        if np.isfinite(s.to_numpy(dtype=float)).any():
+            slopes = s.to_numpy(dtype=float)
+
+    width = min(16.0, 3.0 + 0.42 * n_heads)
+    height = min(18.0, 1.8 + 0.28 * n_layers) + (1.4 if slopes is not None else 0)
+    fig = Figure(figsize=(width, height), layout="constrained")
+    if slopes is not None:
+        ax_s, ax = fig.subplots(2, 1, sharex=True, height_ratios=[1, 4])
+        ax_s.bar(range(n_heads), slopes, color="#4c72b0")
+        ax_s.set_yscale("log")
+        ax_s.set_ylabel("ALiBi\nslope")
+        ax_s.set_title("Head classes and ALiBi slope per head")
+        ax_s.grid(alpha=0.3, axis="y")
+    else:
+        ax = fig.add_subplot()
+        ax.set_title("Head classes")
+    ax.imshow(grid, aspect="auto", cmap=ListedColormap(colours), vmin=-0.5, vmax=len(classes) - 0.5,
+              interpolation="nearest")
+    ax.set_xticks(range(n_heads), [str(h) for h in range(n_heads)],
+                  fontsize=8 if n_heads <= 24 else 6)
+    step = max(1, n_layers // 16)
+    ax.set_yticks(range(0, n_layers, step), [str(L) for L in range(0, n_layers, step)])
+    ax.set_xlabel("head")
+    ax.set_ylabel("layer")
+    counts = names.value_counts()
+    handles = [Patch(color=col, label=f"{class_label(c)} ({counts.get(c, 0)})") for c, col in zip(classes, colours)]
+    fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
+    return fig

@@ -1,0 +1,203 @@
+"""Per-head attention patterns as circuitsvis views that render with no network.
+
+``attention_heads(model, text, heads)`` runs ONE forward of ``text`` with hooks on
+``hook_pattern`` of only the layers it needs and wraps the [head, q, k] patterns in a
+circuitsvis ``AttentionHeads`` view. The view carries the circuitsvis JavaScript bundle
+inline (``local_src``), never the CDN version, so it works from a file on an offline machine.
+A report can place several views on one page and inline the ~1.3 MB bundle once
+(``bundle_script()`` + ``view.mount_html()``).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import os
+import tempfile
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Float
+
+from lens_heads.errors import LensHeadsError
+from lens_heads.hooks import hook_name, layer_of, run_with_hooks
+
+Head = tuple[int, int]
+
+
+def head_label(layer: int, head: int) -> str:
+    return f"L{layer}.H{head}"
+
+
+def parse_heads(spec: str, geometry) -> list[Head]:
+    """``"3.1,4.2"`` or ``"L3.H1,L4.H2"`` -> [(3, 1), (4, 2)], each checked against the geometry."""
+    heads: list[Head] = []
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        parts = item.upper().replace("L", "").replace("H", "").split(".")
+        if len(parts) != 2 or not all(p.isdigit() for p in parts):
+            raise LensHeadsError(f"bad head {item!r}: expected LAYER.HEAD, e.g. 3.1 or L3.H1")
+        layer, head = int(parts[0]), int(parts[1])
+        geometry.check_head(layer, head)
+        heads.append((layer, head))
+    if not heads:
+        raise LensHeadsError(f"no heads in {spec!r}: expected LAYER.HEAD[,LAYER.HEAD...]")
+    return heads
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write ``text`` to ``path`` via a temp file in the same folder and ``os.replace``."""
+    path = Path(path)
+    if not path.parent.is_dir():
+        raise LensHeadsError(f"cannot write {path}: folder {path.parent} does not exist")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def bundle_js() -> str:
+    """The circuitsvis IIFE bundle (defines the global ``CircuitsVis``), safe to inline."""
+    import circuitsvis
+
+    path = Path(circuitsvis.__file__).parent / "dist" / "cdn" / "iife.js"
+    return path.read_text(encoding="utf-8").replace("</script>", "")
+
+
+def bundle_script() -> str:
+    """One ``<script>`` tag holding the bundle: put it once, before any ``mount_html()``."""
+    return f"<script>{bundle_js()}</script>"
+
+
+def _safe_json(props: str) -> str:
+    """JSON that cannot close the surrounding <script> tag (``</`` -> ``<\\/``, same JS value)."""
+    return props.replace("</", "<\\/").replace("<!--", "<\\!--")
+
+
+@dataclass
+class AttentionView:
+    """Attention patterns of some heads on one text, as a circuitsvis ``AttentionHeads`` view."""
+
+    tokens: list[str]
+    patterns: Float[np.ndarray, "head q k"]
+    heads: list[Head]
+    names: list[str]
+    text: str = ""
+    model_name: str = ""
+    dom_id: str = field(default_factory=lambda: "lh-cv-" + uuid.uuid4().hex[:12])
+
+    def props(self) -> dict:
+        return {"attention": np.round(self.patterns, 4), "tokens": self.tokens,
+                "attention_head_names": self.names, "mask_upper_tri": True}
+
+    def _raw_props_json(self) -> str:
+        """The props exactly as circuitsvis serialises them (same key order as its renderer)."""
+        from circuitsvis.utils.convert_props import convert_props
+
+        p = self.props()
+        return convert_props({"attention": p["attention"], "attentionHeadNames": p["attention_head_names"],
+                              "tokens": p["tokens"], "maskUpperTri": p["mask_upper_tri"]})
+
+    def _props_json(self) -> str:
+        return _safe_json(self._raw_props_json())
+
+    def rendered(self):
+        """The circuitsvis ``RenderedHTML`` (``.local_src`` inlines the bundle)."""
+        import circuitsvis.attention
+
+        return circuitsvis.attention.attention_heads(**self.props())
+
+    @property
+    def local_src(self) -> str:
+        """circuitsvis's self-contained HTML (bundle inlined, no network), with its props made
+        safe to sit inside a <script> whatever the tokens contain."""
+        src = self.rendered().local_src
+        raw = self._raw_props_json()
+        if raw not in src:  # a circuitsvis version that serialises differently: build it ourselves
+            return (f'<div id="{self.dom_id}" style="margin: 15px 0;"></div>\n'
+                    f"{bundle_script()}\n{self._render_call()}")
+        return src.replace(raw, self._props_json())
+
+    def _render_call(self) -> str:
+        return (f'<script>CircuitsVis.render("{self.dom_id}", CircuitsVis.AttentionHeads, '
+                f"{self._props_json()});</script>")
+
+    def mount_html(self) -> str:
+        """Div + render call WITHOUT the bundle, for pages that inline ``bundle_script()`` once."""
+        return f'<div id="{self.dom_id}" class="lh-circuitsvis"></div>\n{self._render_call()}'
+
+    def to_html(self) -> str:
+        """A standalone HTML page."""
+        title = html.escape(f"{self.model_name}: attention of {', '.join(self.names)}")
+        return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
+                f"<title>{title}</title></head>\n<body>\n{self.local_src}\n</body></html>\n")
+
+    def _repr_html_(self) -> str:
+        """Jupyter: an iframe with srcdoc, so several views (each with its own bundle) coexist."""
+        height = 320 + 14 * min(len(self.tokens), 60)
+        return (f'<iframe srcdoc="{html.escape(self.to_html(), quote=True)}" '
+                f'style="width: 100%; height: {height}px; border: none;"></iframe>')
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write a standalone HTML file atomically."""
+        return atomic_write_text(path, self.to_html())
+
+
+def _token_strings(tokenizer, ids: Sequence[int]) -> list[str]:
+    """One readable string per token (decoded one by one; spaces and newlines kept)."""
+    return [tokenizer.decode([int(i)]) for i in ids]
+
+
+def attention_heads(
+    model,
+    text: str,
+    heads: Sequence[Head] | None = None,
+    titles: Mapping[Head, str] | Sequence[str] | None = None,
+    max_tokens: int = 64,
+) -> AttentionView:
+    """Attention patterns of ``heads`` (default: every head) of ``model`` on ``text``.
+
+    ``titles`` adds text to each head's name ("L3.H1 | ahon_ln 0.41 | BOS-sink"): a mapping
+    from (layer, head), or a list parallel to ``heads``. Only the layers holding a requested
+    head are hooked; the text is cut to its first ``max_tokens`` tokens.
+    """
+    g = model.geometry
+    if heads is None:
+        heads = [(L, h) for L in range(g.n_layers) for h in range(g.n_heads)]
+    heads = [(int(L), int(h)) for L, h in heads]
+    if not heads:
+        raise LensHeadsError("no heads to show")
+    for L, h in heads:
+        g.check_head(L, h)
+    if isinstance(titles, Mapping):
+        extra = [titles.get(hd, "") for hd in heads]
+    elif titles is not None:
+        extra = list(titles)
+        if len(extra) != len(heads):
+            raise LensHeadsError(f"{len(extra)} titles for {len(heads)} heads")
+    else:
+        extra = [""] * len(heads)
+    names = [head_label(*hd) + (f" | {t}" if t else "") for hd, t in zip(heads, extra)]
+
+    ids = model.to_tokens(text)[0][:max_tokens]
+    if ids.numel() == 0:
+        raise LensHeadsError("text has no tokens")
+    layers = sorted({L for L, _ in heads})
+    got: dict[int, torch.Tensor] = {}
+
+    def grab(pattern, hook):
+        got[layer_of(hook)] = pattern[0].float().cpu()  # [head, q, k]
+
+    run_with_hooks(model, ids[None], torch.ones(1, ids.numel(), dtype=torch.long),
+                   [(hook_name("pattern", L), grab) for L in layers], return_logits=False)
+    patterns = torch.stack([got[L][h] for L, h in heads]).numpy()
+    return AttentionView(_token_strings(model.tokenizer, ids.tolist()), patterns, heads, names,
+                         text=text, model_name=model.name)
