@@ -1,0 +1,21 @@
+"""Surgical repair of collapsed heads (METHODS.md section B), as edits on a plain HF model.
+
+    targets.py     which heads: classes / explicit list / band / score threshold
+    reinit.py      the plan of slice edits and the Xavier re-initialisation
+    masks.py       freezing and 0/1 gradient masks
+    train.py       masked AdamW training, held-out perplexity, early stopping, resume
+    checkpoint.py  safetensors + state checkpoints
+    export.py      save_pretrained (+ tokenizer)
+    repair.py      the two-pass protocol that ties them together
+"""
+
+from lens_heads.surgery.export import export_model
+from lens_heads.surgery.masks import MaskedParams, freeze_and_mask
+from lens_heads.surgery.reinit import GQA_POLICIES, INITS, SliceEdit, SurgeryPlan, plan_surgery, reinitialise
+from lens_heads.surgery.repair import RepairConfig, repair
+from lens_heads.surgery.targets import TargetSelector, parse_heads, parse_select
+from lens_heads.surgery.train import TrainConfig, TrainResult, perplexity, train_surgery
+
+__all__ = ["GQA_POLICIES", "INITS", "MaskedParams", "RepairConfig", "SliceEdit", "SurgeryPlan", "TargetSelector",
+           "TrainConfig", "TrainResult", "export_model", "freeze_and_mask", "parse_heads", "parse_select",
+           "perplexity", "plan_surgery", "reinitialise", "repair", "train_surgery"]

@@ -1,0 +1,42 @@
+"""Export a repaired model with ``save_pretrained`` (+ tokenizer), atomically per file.
+
+The folder reloads with ``transformers.AutoModelForCausalLM.from_pretrained(dir)`` and with
+``lens_heads.load_model(dir)``. Files are written to a temporary folder next to the target and
+then moved in, so a failure leaves no half-written model.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from lens_heads.errors import LensHeadsError
+
+
+def check_out_dir(out_dir: str | os.PathLike, source) -> Path:
+    """Refuse to write into the folder the model was loaded from (its files must stay untouched)."""
+    out = Path(out_dir).expanduser().resolve()
+    src = Path(source.gguf_file).parent if source.gguf_file else Path(source.path)
+    if src.exists() and src.expanduser().resolve() == out:
+        raise LensHeadsError(f"--out {out_dir} is the folder the model was loaded from; choose another folder")
+    if out.exists() and not out.is_dir():
+        raise LensHeadsError(f"--out {out_dir} exists and is not a folder")
+    return out
+
+
+def export_model(hf_model, tokenizer, out_dir: str | os.PathLike) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".export.", dir=out))
+    try:
+        for p in hf_model.parameters():
+            p.requires_grad_(False)
+        hf_model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        for f in tmp.iterdir():
+            os.replace(f, out / f.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out

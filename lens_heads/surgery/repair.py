@@ -1,0 +1,110 @@
+"""The two-pass repair protocol: diagnose -> select -> re-initialise -> train -> re-diagnose.
+
+Pass 1 operates on the heads the selector picks on the original model. After training, a
+TransformerLens bridge is booted on a *copy* of the trained plain HF model and the model is
+re-diagnosed; pass 2 re-applies the selector there (heads still or newly sick), and so on for
+``passes`` passes. All edits happen on the plain HF model (never the bridge's wrapped modules:
+for BLOOM the bridge computes Q/K/V from its own split copies).
+
+``repair`` writes into ``out_dir``: ``checkpoints/pass{k}/`` (resumable), the exported model
+(``save_pretrained`` + tokenizer) and ``report.json`` (atomically).
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from lens_heads.data import tokenize_texts
+from lens_heads.diagnose import DiagnosisThresholds, diagnose
+from lens_heads.errors import LensHeadsError
+from lens_heads.models.load import boot
+from lens_heads.surgery.checkpoint import atomic_write_text
+from lens_heads.surgery.export import check_out_dir, export_model
+from lens_heads.surgery.reinit import plan_surgery, reinitialise
+from lens_heads.surgery.targets import TargetSelector
+from lens_heads.surgery.train import TrainConfig, perplexity, train_surgery
+
+
+@dataclass
+class RepairConfig:
+    passes: int = 2
+    init: str = "xavier_uniform"
+    gqa_policy: str = "q_only"
+    chunk_len: int = 512
+    eval_len: int = 512  # tokens per held-out document
+    seed: int = 0
+    thresholds: DiagnosisThresholds = field(default_factory=DiagnosisThresholds)
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def prepare_data(tokenizer, train_texts, eval_texts, config: RepairConfig):
+    chunks = tokenize_texts(tokenizer, train_texts, config.chunk_len, mode="chunks")
+    if not chunks:
+        raise LensHeadsError(f"the training data is shorter than one chunk of {config.chunk_len} tokens "
+                             f"({len(train_texts)} texts); give more text or a smaller chunk length")
+    eval_inputs = [t for t in tokenize_texts(tokenizer, eval_texts, config.eval_len) if len(t) > 1]
+    if not eval_inputs:
+        raise LensHeadsError("no held-out documents with 2 or more tokens for perplexity")
+    return chunks, eval_inputs
+
+
+def repair(model, selector: TargetSelector, train_texts: list[str], eval_texts: list[str], diag_inputs,
+           out_dir, config: RepairConfig = RepairConfig(), resume: bool = True, progress: bool = True) -> dict:
+    """Run the protocol on ``model`` (a LoadedModel; left unchanged) and return the report."""
+    t0 = time.perf_counter()
+    out = check_out_dir(out_dir, model.source)
+    if config.passes < 1:
+        raise LensHeadsError(f"passes must be >= 1, got {config.passes}")
+    g, tok = model.geometry, model.tokenizer
+    pad = tok.pad_token_id or 0
+    chunks, eval_inputs = prepare_data(tok, train_texts, eval_texts, config)
+    # validate the first selection before any file is written
+    diag = diagnose(model, diag_inputs, config.thresholds)
+    targets = selector.resolve(model, diag, diag_inputs)
+    if not targets:
+        raise LensHeadsError(f"no heads selected by {selector.describe()}: nothing to repair")
+    plan_surgery(g, targets, config.gqa_policy)
+
+    hf = model.load_hf_model()
+    report = dict(model=model.name, selector=selector.describe(), config=asdict(config),
+                  n_train_chunks=len(chunks), n_eval_docs=len(eval_inputs),
+                  n_eval_tokens=int(sum(len(t) - 1 for t in eval_inputs)),
+                  n_diag_inputs=diag.n_inputs, healthy_before=diag.healthy_count, classes_before=diag.counts(),
+                  band_before=diag.band(), ppl_before=perplexity(hf, eval_inputs, config.train.eval_batch_size, pad),
+                  passes=[])
+    if progress:
+        print(f"before: {diag.summary()}; held-out perplexity {report['ppl_before']:.3f}", flush=True)
+    current = model
+    for k in range(1, config.passes + 1):
+        if k > 1:
+            targets = selector.reselect(current, targets, diag, diag_inputs)
+            if not targets:
+                report["passes"].append({"pass": k, **dict( targets=[], note="no heads left to repair")})
+                break
+        plan = plan_surgery(g, targets, config.gqa_policy)
+        reinitialise(hf, plan, config.init, seed=config.seed + k)
+        if progress:
+            print(f"pass {k}: {len(targets)} target heads, {plan.gqa_policy}", flush=True)
+        tcfg = replace(config.train, seed=config.train.seed + k)
+        result = train_surgery(hf, plan, chunks, eval_inputs, tcfg, out / "checkpoints" / f"pass{k}",
+                               resume=resume, pad_id=pad, progress=progress)
+        current = boot(copy.deepcopy(hf), tok, model.source, model.dtype, model.device)
+        diag = diagnose(current, diag_inputs, config.thresholds)
+        report["passes"].append({"pass": k, **dict(
+            targets=[f"{L}.{h}" for L, h in targets], n_targets=len(targets),
+            edits=plan.describe()["edits"], ppl_after_reinit=result.history[0]["ppl"],
+            history=result.history, ppl_final=perplexity(hf, eval_inputs, config.train.eval_batch_size, pad),
+            steps=result.steps, epochs=result.epochs_run, stopped_early=result.stopped_early,
+            healthy_after=diag.healthy_count, classes_after=diag.counts(), band_after=diag.band(),
+            train_wall_s=round(result.wall_s, 2))})
+        if progress:
+            print(f"after pass {k}: {diag.summary()}; held-out perplexity {report['passes'][-1]['ppl_final']:.3f}",
+                  flush=True)
+    export_model(hf, tok, out)
+    report["wall_s"] = round(time.perf_counter() - t0, 2)
+    atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=str))
+    return report
