@@ -1,0 +1,307 @@
+"""Head ablations: zero a head's output z (all positions, before W_O, no rescaling).
+
+Every ablation follows one protocol (``Ablation``) and is applied through ``hook_z`` hooks,
+one set of hooks per forward pass of a batch::
+
+    abl = parse_ablation("score:ahon_ln@0.41", model.geometry)
+    run_with_hooks(model, ids, mask, abl.hooks(model, mask, row_keys=request_ids))
+    abl.zeroed_fraction()   # realised mean fraction of (input, layer, head) zeroed so far
+
+Kinds (``parse_ablation`` spec strings):
+
+* ``none``              nothing is zeroed.
+* ``static:L.H,L.H``    a fixed head set, the same on every input (what physical pruning can use).
+* ``score:ID@TAU``      per input: head (L, h) is zeroed on an input when its score ``ID`` on that
+                        same input -- computed in the same forward, at layer L, from layer L's
+                        unmodified z but *after* the ablations of layers < L -- crosses ``TAU``
+                        in the score's inactive direction. Tie rule: the comparison is inclusive,
+                        ``score >= TAU`` for ``inactive_when="high"``, ``score <= TAU`` for
+                        ``"low"``; a NaN score never crosses.
+* ``random:P@SEED``     each head on each input is zeroed independently with probability P. The
+                        draw depends only on (SEED, row key, layer, head), so results do not depend
+                        on batching or order (row keys are stable request ids).
+
+The unit of "% zeroed" is (input, layer, head): one row of a forward counts n_layers x n_heads
+units. ``last_zeroed`` holds the boolean [batch, layer, head] mask of the latest forward
+(for inspection and tests).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+from typing import Callable, Protocol, Sequence, runtime_checkable
+
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+
+from lens_heads.errors import LensHeadsError
+from lens_heads.hooks import HookFn, hook_name
+
+Hooks = list[tuple[str, HookFn]]
+
+
+@runtime_checkable
+class Ablation(Protocol):
+    name: str
+    reuses_prefix: bool  # True when the zeroed set does not depend on the input (K/V prefix cacheable)
+
+    def hooks(self, model, attention_mask: Tensor, row_keys: Sequence[int]) -> Hooks: ...
+
+    def zeroed_fraction(self) -> float: ...
+
+    def reset(self) -> None: ...
+
+
+def _zero_heads(z: Float[Tensor, "batch pos head d_head"], drop: Bool[Tensor, "batch head"]) -> Tensor:
+    """z with the heads in ``drop`` (per row) set to exactly 0 at every position."""
+    return z.masked_fill(drop.to(z.device)[:, None, :, None], 0.0)
+
+
+class _Counter:
+    """Realised fraction of (input, layer, head) units zeroed, plus the latest forward's mask."""
+
+    def __init__(self):
+        self.reset()
+
+    def reset(self) -> None:
+        self.zeroed = 0
+        self.units = 0
+        self.last_zeroed: Bool[Tensor, "batch layer head"] | None = None
+
+    def start(self, batch: int, geometry) -> None:
+        self.last_zeroed = torch.zeros(batch, geometry.n_layers, geometry.n_heads, dtype=torch.bool)
+
+    def record(self, layer: int, drop: Bool[Tensor, "batch head"]) -> None:
+        """Count layer ``layer`` of the current forward (every layer of a forward is recorded once)."""
+        drop = drop.cpu()
+        self.last_zeroed[:, layer] = drop
+        self.zeroed += int(drop.sum())
+        self.units += drop.numel()
+
+    def fraction(self) -> float:
+        return self.zeroed / self.units if self.units else math.nan
+
+
+class NoAblation:
+    """Zero nothing. ``zeroed_fraction`` is 0.0 (nothing is ever zeroed)."""
+
+    name = "none"
+    reuses_prefix = True
+
+    def hooks(self, model, attention_mask, row_keys) -> Hooks:
+        return []
+
+    def zeroed_fraction(self) -> float:
+        return 0.0
+
+    def reset(self) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return "NoAblation()"
+
+
+class StaticAblation:
+    """Zero a fixed set of heads on every input."""
+
+    reuses_prefix = True
+
+    def __init__(self, heads: Sequence[tuple[int, int]], geometry):
+        if not heads:
+            raise LensHeadsError("static ablation needs at least one head (L.H)")
+        for layer, head in heads:
+            geometry.check_head(layer, head)
+        self.geometry = geometry
+        self.heads = sorted(set((int(L), int(h)) for L, h in heads))
+        self.name = "static:" + ",".join(f"{L}.{h}" for L, h in self.heads)
+        self._mask = torch.zeros(geometry.n_layers, geometry.n_heads, dtype=torch.bool)
+        for L, h in self.heads:
+            self._mask[L, h] = True
+        self.counter = _Counter()
+
+    @property
+    def last_zeroed(self):
+        return self.counter.last_zeroed
+
+    def hooks(self, model, attention_mask, row_keys) -> Hooks:
+        g = self.geometry
+        batch = attention_mask.shape[0]
+        self.counter.start(batch, g)
+        # The set is input-independent: count the whole forward once, hook only layers that change.
+        for L in range(g.n_layers):
+            self.counter.record(L, self._mask[L].expand(batch, -1))
+
+        def make(L: int) -> HookFn:
+            drop = self._mask[L].expand(batch, -1)
+            return lambda z, hook: _zero_heads(z, drop)
+
+        return [(hook_name("z", L), make(L)) for L in range(g.n_layers) if self._mask[L].any()]
+
+    def zeroed_fraction(self) -> float:
+        return self.counter.fraction()
+
+    def reset(self) -> None:
+        self.counter.reset()
+
+    def __repr__(self) -> str:
+        return f"StaticAblation({self.name!r})"
+
+
+def row_generator(seed: int, row_key: int) -> torch.Generator:
+    """A CPU generator seeded from sha256(seed, row_key): independent of batching and order."""
+    digest = hashlib.sha256(f"lens_heads.random:{int(seed)}:{int(row_key)}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
+
+
+class RandomAblation:
+    """Zero each (input, layer, head) independently with probability ``p``."""
+
+    reuses_prefix = False
+
+    def __init__(self, p: float, seed: int, geometry):
+        if not (0.0 <= p <= 1.0) or math.isnan(p):
+            raise LensHeadsError(f"random ablation probability must be in [0, 1], got {p}")
+        self.p, self.seed, self.geometry = float(p), int(seed), geometry
+        self.name = f"random:{self.p!r}@{self.seed}"
+        self.counter = _Counter()
+
+    @property
+    def last_zeroed(self):
+        return self.counter.last_zeroed
+
+    def masks(self, row_keys: Sequence[int]) -> Bool[Tensor, "batch layer head"]:
+        g = self.geometry
+        draws = [torch.rand(g.n_layers, g.n_heads, generator=row_generator(self.seed, k)) for k in row_keys]
+        return torch.stack(draws) < self.p
+
+    def hooks(self, model, attention_mask, row_keys) -> Hooks:
+        g = self.geometry
+        if len(row_keys) != attention_mask.shape[0]:
+            raise LensHeadsError(f"random ablation: {len(row_keys)} row keys for a batch of {attention_mask.shape[0]}")
+        masks = self.masks(row_keys)
+        self.counter.start(len(row_keys), g)
+
+        def make(L: int) -> HookFn:
+            def hook(z, hook):
+                self.counter.record(L, masks[:, L])
+                return _zero_heads(z, masks[:, L])
+            return hook
+
+        return [(hook_name("z", L), make(L)) for L in range(g.n_layers)]
+
+    def zeroed_fraction(self) -> float:
+        return self.counter.fraction()
+
+    def reset(self) -> None:
+        self.counter.reset()
+
+    def __repr__(self) -> str:
+        return f"RandomAblation({self.name!r})"
+
+
+class ScoreAblation:
+    """Per input: zero heads whose same-pass score crosses ``threshold`` (see module docstring)."""
+
+    reuses_prefix = False
+
+    def __init__(self, score_id: str, threshold: float, geometry):
+        from lens_heads.scores import SCORES  # scores sit left of ablation in the data flow
+
+        if score_id not in SCORES:
+            raise LensHeadsError(f"unknown score {score_id!r}; choose one of: {', '.join(SCORES)}")
+        if math.isnan(threshold):
+            raise LensHeadsError("score ablation threshold must be a number, got nan")
+        self.score_id, self.threshold, self.geometry = score_id, float(threshold), geometry
+        self.inactive_when = SCORES[score_id].inactive_when
+        self.name = f"score:{score_id}@{self.threshold!r}"
+        self.counter = _Counter()
+
+    @property
+    def last_zeroed(self):
+        return self.counter.last_zeroed
+
+    def crosses(self, scores: Float[Tensor, "..."]) -> Bool[Tensor, "..."]:
+        """Inclusive comparison in the inactive direction; NaN never crosses."""
+        if self.inactive_when == "high":
+            return scores >= self.threshold
+        return scores <= self.threshold
+
+    def hooks(self, model, attention_mask, row_keys) -> Hooks:
+        from lens_heads.scores import ScoreCollector
+
+        g = self.geometry
+        self.counter.start(attention_mask.shape[0], g)
+        collector = ScoreCollector(model, [self.score_id])
+
+        def z_transform(layer: int, z: Tensor, scores: dict[str, Tensor]) -> Tensor:
+            drop = self.crosses(scores[self.score_id])
+            self.counter.record(layer, drop)
+            return _zero_heads(z, drop)
+
+        return collector.hooks(attention_mask, z_transform=z_transform)
+
+    def zeroed_fraction(self) -> float:
+        return self.counter.fraction()
+
+    def reset(self) -> None:
+        self.counter.reset()
+
+    def __repr__(self) -> str:
+        return f"ScoreAblation({self.name!r})"
+
+
+# -----------------------------------------------------------------------------
+# Parsing
+
+_HEAD = re.compile(r"^\s*(-?\d+)\s*\.\s*(-?\d+)\s*$")
+
+
+def parse_heads(text: str) -> list[tuple[int, int]]:
+    """``"3.1,4.2"`` -> [(3, 1), (4, 2)] (format only; ranges are checked against a geometry)."""
+    heads = []
+    for item in text.split(","):
+        m = _HEAD.match(item)
+        if not m:
+            raise LensHeadsError(f"bad head {item.strip()!r}: write heads as LAYER.HEAD, e.g. static:3.1,4.2")
+        heads.append((int(m.group(1)), int(m.group(2))))
+    return heads
+
+
+def _number(text: str, what: str, spec: str, kind: Callable = float):
+    try:
+        value = kind(text.strip())
+    except ValueError:
+        raise LensHeadsError(f"bad ablation {spec!r}: {what} {text.strip()!r} is not a{'n integer' if kind is int else ' number'}") from None
+    if kind is float and math.isnan(value):
+        raise LensHeadsError(f"bad ablation {spec!r}: {what} is nan")
+    return value
+
+
+ABLATION_FORMS = "none | static:L.H,L.H | score:ID@THRESHOLD | random:P@SEED"
+
+
+def parse_ablation(spec: str, geometry) -> Ablation:
+    """Build an ablation from its spec string (``ABLATION_FORMS``), validated against ``geometry``."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise LensHeadsError(f"empty ablation spec; use one of: {ABLATION_FORMS}")
+    s = spec.strip()
+    if s == "none":
+        return NoAblation()
+    kind, sep, rest = s.partition(":")
+    if not sep or not rest.strip():
+        raise LensHeadsError(f"bad ablation {spec!r}; use one of: {ABLATION_FORMS}")
+    if kind == "static":
+        return StaticAblation(parse_heads(rest), geometry)
+    if kind in ("score", "random"):
+        left, at, right = rest.partition("@")
+        if kind == "score":
+            if not at or not left.strip():
+                raise LensHeadsError(f"bad ablation {spec!r}: write score:ID@THRESHOLD, e.g. score:ahon_ln@0.41")
+            return ScoreAblation(left.strip(), _number(right, "threshold", spec), geometry)
+        p = _number(left, "probability", spec)
+        seed = _number(right, "seed", spec, int) if at else 0
+        return RandomAblation(p, seed, geometry)
+    raise LensHeadsError(f"unknown ablation kind {kind!r} in {spec!r}; use one of: {ABLATION_FORMS}")
