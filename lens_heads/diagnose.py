@@ -213,12 +213,12 @@ class Diagnosis:
         grids = {}
         for col in ("bos_mass", "entropy", "local_mass"):
             grid = torch.full((L, H), float("nan"))
-            grid[df["layer"].to_numpy(), df["head"].to_numpy()] = torch.tensor(df[col].to_numpy(), dtype=torch.float)
+            grid[df["layer"].to_numpy(), df["head"].to_numpy()] = torch.tensor(df[col].to_numpy(copy=True), dtype=torch.float)
             grids[col] = grid
         slopes = None
         if "alibi_slope" in df.columns and df["alibi_slope"].notna().any():
             slopes = torch.full((H,), float("nan"))
-            slopes[df["head"].to_numpy()] = torch.tensor(df["alibi_slope"].to_numpy(), dtype=torch.float)
+            slopes[df["head"].to_numpy()] = torch.tensor(df["alibi_slope"].to_numpy(copy=True), dtype=torch.float)
         return cls(grids["bos_mass"], grids["entropy"], grids["local_mass"], slopes, thresholds)
 
 
