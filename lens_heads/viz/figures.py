@@ -196,9 +196,13 @@ def score_distributions(frames: Mapping[str, pd.DataFrame], score_fn: str | Sequ
     if not fns:
         raise LensHeadsError("the score frames share no score function")
     labels = list(frames)
-    ncols = min(3, len(fns))
+    single = len(labels) == 1
+    ncols = min(5 if single else 3, len(fns))
     nrows = -(-len(fns) // ncols)
-    fig = Figure(figsize=(4.2 * ncols, 3.2 * nrows), layout="constrained")
+    w, h = (2.9, 2.1) if single else (4.2, 3.2)
+    fig = Figure(figsize=(w * ncols, h * nrows), layout="constrained")
+    if single:
+        fig.suptitle(f"Per-head score distributions: {labels[0]}", fontsize=11)
     axes = fig.subplots(nrows, ncols, squeeze=False).ravel()
     for ax, fn in zip(axes, fns):
         data = [_values(frames[lb], fn, lb) for lb in labels]
@@ -208,7 +212,10 @@ def score_distributions(frames: Mapping[str, pd.DataFrame], score_fn: str | Sequ
             pos = [i for i, d in enumerate(data) if len(d) > 1]
             if pos:
                 ax.violinplot([data[i] for i in pos], positions=pos, showmedians=True)
-            ax.set_xticks(range(len(labels)), labels, rotation=20 if len(labels) > 2 else 0)
+            if single:
+                ax.set_xticks([])
+            else:
+                ax.set_xticks(range(len(labels)), labels, rotation=20 if len(labels) > 2 else 0)
         else:
             for lb, d in zip(labels, data):
                 ax.hist(d, bins=30, alpha=0.5, label=lb)
@@ -311,5 +318,5 @@ def diagnosis_map(diag: pd.DataFrame) -> Figure:
     ax.set_ylabel("layer")
     counts = names.value_counts()
     handles = [Patch(color=col, label=f"{class_label(c)} ({counts.get(c, 0)})") for c, col in zip(classes, colours)]
-    fig.legend(handles=handles, loc="outside right upper", fontsize=8, frameon=False)
+    fig.legend(handles=handles, loc="outside lower center", ncols=min(len(handles), 5), fontsize=8, frameon=False)
     return fig

@@ -1,0 +1,37 @@
+"""``lens-heads report MODEL --data DATA --out report.html``: one self-contained HTML report."""
+
+from __future__ import annotations
+
+from lens_heads.cli.common import add_data_args, add_model_args
+
+
+def register(sub) -> None:
+    p = sub.add_parser("report", help="write one self-contained HTML report (scores, sweep, diagnosis, patterns)")
+    add_model_args(p)
+    add_data_args(p)
+    p.add_argument("--task", default=None, help="run a sweep on this task (mmlu, piqa, winogrande, file:...) "
+                                                "when no --sweep is given")
+    p.add_argument("--limit", type=int, default=None, help="questions of --task for that sweep")
+    p.add_argument("--sweep", default=None, help="finished sweep folder (summary.csv, within_1pt.csv)")
+    p.add_argument("--diagnosis", default=None, help="diagnosis CSV from 'lens-heads diagnose' (else computed)")
+    p.add_argument("--scores", default=None, help="scores table from 'lens-heads score' (else computed)")
+    p.add_argument("--top-k", type=int, default=4, help="heads per view: k most inactive and k most active "
+                                                       "by ahon_ln (default 4)")
+    p.add_argument("--heads", default=None, help="extra heads to show, e.g. 3.1,4.2")
+    p.add_argument("--max-sink-views", type=int, default=8, help="most BOS-sink/DEAD heads shown (default 8)")
+    p.add_argument("--view-tokens", type=int, default=40, help="tokens of the text in attention views (default 40)")
+    p.add_argument("--out", required=True, help="HTML file to write")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from lens_heads.report import ReportConfig, build_report
+
+    cfg = ReportConfig(
+        model=args.model, out=args.out, data=args.data, n_inputs=args.n_inputs, max_len=args.max_len,
+        task=args.task, limit=args.limit, sweep=args.sweep, diagnosis=args.diagnosis, scores=args.scores,
+        top_k=args.top_k, heads=args.heads, max_sink_views=args.max_sink_views, view_tokens=args.view_tokens,
+        dtype=args.dtype, device=args.device, batch_size=args.batch_size)
+    path = build_report(cfg)
+    print(f"wrote {path}")
+    return 0
