@@ -4,8 +4,10 @@ Per head, from attention patterns on a fixed prompt or a corpus:
 
 - ``bos_mass``   mean over real query rows t of A[t, f], f = the input's first real token
                  (position 0 with right padding); t = f is included (its value is 1).
-- ``entropy``    mean over real query rows of -sum_j A[t, j] ln A[t, j] (A clamped at 1e-10
-                 inside the log); nats.
+- ``entropy``    mean over real query rows of -sum_j A[t, j] ln A[t, j] (0 ln 0 = 0, which is
+                 what clamping A at 1e-10 inside the log gives); nats.
+  These two are the head scores ``awft`` and ``aeqd``: their reductions are reused from
+  ``lens_heads.scores``, not written twice.
 - ``local_mass`` mean over real query rows t >= f + 3 of A[t, t-2] + A[t, t-1] + A[t, t]
                  (the mass on the last 3 positions <= t). Rows t < f + 3 are left out because
                  their 3-position window covers every key, so they would score 1 whatever the
@@ -45,6 +47,7 @@ from torch import Tensor
 from lens_heads.data import iter_batches
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import hook_name, layer_of, run_with_hooks
+from lens_heads.scores import SCORES, Acts, BatchGeometry
 
 CLASSES: tuple[str, ...] = ("dead", "bos_sink", "low_entropy", "local", "healthy")
 SICK: tuple[str, ...] = CLASSES[:-1]
@@ -72,18 +75,14 @@ def pattern_stats(
     Works for left or right padding: the first real token of each row is where its mask
     first equals 1. local_mass is NaN for an input with fewer than 4 real tokens.
     """
+    # BOS mass and entropy are the scores module's awft / aeqd reductions (one definition each)
+    acts = Acts("pattern", pattern, BatchGeometry.from_mask(mask, pattern.device), 0, None, 1)
+    bos_mass, entropy = SCORES["awft"].compute(acts), SCORES["aeqd"].compute(acts)
+
     A = pattern.float()
     m = mask.to(A.device).float()  # [b, T]
-    b, _, T, _ = A.shape
+    T = A.shape[-1]
     first = m.argmax(-1)  # [b] index of the first real token
-    n_rows = m.sum(-1).clamp_min(1)[:, None]  # [b, 1]
-
-    bos = A.gather(-1, first.view(b, 1, 1, 1).expand(b, A.shape[1], T, 1))[..., 0]  # [b, h, q]
-    bos_mass = (bos * m[:, None]).sum(-1) / n_rows
-
-    ent = -(A * A.clamp_min(1e-10).log()).sum(-1)  # [b, h, q]
-    entropy = (ent * m[:, None]).sum(-1) / n_rows
-
     # window mass A[t,t] + A[t,t-1] + A[t,t-2] from the diagonals, for rows t >= 2
     local = A.diagonal(0, -2, -1)[..., 2:] + A.diagonal(-1, -2, -1)[..., 1:] + A.diagonal(-2, -2, -1)
     pos = torch.arange(T, device=A.device)
