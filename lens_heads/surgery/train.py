@@ -132,7 +132,11 @@ def train_surgery(
     opt = torch.optim.AdamW(masked.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(total, warmup))
     if config.gradient_checkpointing:
-        hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        kwargs = {"use_reentrant": False}  # frozen inputs: the reentrant variant would drop the gradients
+        if hasattr(hf_model, "activation_checkpointing_enable"):
+            hf_model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            hf_model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
     by_name = dict(zip(masked.names, masked.params))
 
     step, epoch, history, best, best_ppl, bad, stopped = 0, 0, [], None, float("inf"), 0, False
@@ -193,11 +197,11 @@ def train_surgery(
                 losses.append(step_loss)
                 if progress:
                     print(f"  step {step}/{total}  loss {step_loss:.4f}  lr {sched.get_last_lr()[0]:.3g}", flush=True)
-                if on_step is not None:
-                    on_step(step, step_loss)
                 if config.checkpoint_every and step % config.checkpoint_every == 0 and step < total \
                         and step != (epoch + 1) * per_epoch:
                     checkpoint()
+                if on_step is not None:  # after the checkpoint: a callback that stops the run loses nothing
+                    on_step(step, step_loss)
             epoch += 1
             ppl = perplexity(hf_model, eval_inputs, config.eval_batch_size, pad_id)
             hf_model.train()
@@ -215,7 +219,7 @@ def train_surgery(
     finally:
         masked.remove()
         if config.gradient_checkpointing:
-            hf_model.gradient_checkpointing_disable()
+            (getattr(hf_model, "activation_checkpointing_disable", None) or hf_model.gradient_checkpointing_disable)()
         hf_model.eval()
         for p in hf_model.parameters():
             p.requires_grad_(False)
