@@ -59,6 +59,7 @@ class ReportConfig:
     max_len: int = 128
     task: str | None = None  # run a sweep on this task when no --sweep folder is given
     limit: int | None = None  # questions of the task for that sweep
+    sweep_scores: str = "awft,ahon_ln,lthon_ln"  # score functions of that sweep
     sweep: str | None = None  # folder with summary.csv (+ within_1pt.csv)
     diagnosis: str | None = None  # diagnosis CSV
     scores: str | None = None  # scores table (.csv/.parquet)
@@ -112,6 +113,12 @@ def check_config(cfg: ReportConfig) -> None:
         raise LensHeadsError(f"limit must be >= 1, got {cfg.limit}")
     if cfg.limit is not None and not cfg.task:
         raise LensHeadsError("--limit needs --task")
+    if cfg.task and not cfg.sweep:
+        from lens_heads.data import load_task
+        from lens_heads.scores import resolve_score_ids
+
+        resolve_score_ids(cfg.sweep_scores)
+        load_task(cfg.task)  # an unknown task fails here, before the model is loaded
     if cfg.sweep is not None:
         sweep = Path(cfg.sweep)
         if not sweep.exists():
@@ -194,20 +201,25 @@ def gather(cfg: ReportConfig, model, inputs) -> ReportInputs:
     return ReportInputs(scores, diagnosis, summary, within, src)
 
 
+def sweep_dir(cfg: ReportConfig) -> Path:
+    """Where a sweep run for the report is stored (beside the report; rerunning resumes it)."""
+    out = Path(cfg.out)
+    return out.with_name(out.stem + "_sweep")
+
+
 def run_sweep(cfg: ReportConfig, model) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """Run a sweep with ``lens_heads.sweep`` into a folder beside the report, then read it."""
+    """Run (or resume) a sweep with ``lens_heads.sweep`` into ``sweep_dir(cfg)``, then read it."""
     try:
-        from lens_heads import sweep as sweep_mod
+        from lens_heads.sweep import SweepConfig, run_sweep as run
     except ImportError:
         raise LensHeadsError("--task needs lens_heads.sweep, which this installation lacks; "
                              "pass a finished sweep with --sweep DIR instead") from None
-    out_dir = Path(cfg.out).with_suffix("").with_name(Path(cfg.out).stem + "_sweep")
-    kwargs = dict(limit=cfg.limit, out_dir=out_dir, batch_size=cfg.batch_size, progress=cfg.progress)
-    runner = getattr(sweep_mod, "run_sweep", None)
-    if runner is None:
-        raise LensHeadsError("lens_heads.sweep has no run_sweep(); pass a finished sweep with --sweep DIR")
-    runner(model, cfg.task, **kwargs)
-    return read_sweep(out_dir)
+    from lens_heads.scores import resolve_score_ids
+
+    scfg = SweepConfig(task=cfg.task, score_ids=resolve_score_ids(cfg.sweep_scores), limit=cfg.limit,
+                       batch_size=max(cfg.batch_size, 1))
+    result = run(model, scfg, sweep_dir(cfg), progress=cfg.progress)
+    return result.summary, result.within
 
 
 def within_from_summary(summary: pd.DataFrame) -> pd.DataFrame | None:

@@ -12,6 +12,9 @@ def register(sub) -> None:
     p.add_argument("--task", default=None, help="run a sweep on this task (mmlu, piqa, winogrande, file:...) "
                                                 "when no --sweep is given")
     p.add_argument("--limit", type=int, default=None, help="questions of --task for that sweep")
+    p.add_argument("--sweep-scores", default="awft,ahon_ln,lthon_ln",
+                   help="score functions of that sweep (default awft,ahon_ln,lthon_ln); it is stored in "
+                        "OUT_sweep/ beside the report, and rerunning resumes it")
     p.add_argument("--sweep", default=None, help="finished sweep folder (summary.csv, within_1pt.csv)")
     p.add_argument("--diagnosis", default=None, help="diagnosis CSV from 'lens-heads diagnose' (else computed)")
     p.add_argument("--scores", default=None, help="scores table from 'lens-heads score' (else computed)")
@@ -29,7 +32,8 @@ def run(args) -> int:
 
     cfg = ReportConfig(
         model=args.model, out=args.out, data=args.data, n_inputs=args.n_inputs, max_len=args.max_len,
-        task=args.task, limit=args.limit, sweep=args.sweep, diagnosis=args.diagnosis, scores=args.scores,
+        task=args.task, limit=args.limit, sweep_scores=args.sweep_scores, sweep=args.sweep,
+        diagnosis=args.diagnosis, scores=args.scores,
         top_k=args.top_k, heads=args.heads, max_sink_views=args.max_sink_views, view_tokens=args.view_tokens,
         dtype=args.dtype, device=args.device, batch_size=args.batch_size)
     path = build_report(cfg)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import html
 import json
 import os
+import re
 import tempfile
 import uuid
 from dataclasses import dataclass, field
@@ -124,7 +125,8 @@ class AttentionView:
         if raw not in src:  # a circuitsvis version that serialises differently: build it ourselves
             return (f'<div id="{self.dom_id}" style="margin: 15px 0;"></div>\n'
                     f"{bundle_script()}\n{self._render_call()}")
-        return src.replace(raw, self._props_json())
+        src = re.sub(r"circuits-vis-[0-9a-f-]{13}", self.dom_id, src)  # stable id: same view, same HTML
+        return src.replace(raw, self._props_json()).replace('style="margin: 15px 0;"/>', 'style="margin: 15px 0;"></div>', 1)
 
     def _render_call(self) -> str:
         return (f'<script>CircuitsVis.render("{self.dom_id}", CircuitsVis.AttentionHeads, '

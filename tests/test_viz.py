@@ -1,0 +1,282 @@
+"""lens_heads.viz: circuitsvis attention views and matplotlib figures, on real results of tiny models.
+
+Patterns are checked against HF ``output_attentions``; figures are checked by what they
+draw (image data, line coordinates, violins, bars) against independent computations.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from lens_heads.errors import LensHeadsError
+from lens_heads.viz import (
+    AttentionView,
+    attention_heads,
+    diagnosis_map,
+    parse_heads,
+    read_sweep,
+    score_distributions,
+    score_heatmap,
+    sweep_curves,
+    wasserstein_matrix,
+)
+
+TEXTS = [
+    "The capital of France is Paris. The capital of Italy is Rome.",
+    "Attention heads that do nothing are called dormant heads.",
+    "Question: How do I boil an egg? Answer: put it in boiling water.",
+    "A B C D Answer: the following are multiple choice questions",
+]
+MC_ROWS = [("The capital of France is", ["Paris", "Rome"], 0), ("The capital of Italy is", ["Paris", "Rome"], 1),
+           ("Heads that do nothing are", ["dormant", "capital"], 0), ("How do I boil an egg?", ["in water", "Paris"], 0),
+           ("A B C D Answer:", ["A", "B"], 0), ("Attention heads that do", ["nothing", "France"], 0),
+           ("The following are multiple", ["choice", "egg"], 0), ("Question: the capital of", ["France", "water"], 0)]
+
+
+def write_mc(path) -> str:
+    path.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in MC_ROWS))
+    return f"file:{path}"
+
+
+@pytest.fixture(scope="module")
+def scores_of(tiny_model):
+    from lens_heads.scores import score_heads
+
+    cache = {}
+
+    def get(arch: str, keep_per_input: bool = False):
+        if (arch, keep_per_input) not in cache:
+            cache[arch, keep_per_input] = score_heads(tiny_model(arch), TEXTS, "all", batch_size=4,
+                                                      keep_per_input=keep_per_input, progress=False)
+        return cache[arch, keep_per_input]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tiny_model, tmp_path_factory):
+    """A small but real sweep of the tiny llama on a local multiple-choice file."""
+    from lens_heads.sweep import SweepConfig, run_sweep
+
+    folder = tmp_path_factory.mktemp("sweep")
+    task = write_mc(folder / "mc.jsonl")
+    run_sweep(tiny_model("llama"), SweepConfig(task=task, score_ids=["ahon_ln", "awft"], fractions=[0, 0.25, 0.5],
+                                               random_seeds=[0, 1], limit=8, n_boot=50),
+              folder / "out", progress=False)
+    return folder / "out"
+
+
+# --- attention views ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ["llama", "bloom"])
+def test_attention_heads_match_hf_attentions(tiny_model, tiny_model_dir, arch):
+    from transformers import AutoModelForCausalLM
+
+    model = tiny_model(arch)
+    heads = [(1, 2), (0, 0), (1, 0)]
+    view = attention_heads(model, TEXTS[0], heads, titles={(1, 2): "ahon_ln 0.41 | BOS-sink"})
+    ids = model.to_tokens(TEXTS[0])[0]
+    hf = AutoModelForCausalLM.from_pretrained(tiny_model_dir(arch), attn_implementation="eager").eval()
+    with torch.no_grad():
+        ref = hf(ids[None], output_attentions=True).attentions  # independent path: a plain HF model
+    assert view.patterns.shape == (3, len(ids), len(ids))
+    for i, (L, h) in enumerate(heads):
+        np.testing.assert_allclose(view.patterns[i], ref[L][0, h].float().numpy(), atol=1e-5)
+    assert view.names == ["L1.H2 | ahon_ln 0.41 | BOS-sink", "L0.H0", "L1.H0"]
+    assert len(view.tokens) == len(ids) and "".join(view.tokens) == model.tokenizer.decode(ids.tolist())
+
+
+def test_attention_heads_default_all_heads_and_truncation(tiny_model):
+    model = tiny_model("llama")
+    g = model.geometry
+    view = attention_heads(model, TEXTS[2], max_tokens=7, titles=[str(i) for i in range(g.n_layers * g.n_heads)])
+    assert view.patterns.shape == (g.n_layers * g.n_heads, 7, 7)
+    assert view.heads[-1] == (g.n_layers - 1, g.n_heads - 1) and view.names[5] == "L1.H1 | 5"
+    np.testing.assert_allclose(view.patterns.sum(-1), 1.0, atol=1e-5)  # rows are distributions
+    assert np.allclose(np.triu(view.patterns, 1), 0.0)  # causal
+
+
+def test_view_html_is_offline_and_saved_atomically(tiny_model, tmp_path):
+    view = attention_heads(tiny_model("llama"), TEXTS[1], [(0, 1), (1, 3)])
+    src = view.local_src
+    assert "var CircuitsVis=" in src and "CircuitsVis.render(" in src and "AttentionHeads" in src
+    assert "unpkg.com" not in src and "cdn" not in src.split("var CircuitsVis=")[0]
+    assert src.count("var CircuitsVis=") == 1
+    props = json.loads(re.search(r"CircuitsVis\.AttentionHeads,\s*(\{.*\})\s*\)", src, re.S).group(1))
+    np.testing.assert_allclose(props["attention"], view.patterns, atol=1e-4)  # rounded to 4 places
+    assert props["tokens"] == view.tokens and props["attentionHeadNames"] == ["L0.H1", "L1.H3"]
+    assert view.local_src == src  # deterministic
+    out = view.save(tmp_path / "view.html")
+    text = out.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "var CircuitsVis=" in text
+    assert [p.name for p in tmp_path.iterdir()] == ["view.html"]  # no temp file left
+    frame = view._repr_html_()
+    assert frame.startswith("<iframe srcdoc=") and html.unescape(frame.split('srcdoc="')[1].split('" style')[0]) == view.to_html()
+    # the mount-only HTML (for pages with one shared bundle) carries no bundle
+    mount = view.mount_html()
+    assert "var CircuitsVis=" not in mount and view.dom_id in mount and len(mount) < 20_000
+    with pytest.raises(LensHeadsError, match="does not exist"):
+        view.save(tmp_path / "missing" / "view.html")
+
+
+def test_view_props_cannot_break_out_of_the_script():
+    tokens = ["a</script><script>alert(1)</script>", "<!--b"]
+    view = AttentionView(tokens, np.array([[[1.0, 0.0], [0.4, 0.6]]]), [(0, 0)], ["L0.H0 </script>"])
+    for src in (view.local_src, view.mount_html()):
+        assert "</script><script>alert" not in src and "<!--b" not in src
+        call = re.search(r"CircuitsVis\.AttentionHeads,\s*(\{.*\})\s*\)", src, re.S).group(1)
+        props = json.loads(call.replace("<\\/", "</").replace("<\\!--", "<!--"))
+        assert props["tokens"] == tokens and props["attentionHeadNames"] == ["L0.H0 </script>"]
+        assert props["attention"] == [[[1.0, 0.0], [0.4, 0.6]]] and props["maskUpperTri"] is True
+
+
+def test_attention_heads_bad_input(tiny_model):
+    model = tiny_model("llama")
+    with pytest.raises(LensHeadsError, match="layer"):
+        attention_heads(model, TEXTS[0], [(0, 0), (5, 0)])
+    with pytest.raises(LensHeadsError, match="head"):
+        attention_heads(model, TEXTS[0], [(0, 9)])
+    with pytest.raises(LensHeadsError, match="titles"):
+        attention_heads(model, TEXTS[0], [(0, 0)], titles=["a", "b"])
+    assert parse_heads("L1.H2, 0.3", model.geometry) == [(1, 2), (0, 3)]
+    for bad in ("1.x", "1", ""):
+        with pytest.raises(LensHeadsError):
+            parse_heads(bad, model.geometry)
+
+
+# --- figures --------------------------------------------------------------------------------
+
+def test_score_heatmap_draws_the_scores(scores_of):
+    hs = scores_of("qwen2")
+    frame = hs.to_frame()
+    fig = score_heatmap(frame, "ahon_ln")
+    assert len(fig.axes) == 2  # heatmap + colorbar
+    img = fig.axes[0].images[0].get_array()
+    np.testing.assert_allclose(np.asarray(img), hs["ahon_ln"].numpy(), rtol=1e-6)
+    assert "ahon_ln" in fig.axes[0].get_title() and "low" in fig.axes[0].get_title()
+    assert len(fig.axes[0].texts) == hs.n_layers * hs.n_heads  # annotated cells
+    with pytest.raises(LensHeadsError, match="not in the scores frame"):
+        score_heatmap(frame, "nope")
+    with pytest.raises(LensHeadsError, match="lacks column"):
+        score_heatmap(frame.drop(columns=["value"]), "ahon_ln")
+
+
+def test_sweep_curves_from_a_real_sweep(sweep_dir):
+    summary, within = read_sweep(sweep_dir)
+    fig = sweep_curves(summary, within)
+    ax = fig.axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    fn_lines = [k for k in lines if k.startswith(("ahon_ln", "awft"))]
+    assert len(fn_lines) == 2 and all("%" in k for k in fn_lines)  # labelled with the within-1-point value
+    ahon = lines[next(k for k in fn_lines if k.startswith("ahon_ln"))]
+    rows = summary[summary["score_fn"] == "ahon_ln"].sort_values("pct_zeroed")
+    np.testing.assert_allclose(ahon.get_xdata(), rows["pct_zeroed"])
+    np.testing.assert_allclose(ahon.get_ydata(), rows["accuracy"])
+    rnd = lines[next(k for k in lines if k.startswith("random (mean of 2 seeds"))]
+    rr = summary[summary["score_fn"] == "random"]
+    mean = rr.groupby("fraction")["accuracy"].mean().sort_index()
+    np.testing.assert_allclose(rnd.get_ydata(), mean.to_numpy())  # mean over seeds, computed independently
+    base = summary.loc[summary["spec"] == "none", "accuracy"].iloc[0]
+    b = next(v for k, v in lines.items() if k.startswith("base "))
+    m1 = lines["base - 1 point"]
+    assert b.get_ydata()[0] == pytest.approx(base) and m1.get_ydata()[0] == pytest.approx(base - 0.01)
+    band = [c for c in ax.collections if c.get_label() == "random band"]
+    assert len(band) == 1
+    ys = band[0].get_paths()[0].vertices[:, 1]
+    lo = rr.groupby("fraction")["ci_low"].mean().min()
+    hi = rr.groupby("fraction")["ci_high"].mean().max()
+    assert ys.min() == pytest.approx(lo) and ys.max() == pytest.approx(hi)
+
+
+def test_read_sweep_bad_input(tmp_path):
+    with pytest.raises(LensHeadsError, match="no sweep summary"):
+        read_sweep(tmp_path)
+    (tmp_path / "summary.csv").write_text("")
+    with pytest.raises(LensHeadsError, match="empty"):
+        read_sweep(tmp_path)
+    with pytest.raises(LensHeadsError, match="not found"):
+        read_sweep(tmp_path / "nope")
+
+
+def test_score_distributions_one_violin_per_model(scores_of):
+    frames = {"llama": scores_of("llama").to_frame(), "qwen2": scores_of("qwen2").to_frame()}
+    fig = score_distributions(frames, ["ahon_ln", "awft", "lthon"])
+    visible = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title() for ax in visible] == ["ahon_ln", "awft", "lthon"]
+    for ax, fn in zip(visible, ["ahon_ln", "awft", "lthon"]):
+        bodies = [c for c in ax.collections if c.__class__.__name__ in ("PolyCollection", "FillBetweenPolyCollection")]
+        assert len(bodies) == 2  # one violin per model
+        for body, label in zip(bodies, frames):
+            v = frames[label].query("score_fn == @fn")["value"]
+            ys = body.get_paths()[0].vertices[:, 1]
+            assert ys.min() == pytest.approx(v.min()) and ys.max() == pytest.approx(v.max())
+    fig_all = score_distributions({"llama": frames["llama"]})
+    assert sum(ax.get_visible() for ax in fig_all.axes) == frames["llama"]["score_fn"].nunique()
+    hist = score_distributions(frames, "ahon_ln", kind="hist")
+    assert len(hist.axes[0].patches) == 2 * 30
+    with pytest.raises(LensHeadsError):
+        score_distributions({}, "ahon_ln")
+
+
+def test_wasserstein_matrix_against_sorted_differences(scores_of):
+    per = scores_of("llama", keep_per_input=True).per_input
+    samples = {sid: per[sid].reshape(-1).numpy() for sid in ("ahon_ln", "lthon_ln", "awft_ln")}
+    matrix, fig = wasserstein_matrix(samples)
+    labels = list(samples)
+    assert list(matrix.index) == labels and list(matrix.columns) == labels
+    for a in labels:  # equal-size samples: W1 = mean |sorted(a) - sorted(b)|
+        for b in labels:
+            ref = np.abs(np.sort(samples[a]) - np.sort(samples[b])).mean()
+            assert matrix.loc[a, b] == pytest.approx(ref, rel=1e-6, abs=1e-9)
+    assert np.asarray(fig.axes[0].images[0].get_array()).shape == (3, 3)
+    with pytest.raises(LensHeadsError, match="two"):
+        wasserstein_matrix({"a": [1.0]})
+    with pytest.raises(LensHeadsError, match="finite"):
+        wasserstein_matrix({"a": [1.0], "b": [np.nan]})
+
+
+@pytest.mark.parametrize("arch", ["bloom", "llama"])
+def test_diagnosis_map_classes_and_slopes(tiny_model, arch):
+    from lens_heads.diagnose import diagnose
+
+    model = tiny_model(arch)
+    diag = diagnose(model, TEXTS).to_frame()
+    fig = diagnosis_map(diag)
+    slopes = model.geometry.alibi_slopes()
+    grid_ax = fig.axes[-1]
+    grid = np.asarray(grid_ax.images[0].get_array())
+    assert grid.shape == (model.geometry.n_layers, model.geometry.n_heads)
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    # heads sharing a class share a colour code, and the legend counts them
+    for label in labels:
+        name, count = label.rsplit(" (", 1)
+        assert int(count.rstrip(")")) == int((diag["class"].map(lambda c: c.replace("_", "-")).str.lower()
+                                              == name.lower()).sum())
+    codes = {c: grid[L, h] for L, h, c in zip(diag["layer"], diag["head"], diag["class"])}
+    for L, h, c in zip(diag["layer"], diag["head"], diag["class"]):
+        assert grid[L, h] == codes[c]
+    if slopes is None:
+        assert len(fig.axes) == 1
+    else:
+        assert len(fig.axes) == 2
+        heights = [p.get_height() for p in fig.axes[0].patches]
+        np.testing.assert_allclose(heights, slopes.numpy(), rtol=1e-6)
+
+
+def test_diagnosis_map_accepts_report_spellings():
+    diag = pd.DataFrame({"layer": [0, 0, 1, 1], "head": [0, 1, 0, 1], "bos_mass": [0.99, 0.7, 0.1, 0.2],
+                         "class": ["DEAD", "BOS-sink", "healthy", "low-entropy"], "alibi_slope": [np.nan] * 4})
+    fig = diagnosis_map(diag)
+    assert len(fig.axes) == 1  # NaN slopes: no slope axis
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert labels == ["DEAD (1)", "BOS-sink (1)", "low-entropy (1)", "healthy (1)"]
+    np.testing.assert_array_equal(np.asarray(fig.axes[0].images[0].get_array()), [[0, 1], [3, 2]])
+    with pytest.raises(LensHeadsError, match="class"):
+        diagnosis_map(diag.drop(columns=["class"]))
