@@ -204,3 +204,16 @@ def test_corrupted_cache_is_detected(tmp_path, monkeypatch):
     (tmp_path / entry.filename).write_bytes(b"GGUF" + b"\0" * 100)
     with pytest.raises(LensHeadsError, match="does not match"):
         zoo.fetch("smollm2-135m")
+
+
+@pytest.mark.slow
+def test_converted_cache_equals_direct_gguf_load(smollm2):
+    """The float32 HF conversion kept in the cache gives the same logits as parsing the GGUF."""
+    from transformers import AutoModelForCausalLM
+
+    path = zoo.fetch("smollm2-135m")
+    direct = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32,
+                                                  attn_implementation="eager").eval()
+    ids = _ids(smollm2)
+    with torch.no_grad():
+        assert torch.equal(direct(ids).logits, run_with_hooks(smollm2, ids, None, []))

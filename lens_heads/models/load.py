@@ -90,12 +90,18 @@ def _quiet():
     logger = logging.getLogger("transformers")
     level = logger.level
     logger.setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         try:
             yield
         finally:
             logger.setLevel(level)
+            if bars:
+                hf_logging.enable_progress_bar()
 
 
 def resolve_source(spec: str | os.PathLike) -> ModelSource:
@@ -130,17 +136,59 @@ def resolve_source(spec: str | os.PathLike) -> ModelSource:
     )
 
 
+def converted_dir(source: ModelSource) -> Path | None:
+    """Cache folder of the HF conversion of a verified GGUF (None for other sources).
+
+    Parsing GGUF metadata is slow (tens of seconds for a 49k vocabulary, three times: config,
+    tokenizer, weights), so the dequantised model is saved once as a float32 HF folder keyed
+    by the GGUF's sha256 and loaded from there afterwards.
+    """
+    if not source.gguf_file or not source.digest:
+        return None
+    return zoo.cache_dir() / f"hf-{source.digest[:16]}"
+
+
+def _save_conversion(model, tokenizer, target: Path) -> None:
+    import shutil
+    import tempfile
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".convert-"))
+    try:
+        with _quiet():
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        (tmp / "CONVERTED_FROM").write_text(model.config._name_or_path + "\n")
+        os.replace(tmp, target)
+    except OSError:
+        shutil.rmtree(tmp, ignore_errors=True)  # a cache miss next time, never a broken cache
+
+
+def _forget_gguf_quantizer(model) -> None:
+    """GGUF weights arrive dequantised to float; drop the nominal quantizer so the model is
+    an ordinary float model that ``save_pretrained`` can write (surgery exports need it)."""
+    model.hf_quantizer = None
+    for obj in (model, model.config):
+        for attr in ("is_quantized", "quantization_config", "quantization_method"):
+            if attr in vars(obj):
+                delattr(obj, attr)
+
+
 def load_hf(source: ModelSource, dtype: torch.dtype, device: str = "cpu"):
     """Load the plain HF model and tokenizer (eager attention) from a ModelSource."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
     path, kwargs = source.hf_kwargs()
+    converted = converted_dir(source)
+    if converted is not None and (converted / "CONVERTED_FROM").is_file():
+        path, kwargs = str(converted), {}
+    convert = converted is not None and "gguf_file" in kwargs
     try:
         with _quiet():
             config = AutoConfig.from_pretrained(path, **kwargs)
             HeadGeometry.from_config(config)  # unsupported architectures fail here, early
-            model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=dtype, attn_implementation="eager", **kwargs)
+            model = AutoModelForCausalLM.from_pretrained(  # a conversion is kept in float32
+                path, dtype=torch.float32 if convert else dtype, attn_implementation="eager", **kwargs)
             tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     except LensHeadsError:
         raise
@@ -151,6 +199,11 @@ def load_hf(source: ModelSource, dtype: torch.dtype, device: str = "cpu"):
         raise LensHeadsError(f"could not load model {source.spec!r}{hint}: {first}") from None
     if not getattr(model.config, "architectures", None):  # GGUF configs may lack it
         model.config.architectures = [type(model).__name__]
+    if "gguf_file" in kwargs:
+        _forget_gguf_quantizer(model)
+    if convert:
+        _save_conversion(model, tokenizer, converted)
+        model = model.to(dtype)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model.to(device).eval(), tokenizer
