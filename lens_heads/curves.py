@@ -1,0 +1,73 @@
+"""Accuracy-vs-%-zeroed curves: the within-1-point value, normalised area, bootstrap intervals.
+
+A curve is a set of points (x = % of (input, layer, head) zeroed, y = accuracy) that always
+includes the unablated point (0, base). Points are sorted by x (ties kept in input order)
+and joined by straight lines.
+
+* ``max_within(x, y, base, tol)``: the largest x at which the interpolated curve is still
+  >= base - tol -- the *last* crossing of the level base - tol. A curve that dips below and
+  comes back counts up to where it leaves for the last time. If the curve never falls
+  below the level, the value is the largest measured x (it is a lower bound then).
+* ``normalised_auc(x, y, base, x_max)``: trapezoid area of the interpolated curve over
+  [0, x_max] divided by base * x_max. 1.0 = no loss anywhere in range; the curve is taken
+  as flat (its last value) beyond its last point when x_max is past it. Sweeps use one
+  common x_max for all curves (the smallest of their largest measured x) so areas compare.
+* ``bootstrap_indices(n, n_boot, seed)``: one seeded [n_boot, n] matrix of question indices,
+  drawn once and reused for every point, so intervals of differences are paired.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+
+def _sorted_curve(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, np.ndarray]:
+    x, y = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
+    if x.shape != y.shape or x.ndim != 1 or x.size == 0:
+        raise ValueError("a curve needs equal-length, non-empty x and y")
+    order = np.argsort(x, kind="stable")
+    return x[order], y[order]
+
+
+def max_within(x: Sequence[float], y: Sequence[float], base: float, tol: float = 1.0) -> float:
+    """Largest x with interpolated y(x) >= base - tol (last crossing); see module docstring."""
+    xs, ys = _sorted_curve(x, y)
+    level = base - tol
+    ok = ys >= level
+    if not ok.any():
+        return math.nan  # even the least-ablated point is below the level
+    i = int(np.flatnonzero(ok)[-1])  # last point on or above the level
+    if i == len(xs) - 1:
+        return float(xs[i])
+    x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]  # y0 >= level > y1
+    return float(x0 + (y0 - level) / (y0 - y1) * (x1 - x0))
+
+
+def normalised_auc(x: Sequence[float], y: Sequence[float], base: float, x_max: float) -> float:
+    """Trapezoid area of y over [0, x_max] / (base * x_max); see module docstring."""
+    if not x_max > 0 or not base > 0:
+        return math.nan
+    xs, ys = _sorted_curve(x, y)
+    grid = np.union1d(xs[(xs >= 0) & (xs <= x_max)], [0.0, x_max])
+    # np.interp needs increasing x: for repeated x keep the last y (the curve's value leaving x)
+    ux, last = np.unique(xs[::-1], return_index=True)
+    uy = ys[::-1][last]
+    vals = np.interp(grid, ux, uy)
+    return float(np.trapezoid(vals, grid) / (base * x_max))
+
+
+def bootstrap_indices(n: int, n_boot: int = 1000, seed: int = 0) -> np.ndarray:
+    """[n_boot, n] resampling indices (with replacement), seeded."""
+    return np.random.default_rng(seed).integers(0, n, size=(n_boot, n))
+
+
+def percentile_interval(samples: np.ndarray, level: float = 0.95) -> tuple[float, float]:
+    s = np.asarray(samples, dtype=float)
+    s = s[~np.isnan(s)]
+    if s.size == 0:
+        return math.nan, math.nan
+    a = (1 - level) / 2
+    return float(np.quantile(s, a)), float(np.quantile(s, 1 - a))

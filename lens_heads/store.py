@@ -1,0 +1,88 @@
+"""Content-addressed result store with atomic writes (safe against SIGKILL).
+
+A result is keyed by a hash of the configuration that produced it (a JSON-able dict:
+model digest, task fingerprint, n_shot, limit, seed, dtype, ablation spec, package
+version, ...). Each result is one small JSON file::
+
+    DIR/points/<hash>.json        one sweep point (per-question results)
+    DIR/thresholds/<hash>.json    score thresholds for a model x task
+
+Files are written to a temporary file in the same folder, then ``os.replace``d: a reader
+sees either no file or a complete one, so a run killed at any moment resumes by
+recomputing only what is missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from lens_heads.errors import LensHeadsError
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temp file in the same folder + os.replace)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def atomic_write_csv(frame, path: str | os.PathLike) -> None:
+    """Write a pandas DataFrame as CSV atomically (no index column)."""
+    atomic_write_text(path, frame.to_csv(index=False, lineterminator="\n"))
+
+
+def config_key(config: dict[str, Any]) -> str:
+    """Stable hash of a JSON-able configuration (sorted keys, compact separators)."""
+    blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+class ResultStore:
+    """JSON records under ``root/<kind>/<hash>.json``, keyed by their configuration."""
+
+    def __init__(self, root: str | os.PathLike):
+        self.root = Path(root)
+
+    def path(self, kind: str, config: dict[str, Any]) -> Path:
+        return self.root / kind / f"{config_key(config)}.json"
+
+    def get(self, kind: str, config: dict[str, Any]) -> dict | None:
+        """The stored record for ``config``, or None. A record whose config differs is an error."""
+        path = self.path(kind, config)
+        if not path.is_file():
+            return None
+        try:
+            record = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise LensHeadsError(f"corrupt result file {path}: {exc}; delete it to recompute") from None
+        stored = json.loads(json.dumps(record.get("config"), default=str))
+        if stored != json.loads(json.dumps(config, default=str)):
+            raise LensHeadsError(f"result file {path} holds a different configuration (hash collision?)")
+        return record
+
+    def put(self, kind: str, config: dict[str, Any], record: dict[str, Any]) -> Path:
+        """Store ``record`` (the config is saved inside it) atomically; returns the file path."""
+        path = self.path(kind, config)
+        atomic_write_text(path, json.dumps({**record, "config": config}, indent=1, default=str))
+        return path
+
+    def keys(self, kind: str) -> list[str]:
+        folder = self.root / kind
+        return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []

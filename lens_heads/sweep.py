@@ -1,0 +1,344 @@
+"""Ablation sweeps: accuracy vs % of heads zeroed, per score function and for random heads.
+
+One sweep, for one model and task::
+
+    cfg = SweepConfig(task="mmlu", score_ids=["awft", "ahon_ln"], limit=200)
+    result = run_sweep(model, cfg, out_dir="runs/smollm2-mmlu")
+    result.summary        # one row per (score_fn, fraction[, seed]) point
+    result.within         # per function: max % zeroed within 1 point, normalised AUC
+
+Plan:
+1. the unablated baseline (spec ``none``) -- every curve's point at fraction 0;
+2. thresholds per score function from the pooled per-input scores of the task's unablated
+   request sequences (``thresholds.compute_thresholds`` on ``evaluate.task_inputs``);
+3. ``score:ID@tau`` for each function x fraction > 0, ``random:p@s`` for each seed x fraction
+   > 0, and any fixed ``extra_ablations`` (e.g. ``static:...``).
+
+Every point is evaluated with ``evaluate.evaluate_task(..., ablation=...)`` and stored as one
+JSON file in a ``ResultStore`` (``DIR/points/<hash>.json``), keyed by a hash of what
+determines it: model digest, task fingerprint, n_shot, limit, few-shot seed, dtype,
+ablation spec and package version (the batch size is deliberately not part of the key).
+Thresholds are stored the same way (``DIR/thresholds``). A sweep killed at any moment
+resumes by computing only the missing points, and its tables are computed from the stored
+records alone, so they equal those of an uninterrupted run.
+
+Statistics (all on accuracy as a fraction in [0, 1]; "1 point" = ``tol`` = 0.01):
+
+* per point: a percentile bootstrap interval over questions (``n_boot`` resamples, seeded),
+  and the difference to the baseline with a *paired* interval (the same resampled
+  questions for both);
+* per function: ``curves.max_within`` (largest % zeroed with accuracy >= base - 1 point, last
+  crossing of the interpolated curve) and ``curves.normalised_auc`` over the common range
+  [0, R], R = the smallest of the curves' largest measured % zeroed; both with bootstrap
+  intervals (the whole curve is recomputed on each resample of the questions);
+* ``random``: its curve is the mean over seeds at each fraction (mean % zeroed, mean
+  accuracy); ``seed_min``/``seed_max`` give the range of the per-seed within-1-point values.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from lens_heads.curves import bootstrap_indices, max_within, normalised_auc, percentile_interval
+from lens_heads.errors import LensHeadsError
+from lens_heads.store import ResultStore, atomic_write_csv
+from lens_heads.thresholds import DEFAULT_FRACTIONS, check_fraction
+
+RANDOM = "random"
+
+
+@dataclass
+class SweepConfig:
+    task: str  # a task name ("mmlu", "piqa", "winogrande") or "file:..." spec
+    score_ids: list[str]
+    fractions: list[float] = field(default_factory=lambda: list(DEFAULT_FRACTIONS))
+    random_seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    n_shot: int | None = None  # None: the task's default
+    limit: int | None = None
+    seed: int = 1234  # few-shot sampling seed (lm-eval's default)
+    batch_size: int = 16
+    extra_ablations: list[str] = field(default_factory=list)
+    n_boot: int = 1000
+    boot_seed: int = 0
+    tol: float = 0.01  # one accuracy point
+    threshold_batch_size: int = 8
+
+    def validate(self) -> None:
+        """Check the settings; fractions become sorted, unique and always include 0 (the baseline)."""
+        self.fractions = sorted({0.0, *(check_fraction(p) for p in self.fractions)})
+        self.random_seeds = list(dict.fromkeys(int(s) for s in self.random_seeds))
+        self.score_ids = list(dict.fromkeys(self.score_ids))
+        if self.limit is not None and self.limit < 1:
+            raise LensHeadsError(f"limit must be >= 1, got {self.limit}")
+        if self.n_shot is not None and self.n_shot < 0:
+            raise LensHeadsError(f"n_shot must be >= 0, got {self.n_shot}")
+        if any(s < 0 for s in self.random_seeds):
+            raise LensHeadsError("random seeds must be >= 0")
+        if self.batch_size < 1:
+            raise LensHeadsError(f"batch_size must be >= 1, got {self.batch_size}")
+
+
+@dataclass(frozen=True)
+class SweepPoint:
+    score_fn: str  # a score id, "random", or the spec of an extra ablation
+    fraction: float  # target fraction (nan for extra ablations)
+    spec: str  # the ablation spec evaluated ("none" at fraction 0)
+    seed: int | None = None  # random seed
+    threshold: float | None = None
+
+
+@dataclass
+class SweepResult:
+    summary: object  # pandas DataFrame
+    within: object  # pandas DataFrame
+    thresholds: dict[str, dict[float, float | None]]
+    records: dict[str, dict]  # spec -> stored point record
+
+
+# -----------------------------------------------------------------------------
+# Identity of what is evaluated
+
+
+_DIGESTS: dict[str, str] = {}
+
+
+def model_digest(model) -> str:
+    """sha256 of the weights' source: the GGUF digest, else the model folder's weight files,
+    else the spec itself (hub ids: the hub revision is not pinned)."""
+    src = model.source
+    if src.digest:
+        return src.digest
+    folder = Path(src.path)
+    if not folder.is_dir():
+        return f"spec:{src.spec}"
+    if src.path not in _DIGESTS:
+        h = hashlib.sha256()
+        for p in sorted(folder.iterdir()):
+            if p.is_file() and (p.suffix in (".safetensors", ".bin") or p.name == "config.json"):
+                h.update(p.name.encode() + b"\0")
+                with open(p, "rb") as f:
+                    for chunk in iter(lambda: f.read(1 << 20), b""):
+                        h.update(chunk)
+        _DIGESTS[src.path] = h.hexdigest()
+    return _DIGESTS[src.path]
+
+
+def task_fingerprint(task) -> str:
+    """sha256 over the task's name, split and records (question, choices, gold, subject)."""
+    h = hashlib.sha256(f"{task.name}|{task.split}|{task.source}".encode())
+    for r in task.records:
+        h.update(json.dumps([r.doc_id, r.question, r.choices, r.gold, r.subject], default=str).encode())
+    return h.hexdigest()
+
+
+def base_config(model, task, cfg: SweepConfig) -> dict:
+    from lens_heads import __version__
+
+    return {
+        "model_digest": model_digest(model),
+        "task": cfg.task,
+        "task_fingerprint": task_fingerprint(task),
+        "n_shot": task.spec.n_shot if cfg.n_shot is None else cfg.n_shot,
+        "limit": cfg.limit,
+        "seed": cfg.seed,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "version": __version__,
+    }
+
+
+# -----------------------------------------------------------------------------
+# Planning
+
+
+def threshold_config(base: dict, cfg: SweepConfig) -> dict:
+    return {**base, "kind": "thresholds", "score_ids": list(cfg.score_ids),
+            "fractions": sorted(float(p) for p in cfg.fractions)}
+
+
+def plan_points(cfg: SweepConfig, thresholds: dict[str, dict[float, float | None]]) -> list[SweepPoint]:
+    """Every point of the sweep, baseline rows included (fraction 0 -> spec "none")."""
+    pts: list[SweepPoint] = []
+    for sid in cfg.score_ids:
+        for p in cfg.fractions:
+            tau = thresholds[sid][float(p)]
+            spec = "none" if tau is None else f"score:{sid}@{tau!r}"
+            pts.append(SweepPoint(sid, float(p), spec, None, tau))
+    for s in cfg.random_seeds:
+        for p in cfg.fractions:
+            spec = "none" if p == 0 else f"random:{float(p)!r}@{s}"
+            pts.append(SweepPoint(RANDOM, float(p), spec, s, None))
+    for spec in cfg.extra_ablations:
+        pts.append(SweepPoint(spec, math.nan, spec))
+    return pts
+
+
+def _point_record(result) -> dict:
+    return {
+        "task": result.task, "n_shot": result.n_shot, "metrics": result.metrics,
+        "zeroed_fraction": result.zeroed_fraction,
+        "questions": [asdict(q) for q in result.questions],
+        "eval_config": result.config,
+    }
+
+
+# -----------------------------------------------------------------------------
+# Running
+
+
+def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True) -> SweepResult:
+    """Run (or resume) a sweep, writing points under ``out_dir`` and the two CSV tables."""
+    from tqdm.auto import tqdm
+
+    from lens_heads.ablation import parse_ablation
+    from lens_heads.data import load_task
+    from lens_heads.evaluate import evaluate_task, task_inputs
+    from lens_heads.thresholds import compute_thresholds
+
+    cfg.validate()
+    task = task if task is not None else load_task(cfg.task)
+    specs = [parse_ablation(s, model.geometry) for s in cfg.extra_ablations]  # validate before writing
+    del specs
+    store = ResultStore(out_dir)
+    base = base_config(model, task, cfg)
+
+    # thresholds (one scoring pass over the unablated request sequences, stored)
+    thresholds: dict[str, dict[float, float | None]] = {sid: {} for sid in cfg.score_ids}
+    if cfg.score_ids:
+        tcfg = threshold_config(base, cfg)
+        stored = store.get("thresholds", tcfg)
+        if stored is None:
+            inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed)
+            computed = compute_thresholds(model, inputs, cfg.score_ids, cfg.fractions, cfg.threshold_batch_size)
+            stored = {"thresholds": {sid: {repr(p): t for p, t in d.items()} for sid, d in computed.items()},
+                      "n_inputs": len(inputs)}
+            store.put("thresholds", tcfg, stored)
+        thresholds = {sid: {float(p): t for p, t in d.items()} for sid, d in stored["thresholds"].items()}
+
+    points = plan_points(cfg, thresholds)
+    todo = list(dict.fromkeys(p.spec for p in points))  # baseline first: it is every curve's origin
+    records: dict[str, dict] = {}
+    bar = tqdm(total=len(todo), desc="sweep points", unit="point", disable=not progress)
+    try:
+        for spec in todo:
+            pcfg = {**base, "kind": "point", "ablation": spec}
+            rec = store.get("points", pcfg)
+            if rec is None:
+                bar.set_postfix_str(spec, refresh=True)
+                ablation = parse_ablation(spec, model.geometry)
+                result = evaluate_task(model, task, n_shot=cfg.n_shot, limit=cfg.limit, seed=cfg.seed,
+                                       ablation=ablation, batch_size=cfg.batch_size, progress=False)
+                rec = _point_record(result)
+                rec["point_hash"] = store.path("points", pcfg).stem
+                store.put("points", pcfg, rec)
+            records[spec] = rec
+            bar.update(1)
+    finally:
+        bar.close()
+
+    summary, within = tables(points, records, cfg)
+    out = Path(out_dir)
+    atomic_write_csv(summary, out / "summary.csv")
+    atomic_write_csv(within, out / "within_1pt.csv")
+    return SweepResult(summary, within, thresholds, records)
+
+
+# -----------------------------------------------------------------------------
+# Tables
+
+
+def _correct_matrix(specs: Sequence[str], records: dict[str, dict]) -> np.ndarray:
+    """[n_specs, n_questions] 0/1 correctness, questions aligned by doc_id."""
+    ref = [q["doc_id"] for q in records["none"]["questions"]]
+    rows = []
+    for spec in specs:
+        by_id = {q["doc_id"]: q["correct"] for q in records[spec]["questions"]}
+        if set(by_id) != set(ref):
+            raise LensHeadsError(f"sweep point {spec!r} was evaluated on other questions than the baseline")
+        rows.append([float(by_id[d]) for d in ref])
+    return np.asarray(rows, dtype=float)
+
+
+def tables(points: Sequence[SweepPoint], records: dict[str, dict], cfg: SweepConfig):
+    """(summary, within_1pt) DataFrames from stored point records (pure: no model needed)."""
+    import pandas as pd
+
+    specs = list(dict.fromkeys(p.spec for p in points))
+    C = _correct_matrix(specs, records)  # [spec, question]
+    n_q = C.shape[1]
+    if n_q == 0:
+        raise LensHeadsError("the sweep evaluated no questions")
+    idx = bootstrap_indices(n_q, cfg.n_boot, cfg.boot_seed)
+    counts = np.stack([np.bincount(row, minlength=n_q) for row in idx])  # [boot, question]
+    boot = C @ counts.T / n_q  # [spec, boot]: accuracies on each resample
+    row_of = {s: i for i, s in enumerate(specs)}
+    acc = {s: float(records[s]["metrics"].get("acc", C[row_of[s]].mean())) for s in specs}
+    pct = {s: 100.0 * float(records[s]["zeroed_fraction"] or 0.0) for s in specs}
+    b0 = boot[row_of["none"]]
+
+    rows = []
+    for p in points:
+        i = row_of[p.spec]
+        lo, hi = percentile_interval(boot[i])
+        dlo, dhi = percentile_interval(boot[i] - b0)
+        m = records[p.spec]["metrics"]
+        rows.append({
+            "score_fn": p.score_fn, "fraction": p.fraction, "seed": p.seed, "threshold": p.threshold,
+            "spec": p.spec, "pct_zeroed": pct[p.spec], "accuracy": acc[p.spec], "ci_low": lo, "ci_high": hi,
+            "delta": acc[p.spec] - acc["none"], "delta_ci_low": dlo, "delta_ci_high": dhi,
+            "acc_norm": m.get("acc_norm", math.nan), "n_questions": n_q,
+            "point_hash": records[p.spec].get("point_hash"),
+        })
+    summary = pd.DataFrame(rows)
+    summary["seed"] = summary["seed"].astype("Int64")  # blank for non-random rows, not 0.0
+
+    # curves: x = % zeroed (fixed), y = accuracy (observed and per bootstrap resample)
+    curves: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+    for sid in cfg.score_ids:
+        ss = [p.spec for p in points if p.score_fn == sid]
+        curves[sid] = (np.array([pct[s] for s in ss]), np.array([acc[s] for s in ss]),
+                       np.stack([boot[row_of[s]] for s in ss]))
+    seed_curves = {}
+    if cfg.random_seeds:
+        for s in cfg.random_seeds:
+            ss = [p.spec for p in points if p.score_fn == RANDOM and p.seed == s]
+            seed_curves[s] = (np.array([pct[x] for x in ss]), np.array([acc[x] for x in ss]))
+        xs, ys, bs = [], [], []
+        for f in cfg.fractions:
+            ss = [p.spec for p in points if p.score_fn == RANDOM and p.fraction == float(f)]
+            xs.append(np.mean([pct[s] for s in ss]))
+            ys.append(np.mean([acc[s] for s in ss]))
+            bs.append(np.mean([boot[row_of[s]] for s in ss], axis=0))
+        curves[RANDOM] = (np.array(xs), np.array(ys), np.stack(bs))
+
+    base = acc["none"]
+    x_max = min((c[0].max() for c in curves.values()), default=math.nan)
+    rows = []
+    for name, (x, y, yb) in curves.items():
+        w = max_within(x, y, base, cfg.tol)
+        wb = [max_within(x, yb[:, b], b0[b], cfg.tol) for b in range(yb.shape[1])]
+        a = normalised_auc(x, y, base, x_max)
+        ab = [normalised_auc(x, yb[:, b], b0[b], x_max) for b in range(yb.shape[1])]
+        row = {"score_fn": name, "max_pct_zeroed_within_1pt": w,
+               "ci_low": percentile_interval(np.array(wb))[0], "ci_high": percentile_interval(np.array(wb))[1],
+               "auc": a, "auc_ci_low": percentile_interval(np.array(ab))[0],
+               "auc_ci_high": percentile_interval(np.array(ab))[1], "auc_range_pct": x_max,
+               "max_pct_measured": float(x.max()), "base_accuracy": base,
+               "n_seeds": len(seed_curves) if name == RANDOM else None,
+               "seed_min": math.nan, "seed_max": math.nan}
+        if name == RANDOM:
+            per_seed = [max_within(sx, sy, base, cfg.tol) for sx, sy in seed_curves.values()]
+            row["seed_min"], row["seed_max"] = float(np.min(per_seed)), float(np.max(per_seed))
+        rows.append(row)
+    within = pd.DataFrame(rows)
+    if len(within):
+        within["n_seeds"] = within["n_seeds"].astype("Int64")
+    if len(within):
+        within["rank_by_auc"] = within["auc"].rank(ascending=False, method="min")
+    return summary, within

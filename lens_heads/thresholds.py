@@ -1,0 +1,95 @@
+"""Score thresholds that zero a target fraction of heads, from pooled per-input scores.
+
+For one model and task, every score is computed on each (unablated) input and the values
+are pooled over inputs x layers x heads (NaNs dropped). For a target fraction p of N
+pooled values, with k = ceil(p * N):
+
+* inactive when **low**:  tau = the k-th smallest value (the empirical p-quantile,
+  "inverted CDF": the smallest x with #{s <= x} >= p N);
+* inactive when **high**: tau = the k-th largest value (the mirror image, i.e. the
+  upper-tail (1 - p)-quantile: the largest x with #{s >= x} >= p N).
+
+Together with the inclusive tie rule of ``ScoreAblation`` (``<= tau`` / ``>= tau``) this
+zeroes exactly k of the N pooled values when there are no ties (at least k with ties), so
+on the calibration inputs the fraction zeroed is ceil(pN)/N >= p. Fraction 0 means no
+ablation at all (``None``), not "the minimum value".
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import torch
+from jaxtyping import Float
+from torch import Tensor
+
+from lens_heads.errors import LensHeadsError
+
+DEFAULT_FRACTIONS: tuple[float, ...] = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
+
+
+def check_fraction(p: float) -> float:
+    p = float(p)
+    if math.isnan(p) or not 0.0 <= p <= 1.0:
+        raise LensHeadsError(f"target fraction must be in [0, 1], got {p:g}")
+    return p
+
+
+def parse_fractions(text: str) -> list[float]:
+    """``"0,0.05,0.1"`` -> [0.0, 0.05, 0.1] (each checked to lie in [0, 1], duplicates dropped)."""
+    out: list[float] = []
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        try:
+            value = float(item)
+        except ValueError:
+            raise LensHeadsError(f"bad fraction {item!r}: fractions are numbers in [0, 1], e.g. 0,0.05,0.1") from None
+        value = check_fraction(value)
+        if value not in out:
+            out.append(value)
+    if not out:
+        raise LensHeadsError("no fractions given (e.g. --fractions 0,0.05,0.1)")
+    return out
+
+
+def threshold_for(values: Float[Tensor, "n"], fraction: float, inactive_when: str) -> float | None:
+    """The threshold that zeroes ``fraction`` of ``values`` (see module docstring); None for 0."""
+    p = check_fraction(fraction)
+    if inactive_when not in ("high", "low"):
+        raise LensHeadsError(f"inactive_when must be 'high' or 'low', got {inactive_when!r}")
+    v = values.detach().flatten().double()
+    v = v[~torch.isnan(v)]
+    if p == 0.0:
+        return None
+    if v.numel() == 0:
+        raise LensHeadsError("no score values to take a threshold from (all NaN or no inputs)")
+    k = max(1, math.ceil(p * v.numel() - 1e-9))  # guard 0.3 * 10 = 3.0000000000000004
+    ordered = torch.sort(v, descending=inactive_when == "high").values
+    return float(ordered[k - 1])
+
+
+def thresholds_from_scores(
+    per_input: dict[str, Float[Tensor, "n_inputs layer head"]],
+    inactive_when: dict[str, str],
+    fractions: Sequence[float],
+) -> dict[str, dict[float, float | None]]:
+    """{score_id: {fraction: tau}} from per-input scores pooled over inputs x layers x heads."""
+    return {sid: {float(p): threshold_for(vals, p, inactive_when[sid]) for p in fractions}
+            for sid, vals in per_input.items()}
+
+
+def compute_thresholds(model, inputs: list[Tensor], score_ids: Sequence[str], fractions: Sequence[float],
+                       batch_size: int = 8) -> dict[str, dict[float, float | None]]:
+    """Score ``inputs`` (unablated) and return thresholds per score id and target fraction."""
+    from lens_heads.scores import SCORES, score_heads
+
+    for p in fractions:
+        check_fraction(p)
+    if not inputs:
+        raise LensHeadsError("no inputs to compute score thresholds from")
+    hs = score_heads(model, inputs, scores=list(score_ids), batch_size=batch_size, keep_per_input=True)
+    return thresholds_from_scores({sid: hs.per_input[sid] for sid in score_ids},
+                                  {sid: SCORES[sid].inactive_when for sid in score_ids}, fractions)

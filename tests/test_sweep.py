@@ -1,0 +1,272 @@
+"""Sweeps: curve metrics on hand-made curves, thresholds vs numpy quantiles, the store, bootstrap
+pairing, CLI resume after SIGKILL (tables equal an uninterrupted run), bad input."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from lens_heads.curves import bootstrap_indices, max_within, normalised_auc
+from lens_heads.errors import LensHeadsError
+from lens_heads.store import ResultStore, atomic_write_text, config_key
+from lens_heads.sweep import SweepConfig, SweepPoint, tables
+from lens_heads.thresholds import parse_fractions, threshold_for, thresholds_from_scores
+
+# --- within 1 point: last crossing on the interpolated curve ------------------------------
+
+
+def test_max_within_interpolates_the_crossing():
+    # 50 -> 49.5 at 5 % -> 47.5 at 10 %: level 49 is crossed a quarter of the way, at 6.25 %
+    assert max_within([0, 5, 10], [50, 49.5, 47.5], base=50, tol=1) == pytest.approx(6.25)
+
+
+def test_max_within_last_crossing_after_a_dip():
+    # dips below 49 between 5 and 10 %, comes back at 15 %, leaves for good between 20 and 25 %
+    x = [0, 5, 10, 15, 20, 25]
+    y = [50, 49.5, 48, 49.6, 49.2, 47.2]
+    # last point >= 49 is (20, 49.2); crossing at 20 + (49.2 - 49) / (49.2 - 47.2) * 5 = 20.5
+    assert max_within(x, y, base=50, tol=1) == pytest.approx(20.5)
+
+
+def test_max_within_edge_cases():
+    assert max_within([0, 10, 20], [50, 49.8, 49.1], 50) == 20  # never below: the largest x measured
+    assert max_within([0, 10], [50, 49.0], 50) == 10  # exactly on the level counts as within
+    assert max_within([10, 0, 5], [40, 50, 49.5], 50) == pytest.approx(5 + 0.5 / 9.5 * 5)  # unsorted input
+    assert math.isnan(max_within([0, 10], [48, 47], 50))  # the least ablated point is already below
+    assert max_within([0, 0.05], [0.5, 0.48], base=0.5, tol=0.01) == pytest.approx(0.025)  # fractions, tol 0.01
+
+
+def test_normalised_auc():
+    assert normalised_auc([0, 10, 20], [50, 50, 50], 50, 20) == pytest.approx(1.0)
+    assert normalised_auc([0, 20], [50, 0], 50, 20) == pytest.approx(0.5)
+    # trapezoid by hand: [0,10]: (50+40)/2*10 = 450; [10,15]: (40+30)/2*5 = 175 -> 625 / (50*15)
+    assert normalised_auc([0, 10, 20], [50, 40, 20], 50, 15) == pytest.approx(625 / 750)
+    # beyond the last point the curve is flat at its last value
+    assert normalised_auc([0, 10], [50, 40], 50, 20) == pytest.approx((450 + 400) / 1000)
+    assert math.isnan(normalised_auc([0], [50], 50, 0))
+
+
+# --- thresholds -------------------------------------------------------------------------
+
+
+def test_threshold_low_and_high_against_sorted_values():
+    v = torch.tensor([5.0, 1.0, 4.0, 2.0, 3.0, 8.0, 7.0, 6.0, 9.0, 10.0])
+    assert threshold_for(v, 0.0, "low") is None and threshold_for(v, 0.0, "high") is None
+    assert threshold_for(v, 0.2, "low") == 2.0  # 2 smallest <= tau
+    assert threshold_for(v, 0.2, "high") == 9.0  # 2 largest >= tau
+    assert threshold_for(v, 0.25, "low") == 3.0  # ceil(2.5) = 3 values
+    assert threshold_for(v, 0.3, "low") == 3.0  # 0.3 * 10 is 3.0000000000000004 in floats: still 3
+    assert threshold_for(v, 1.0, "low") == 10.0 and threshold_for(v, 1.0, "high") == 1.0
+    assert threshold_for(torch.tensor([1.0, float("nan"), 2.0]), 0.5, "low") == 1.0  # NaNs dropped
+
+
+def test_thresholds_pool_inputs_layers_heads():
+    g = torch.Generator().manual_seed(0)
+    per_input = {"a": torch.rand(30, 3, 4, generator=g), "b": torch.rand(30, 3, 4, generator=g)}
+    th = thresholds_from_scores(per_input, {"a": "low", "b": "high"}, [0.0, 0.05, 0.3])
+    pooled_a, pooled_b = per_input["a"].flatten().numpy(), per_input["b"].flatten().numpy()
+    n = pooled_a.size
+    for p in (0.05, 0.3):
+        assert (pooled_a <= th["a"][p]).sum() == math.ceil(p * n)
+        assert (pooled_b >= th["b"][p]).sum() == math.ceil(p * n)
+        assert th["a"][p] == pytest.approx(np.quantile(pooled_a, p, method="inverted_cdf"))
+    assert th["a"][0.0] is None
+
+
+@pytest.mark.parametrize("bad", [-0.1, 1.5, float("nan")])
+def test_threshold_fraction_outside_unit_interval(bad):
+    with pytest.raises(LensHeadsError, match=r"in \[0, 1\]"):
+        threshold_for(torch.rand(10), bad, "low")
+
+
+def test_parse_fractions():
+    assert parse_fractions("0, 0.05,0.1,0.05") == [0.0, 0.05, 0.1]
+    for bad, msg in [("0,1.2", r"in \[0, 1\]"), ("x", "bad fraction"), ("", "no fractions")]:
+        with pytest.raises(LensHeadsError, match=msg):
+            parse_fractions(bad)
+
+
+# --- store ------------------------------------------------------------------------------
+
+
+def test_store_round_trip_and_atomicity(tmp_path):
+    store = ResultStore(tmp_path)
+    cfg = {"model_digest": "abc", "ablation": "random:0.1@0", "limit": None}
+    assert store.get("points", cfg) is None
+    path = store.put("points", cfg, {"metrics": {"acc": 0.5}})
+    assert path.parent == tmp_path / "points" and path.stem == config_key(cfg)
+    assert store.get("points", cfg)["metrics"] == {"acc": 0.5}
+    assert config_key({"limit": None, "ablation": "random:0.1@0", "model_digest": "abc"}) == path.stem
+    assert config_key({**cfg, "limit": 5}) != path.stem
+    assert [p.name for p in (tmp_path / "points").iterdir()] == [path.name]  # no temp files left
+    # a file that holds another configuration is refused, not silently used
+    path.write_text(json.dumps({"config": {"other": 1}}))
+    with pytest.raises(LensHeadsError, match="different configuration"):
+        store.get("points", cfg)
+    path.write_text("{trunc")
+    with pytest.raises(LensHeadsError, match="corrupt"):
+        store.get("points", cfg)
+
+
+def test_atomic_write_failure_leaves_nothing(tmp_path):
+    target = tmp_path / "x.csv"
+    target.write_text("old")
+    with pytest.raises(TypeError):
+        atomic_write_text(target, 123)  # type: ignore[arg-type]  -- fails mid-write
+    assert target.read_text() == "old" and sorted(os.listdir(tmp_path)) == ["x.csv"]
+
+
+# --- tables: bootstrap pairing, random aggregation ----------------------------------------
+
+
+def _record(correct, zf):
+    qs = [{"doc_id": i, "correct": bool(c)} for i, c in enumerate(correct)]
+    return {"metrics": {"acc": float(np.mean(correct))}, "zeroed_fraction": zf, "questions": qs}
+
+
+def test_tables_bootstrap_is_paired_and_matches_a_naive_loop():
+    rng = np.random.default_rng(3)
+    n = 60
+    base = rng.random(n) < 0.6
+    worse = base & (rng.random(n) < 0.8)  # a subset of the baseline's correct answers
+    records = {"none": _record(base, 0.0), "score:s@1.0": _record(worse, 0.1),
+               "random:0.1@0": _record(base, 0.1), "random:0.1@1": _record(worse, 0.12)}
+    pts = [SweepPoint("s", 0.0, "none"), SweepPoint("s", 0.1, "score:s@1.0", None, 1.0),
+           SweepPoint("random", 0.0, "none", 0), SweepPoint("random", 0.1, "random:0.1@0", 0),
+           SweepPoint("random", 0.0, "none", 1), SweepPoint("random", 0.1, "random:0.1@1", 1)]
+    cfg = SweepConfig(task="t", score_ids=["s"], fractions=[0.0, 0.1], random_seeds=[0, 1], n_boot=300)
+    summary, within = tables(pts, records, cfg)
+
+    idx = bootstrap_indices(n, 300, 0)
+    naive = np.array([worse[i].mean() - base[i].mean() for i in idx])
+    row = summary[summary.spec == "score:s@1.0"].iloc[0]
+    assert row.delta == pytest.approx(worse.mean() - base.mean())
+    assert row.delta_ci_low == pytest.approx(np.quantile(naive, 0.025))
+    assert row.delta_ci_high <= 0  # paired: a subset of correct answers can never score higher
+    acc_boot = np.array([worse[i].mean() for i in idx])
+    assert row.ci_low == pytest.approx(np.quantile(acc_boot, 0.025))
+    assert row.pct_zeroed == pytest.approx(10.0)
+    b = summary[summary.spec == "none"].iloc[0]
+    assert b.delta == 0 and b.delta_ci_low == 0 and b.delta_ci_high == 0
+
+    r = within.set_index("score_fn").loc["random"]
+    x = [0.0, 11.0]
+    y = [base.mean(), (base.mean() + worse.mean()) / 2]
+    assert r.max_pct_zeroed_within_1pt == pytest.approx(max_within(x, y, base.mean(), 0.01))
+    assert r.n_seeds == 2
+    assert r.seed_max == pytest.approx(10.0)  # seed 0 never loses accuracy
+    s = within.set_index("score_fn").loc["s"]
+    assert s.auc_range_pct == pytest.approx(10.0)  # the common range: min over curves of max x
+    assert s.auc == pytest.approx(normalised_auc([0, 10], [base.mean(), worse.mean()], base.mean(), 10.0))
+
+
+# --- CLI: resume after SIGKILL, bad input -------------------------------------------------
+
+TASK_ROWS = [
+    ("The capital of France is", ["Paris", "Rome", "egg"], 0),
+    ("Dormant heads are heads that", ["do nothing", "boil", "Italy"], 0),
+    ("To boil an egg, put it in", ["boiling water", "Paris", "heads"], 0),
+    ("The capital of Italy is", ["Paris", "Rome", "water"], 1),
+    ("Attention heads that do nothing are", ["dormant", "capital", "eggs"], 0),
+    ("Question: How do I boil an egg? Answer:", ["put it in water", "Rome", "A B C D"], 0),
+]
+
+
+@pytest.fixture
+def task_file(tmp_path):
+    path = tmp_path / "mini.jsonl"
+    path.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in TASK_ROWS))
+    return path
+
+
+def _args(model_dir, task, out, *extra) -> list[str]:
+    return ["sweep", str(model_dir), "--task", f"file:{task}", "--scores", "ahon_ln", "--fractions", "0,0.5",
+            "--random-seeds", "3", "--batch-size", "4", "--n-boot", "200", "--no-progress", "--out", str(out),
+            *extra]
+
+
+def _main(args) -> int:
+    from lens_heads.cli import main
+
+    return main(args)
+
+
+def test_cli_resume_after_sigkill_equals_uninterrupted_run(tiny_model_dir, task_file, tmp_path):
+    """Uninterrupted run (in-process) vs a subprocess killed with SIGKILL part-way, then resumed."""
+    model_dir = tiny_model_dir("llama")
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    assert _main(_args(model_dir, task_file, full)) == 0
+    n_points = len(list((full / "points").glob("*.json")))
+    assert n_points == 1 + 1 + 3  # baseline, 1 score point, 3 seeds x 1 random point
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    code = "import sys; from lens_heads.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.Popen([sys.executable, "-c", code, *_args(model_dir, task_file, killed)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline and proc.poll() is None and len(list((killed / "points").glob("*.json"))) < 2:
+        time.sleep(0.02)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done = {p.name: p.stat().st_mtime_ns for p in (killed / "points").glob("*.json")}
+    assert 2 <= len(done) < n_points, f"the run should be killed part-way through ({len(done)} points)"
+    assert not (killed / "summary.csv").exists()
+
+    assert _main(_args(model_dir, task_file, killed)) == 0
+    for name, mtime in done.items():  # points computed before the kill were not recomputed
+        assert (killed / "points" / name).stat().st_mtime_ns == mtime
+    assert sorted(p.name for p in (killed / "points").glob("*.json")) == \
+        sorted(p.name for p in (full / "points").glob("*.json"))
+    for table in ("summary.csv", "within_1pt.csv"):
+        assert (full / table).read_bytes() == (killed / table).read_bytes(), table
+
+    summary = pd.read_csv(full / "summary.csv")
+    assert {"score_fn", "fraction", "pct_zeroed", "accuracy", "ci_low", "ci_high", "seed", "threshold"} <= set(summary)
+    within = pd.read_csv(full / "within_1pt.csv")
+    assert set(within.score_fn) == {"ahon_ln", "random"}
+    assert {"score_fn", "max_pct_zeroed_within_1pt", "auc", "ci_low", "ci_high"} <= set(within)
+    rnd = summary[(summary.score_fn == "random") & (summary.fraction == 0.5)]
+    assert sorted(rnd.seed) == [0, 1, 2] and rnd.pct_zeroed.between(20, 80).all()
+    sc = summary[(summary.score_fn == "ahon_ln") & (summary.fraction == 0.5)].iloc[0]
+    assert 30 < sc.pct_zeroed < 70  # threshold from pooled unablated scores; realised under ablation
+
+
+@pytest.mark.parametrize("case,msg", [
+    ("unknown_task", "Unknown task"),
+    ("bad_ablate", "LAYER.HEAD"),
+    ("head_range", "out of range"),
+    ("fraction", r"in \[0, 1\]"),
+    ("empty_task", "empty"),
+])
+def test_cli_bad_input(tiny_model_dir, task_file, tmp_path, capsys, case, msg):
+    out = tmp_path / "out"
+    args = _args(tiny_model_dir("llama"), task_file, out)
+    if case == "unknown_task":
+        args[args.index("--task") + 1] = "no-such-task"
+    elif case == "bad_ablate":
+        args += ["--ablate", "static:1"]
+    elif case == "head_range":
+        args += ["--ablate", "static:0.1,5.0"]
+    elif case == "fraction":
+        args[args.index("--fractions") + 1] = "0,0.1,1.5"
+    elif case == "empty_task":
+        empty = tmp_path / "empty.jsonl"
+        empty.write_text("")
+        args[args.index("--task") + 1] = f"file:{empty}"
+    capsys.readouterr()
+    assert _main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("lens-heads sweep: error:"), err
+    assert re.search(msg, err[0]), err[0]
+    assert not out.exists(), "no partial output on bad input"
