@@ -346,42 +346,50 @@ class ScoreCollector:
 
 
 class _Moments:
-    """Running count / mean / M2 in float64 (Chan et al. batch merge)."""
+    """Running per-entry count / mean / M2 in float64 over the defined (non-NaN) values
+    (Chan et al. batch merge). A score is NaN where it is undefined, e.g. ``aeqd_ln`` on a
+    one-token input, where every head's entropy is 0 and the layer mean too."""
 
     def __init__(self, shape: tuple[int, ...]):
-        self.n = 0
+        self.n = torch.zeros(shape, dtype=torch.int64)
         self.mean = torch.zeros(shape, dtype=torch.float64)
         self.m2 = torch.zeros(shape, dtype=torch.float64)
 
     def add(self, x: Tensor) -> None:  # x: [batch, *shape]
         x = x.double().cpu()
-        nb = x.shape[0]
-        mb = x.mean(0)
-        m2b = ((x - mb) ** 2).sum(0)
+        ok = ~torch.isnan(x)
+        nb = ok.sum(0)
+        mb = torch.where(ok, x, 0.0).sum(0) / nb.clamp_min(1)
+        m2b = torch.where(ok, (x - mb) ** 2, 0.0).sum(0)
         n = self.n + nb
         delta = mb - self.mean
-        self.mean = self.mean + delta * (nb / n)
-        self.m2 = self.m2 + m2b + delta ** 2 * (self.n * nb / n)
+        frac = nb / n.clamp_min(1)
+        self.mean = self.mean + delta * frac
+        self.m2 = self.m2 + m2b + delta ** 2 * self.n * frac
         self.n = n
 
+    def mean_or_nan(self) -> Tensor:
+        return torch.where(self.n > 0, self.mean, float("nan"))
+
     def std(self) -> Tensor:
-        """Sample standard deviation (ddof=1; NaN for a single input)."""
-        if self.n < 2:
-            return torch.full_like(self.mean, float("nan"))
-        return (self.m2 / (self.n - 1)).sqrt()
+        """Sample standard deviation (ddof=1; NaN with fewer than two defined values)."""
+        return torch.where(self.n > 1, (self.m2 / (self.n - 1).clamp_min(1)).sqrt(), float("nan"))
 
 
 @dataclass
 class HeadScores:
-    """Dataset-level per-head scores: mean, std (ddof=1) and n over inputs, per function.
+    """Dataset-level per-head scores: mean, std (ddof=1) and count over inputs, per function.
 
-    ``mean[id]`` / ``std[id]``: Float64 ``[layer, head]``; ``per_input[id]``: Float32
-    ``[n_inputs, layer, head]`` in input order (when kept); ``meta``: provenance.
+    ``mean[id]`` / ``std[id]``: Float64 ``[layer, head]``; ``count[id]``: Int64 ``[layer, head]``,
+    the inputs on which the score is defined (NaN values, e.g. ``aeqd_ln`` on a one-token
+    input, are left out of mean and std); ``n``: number of inputs; ``per_input[id]``:
+    Float32 ``[n_inputs, layer, head]`` in input order (when kept); ``meta``: provenance.
     """
 
     score_ids: list[str]
     mean: dict[str, Tensor]
     std: dict[str, Tensor]
+    count: dict[str, Tensor]
     n: int
     per_input: dict[str, Tensor] | None = None
     meta: dict = field(default_factory=dict)
@@ -401,7 +409,7 @@ class HeadScores:
         return SCORES[score_id].inactive_when
 
     def to_frame(self):
-        """Tidy frame: layer, head, score_fn, value (= dataset mean), std, n."""
+        """Tidy frame: layer, head, score_fn, value (= dataset mean), std, n (= count)."""
         import numpy as np
         import pandas as pd
 
@@ -409,7 +417,7 @@ class HeadScores:
         layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
         parts = [pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "score_fn": s,
                                "value": self.mean[s].numpy().ravel(), "std": self.std[s].numpy().ravel(),
-                               "n": self.n}) for s in self.score_ids]
+                               "n": self.count[s].numpy().ravel()}) for s in self.score_ids]
         return pd.concat(parts, ignore_index=True)
 
     # --- files --------------------------------------------------------------------------
@@ -459,16 +467,20 @@ class HeadScores:
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
         L, H = int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
         ids = list(dict.fromkeys(frame["score_fn"]))
-        mean, std = {}, {}
+        n = int(meta.get("n_inputs", frame["n"].max() if "n" in frame else 0))
+        mean, std, count = {}, {}, {}
         for s, grp in frame.groupby("score_fn", sort=False):
             m = torch.full((L, H), float("nan"), dtype=torch.float64)
             sd = torch.full((L, H), float("nan"), dtype=torch.float64)
-            li, hi = torch.as_tensor(grp["layer"].to_numpy()), torch.as_tensor(grp["head"].to_numpy())
-            m[li, hi] = torch.as_tensor(grp["value"].to_numpy(), dtype=torch.float64)
+            c = torch.full((L, H), n, dtype=torch.int64)
+            li = torch.tensor(grp["layer"].to_numpy(dtype="int64"))
+            hi = torch.tensor(grp["head"].to_numpy(dtype="int64"))
+            m[li, hi] = torch.tensor(grp["value"].to_numpy(dtype="float64"))
             if "std" in grp:
-                sd[li, hi] = torch.as_tensor(grp["std"].to_numpy(), dtype=torch.float64)
-            mean[s], std[s] = m, sd
-        n = int(frame["n"].iloc[0]) if "n" in frame else int(meta.get("n_inputs", 0))
+                sd[li, hi] = torch.tensor(grp["std"].to_numpy(dtype="float64"))
+            if "n" in grp:
+                c[li, hi] = torch.tensor(grp["n"].to_numpy(dtype="int64"))
+            mean[s], std[s], count[s] = m, sd, c
         per_input = None
         if per_path.is_file():
             from safetensors.torch import load_file
@@ -476,7 +488,7 @@ class HeadScores:
             per_input = load_file(per_path)
         for key in ("score_ids", "n_inputs", "n_layers", "n_heads", "inactive_when", "per_input"):
             meta.pop(key, None)
-        return cls(ids, mean, std, n, per_input, meta)
+        return cls(ids, mean, std, count, n, per_input, meta)
 
 
 def _table_format(path: Path) -> str:
@@ -593,8 +605,8 @@ def score_heads(
     finally:
         bar.close()
     meta = score_metadata(model, seqs, max_len, data)
-    return HeadScores(ids, {s: moments[s].mean for s in ids}, {s: moments[s].std() for s in ids},
-                      len(seqs), per_input, meta)
+    return HeadScores(ids, {s: moments[s].mean_or_nan() for s in ids}, {s: moments[s].std() for s in ids},
+                      {s: moments[s].n for s in ids}, len(seqs), per_input, meta)
 
 
 def score_metadata(model, seqs: Sequence[Tensor], max_len: int | None, data: str | None) -> dict:

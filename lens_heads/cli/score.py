@@ -1,0 +1,54 @@
+"""``lens-heads score MODEL --data DATA --out FILE``: per-head scores to a .csv / .parquet table.
+
+The table's first four columns are ``layer,head,score_fn,value`` (value = mean over inputs),
+then ``std`` and ``n``; a ``FILE.meta.json`` sidecar records model, data and versions, and
+``--per-input`` adds ``FILE.per_input.safetensors`` ([n_inputs, layer, head] per function).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from lens_heads.cli.common import add_data_args, add_model_args
+
+
+def register(sub) -> None:
+    p = sub.add_parser("score", help="score every attention head with the inactivity functions")
+    add_model_args(p)
+    add_data_args(p, default=None)
+    p.add_argument("--scores", default="all",
+                   help="'all' (default), 'paper' (the paper's 12) or a comma list of score ids")
+    p.add_argument("--out", required=True, help="output table, .csv or .parquet")
+    p.add_argument("--per-input", action="store_true", help="also save per-input scores (safetensors)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    from lens_heads.data import load_texts, tokenize_texts
+    from lens_heads.errors import LensHeadsError
+    from lens_heads.models import load_model
+    from lens_heads.scores import prepare_inputs, resolve_score_ids, score_heads
+
+    out = Path(args.out)
+    if out.suffix.lower() not in (".csv", ".parquet"):
+        raise LensHeadsError(f"--out must end in .csv or .parquet, got {args.out!r}")
+    if not out.parent.is_dir():
+        raise LensHeadsError(f"output folder does not exist: {out.parent}")
+    if args.max_len < 2:
+        raise LensHeadsError(f"--max-len must be >= 2, got {args.max_len}")
+    if args.n_inputs < 1:
+        raise LensHeadsError(f"--n-inputs must be >= 1, got {args.n_inputs}")
+    ids = resolve_score_ids(args.scores)  # fail before loading anything
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    texts = load_texts(args.data, n=args.n_inputs)
+    if not texts:
+        raise LensHeadsError(f"no texts in {args.data!r} (empty data)")
+    prepare_inputs(model, [texts[0]], args.max_len)  # checks max_len against the context
+    seqs = tokenize_texts(model.tokenizer, texts, args.max_len, mode="documents")
+    scores = score_heads(model, seqs, scores=ids, batch_size=args.batch_size, max_len=args.max_len,
+                         keep_per_input=args.per_input, progress=not args.quiet, data=args.data)
+    scores.save(out)
+    print(f"wrote {out} ({len(ids)} score functions x {scores.n_layers * scores.n_heads} heads, "
+          f"{scores.n} inputs)")
+    return 0
