@@ -5,3 +5,7 @@ from lens_heads.models import ARCHITECTURES, ZOO, HeadGeometry, LoadedModel, loa
 
 __version__ = "0.1.0"
 __all__ = ["ARCHITECTURES", "ZOO", "HeadGeometry", "LensHeadsError", "LoadedModel", "load_model"]
+
+from lens_heads.scores import SCORES, HeadScores, score_heads  # noqa: E402
+
+__all__ += ["SCORES", "HeadScores", "score_heads"]
