@@ -71,6 +71,22 @@ def test_static_fraction_and_name(tiny_model):
     assert math.isnan(abl.zeroed_fraction())
 
 
+def test_static_same_with_and_without_prefix_cache(tiny_model):
+    """Static ablations may reuse a cached K/V prefix: the zeroed set does not depend on the input."""
+    from lens_heads.evaluate import loglikelihoods
+
+    model = tiny_model("llama")
+    context = " ".join(TEXTS * 3) + " Question: which city?"
+    reqs = [(context, " Paris"), (context, " Rome"), (context + " Answer:", " egg")]
+    abl = parse_ablation("static:0.2,1.1", model.geometry)
+    cached = loglikelihoods(model, reqs, abl, progress=False, reuse_prefix=True)
+    plain = loglikelihoods(model, reqs, abl, progress=False, reuse_prefix=False)
+    base = loglikelihoods(model, reqs, None, progress=False, reuse_prefix=False)
+    assert cached == pytest.approx(plain, abs=1e-4)
+    assert max(abs(a - b) for a, b in zip(plain, base)) > 1e-3
+    assert abl.zeroed_fraction() == pytest.approx(2 / 8)
+
+
 # --- per-input (score) ------------------------------------------------------------------
 
 

@@ -193,7 +193,7 @@ def task_file(tmp_path):
 def _args(model_dir, task, out, *extra) -> list[str]:
     return ["sweep", str(model_dir), "--task", f"file:{task}", "--scores", "ahon_ln", "--fractions", "0,0.5",
             "--random-seeds", "3", "--batch-size", "4", "--n-boot", "200", "--no-progress", "--out", str(out),
-            *extra]
+            "--ablate", "static:0.1,1.2", *extra]
 
 
 def _main(args) -> int:
@@ -208,7 +208,7 @@ def test_cli_resume_after_sigkill_equals_uninterrupted_run(tiny_model_dir, task_
     full, killed = tmp_path / "full", tmp_path / "killed"
     assert _main(_args(model_dir, task_file, full)) == 0
     n_points = len(list((full / "points").glob("*.json")))
-    assert n_points == 1 + 1 + 3  # baseline, 1 score point, 3 seeds x 1 random point
+    assert n_points == 1 + 1 + 3 + 1  # baseline, 1 score point, 3 seeds x 1 random point, 1 static
 
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     code = "import sys; from lens_heads.cli import main; sys.exit(main(sys.argv[1:]))"
@@ -240,6 +240,8 @@ def test_cli_resume_after_sigkill_equals_uninterrupted_run(tiny_model_dir, task_
     assert sorted(rnd.seed) == [0, 1, 2] and rnd.pct_zeroed.between(20, 80).all()
     sc = summary[(summary.score_fn == "ahon_ln") & (summary.fraction == 0.5)].iloc[0]
     assert 30 < sc.pct_zeroed < 70  # threshold from pooled unablated scores; realised under ablation
+    st = summary[summary.score_fn == "static:0.1,1.2"].iloc[0]
+    assert st.pct_zeroed == pytest.approx(25.0) and st.spec == "static:0.1,1.2"
 
 
 @pytest.mark.parametrize("case,msg", [
