@@ -1,0 +1,241 @@
+"""The self-contained HTML report: content, reuse of saved results, bad input, the CLI, and
+a headless-Chromium check that it renders offline (no console errors, circuitsvis widgets
+present, a non-blank screenshot)."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lens_heads.errors import LensHeadsError
+from lens_heads.report import ReportConfig, build_report
+
+TEXTS = [
+    "The capital of France is Paris. The capital of Italy is Rome.",
+    "Attention heads that do nothing are called dormant heads.",
+    "Question: How do I boil an egg? Answer: put it in boiling water.",
+    "A B C D Answer: the following are multiple choice questions",
+]
+MC_ROWS = [("The capital of France is", ["Paris", "Rome"], 0), ("The capital of Italy is", ["Paris", "Rome"], 1),
+           ("Heads that do nothing are", ["dormant", "capital"], 0), ("How do I boil an egg?", ["in water", "Paris"], 0),
+           ("A B C D Answer:", ["A", "B"], 0), ("Attention heads that do", ["nothing", "France"], 0)]
+ARCH = "bloom"  # ALiBi: the diagnosis map gets its slope axis
+
+
+@pytest.fixture(scope="module")
+def inputs(tiny_model, tmp_path_factory):
+    """Real results of the tiny model: a sweep folder and a diagnosis CSV (lowered sink bar)."""
+    from lens_heads.diagnose import Diagnosis, DiagnosisThresholds, diagnose
+    from lens_heads.sweep import SweepConfig, run_sweep
+
+    folder = tmp_path_factory.mktemp("report_inputs")
+    model = tiny_model(ARCH)
+    mc = folder / "mc.jsonl"
+    mc.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in MC_ROWS))
+    run_sweep(model, SweepConfig(task=f"file:{mc}", score_ids=["ahon_ln", "awft"], fractions=[0, 0.25, 0.5],
+                                 random_seeds=[0, 1], limit=6, n_boot=50), folder / "sweep", progress=False)
+    d = diagnose(model, TEXTS)
+    sink_bar = float(d.bos_mass.median())  # a random tiny model has no real sinks: lower the bar
+    Diagnosis(d.bos_mass, d.entropy, d.local_mass, d.alibi_slopes, DiagnosisThresholds(bos_sink=sink_bar),
+              d.n_inputs).save(folder / "diag.csv")
+    (folder / "texts.txt").write_text("\n".join(TEXTS) + "\n")
+    return folder
+
+
+@pytest.fixture(scope="module")
+def report(tiny_model, inputs, tmp_path_factory):
+    out = tmp_path_factory.mktemp("report") / "report.html"
+    cfg = ReportConfig(model=ARCH, out=str(out), data="texts", sweep=str(inputs / "sweep"),
+                       diagnosis=str(inputs / "diag.csv"), top_k=2, heads="1.2,0.3", max_sink_views=3,
+                       progress=False)
+    path = build_report(cfg, model=tiny_model(ARCH), texts=TEXTS)
+    return path, path.read_text(encoding="utf-8")
+
+
+def section(page: str, anchor: str) -> str:
+    return page.split(f'<section id="{anchor}">')[1].split("</section>")[0]
+
+
+def view_heads(page: str, heading: str) -> list[str]:
+    """Head names listed in the table above the view whose <h3> starts with ``heading``."""
+    part = page.split(f"<h3>{heading}")[1].split("</table>")[0]
+    return re.findall(r"<tr><td>(L\d+\.H\d+)</td>", part)
+
+
+# --- content --------------------------------------------------------------------------------
+
+def test_report_is_self_contained(report):
+    path, page = report
+    assert page.startswith("<!DOCTYPE html>") and page.rstrip().endswith("</html>")
+    assert page.count("var CircuitsVis=") == 1  # the ~1.3 MB bundle inlined once
+    assert page.count("CircuitsVis.render(") == 4  # inactive, active, BOS-sink, requested
+    assert page.index("var CircuitsVis=") < page.index("CircuitsVis.render(")
+    assert not re.search(r"""(src|href)\s*=\s*["']?(https?:)?//""", page)  # nothing fetched from a network
+    assert "unpkg.com" not in page
+    assert len(page) < 4_000_000
+    pngs = re.findall(r'src="data:image/png;base64,([^"]+)"', page)
+    assert len(pngs) == 5  # 2 heatmaps, distributions, sweep curves, diagnosis map
+    from PIL import Image
+
+    for data in pngs:
+        im = Image.open(io.BytesIO(base64.b64decode(data)))
+        assert im.format == "PNG" and im.size[0] > 300 and len(im.convert("RGB").getcolors(1 << 20)) > 20
+    assert [p.name for p in path.parent.iterdir()] == ["report.html"]  # no temp files left
+
+
+def test_report_header_and_tables(report, tiny_model, inputs):
+    _, page = report
+    run = section(page, "run")
+    for needle in ("bloom, 2 layers x 4 heads", "float32 / cpu", "circuitsvis 1.43", "torch 2.", "wall time",
+                   "transformer_lens 4.", f"file {inputs / 'diag.csv'}", f"folder {inputs / 'sweep'}",
+                   "scores: computed on 4 texts inputs"):
+        assert needle in run, needle
+    within = pd.read_csv(inputs / "sweep" / "within_1pt.csv")
+    sweep = section(page, "sweep")
+    for fn in ("ahon_ln", "awft", "random"):
+        assert f"<td>{fn}</td>" in sweep
+    value = within.set_index("score_fn").loc["ahon_ln", "max_pct_zeroed_within_1pt"]
+    assert f"{value:.4g}" in sweep
+    diag = pd.read_csv(inputs / "diag.csv")
+    counts = diag["class"].value_counts()
+    d = section(page, "diagnosis")
+    assert f"<td>BOS-sink</td><td>{counts['bos_sink']}</td>" in d and counts["bos_sink"] > 0
+    scores = section(page, "scores")
+    assert scores.count("<tr><td>") == 15  # one row per registered score function
+
+
+def test_report_views_pick_the_right_heads(report, tiny_model, inputs):
+    from lens_heads.scores import score_heads
+
+    _, page = report
+    hs = score_heads(tiny_model(ARCH), TEXTS, ["ahon_ln"], progress=False)  # independent recomputation
+    order = np.argsort(hs["ahon_ln"].numpy().ravel(), kind="stable")
+    names = [f"L{i // 4}.H{i % 4}" for i in order]
+    assert view_heads(page, "2 most inactive heads by ahon_ln") == names[:2]
+    assert view_heads(page, "2 most active heads by ahon_ln") == names[::-1][:2]
+    diag = pd.read_csv(inputs / "diag.csv")
+    sinks = diag[diag["class"] == "bos_sink"].sort_values("bos_mass", ascending=False).head(3)
+    assert view_heads(page, "BOS-sink and DEAD heads") == [f"L{r.layer}.H{r.head}" for r in sinks.itertuples()]
+    assert view_heads(page, "Requested heads") == ["L1.H2", "L0.H3"]
+
+
+def test_report_reuses_saved_scores(tiny_model, inputs, tmp_path):
+    from lens_heads.scores import score_heads
+
+    hs = score_heads(tiny_model(ARCH), TEXTS, ["ahon_ln", "awft"], progress=False)
+    frame = hs.to_frame()
+    frame.loc[(frame["score_fn"] == "ahon_ln") & (frame["layer"] == 1) & (frame["head"] == 3), "value"] = -1.0
+    frame.to_csv(tmp_path / "scores.csv", index=False)
+    out = tmp_path / "r.html"
+    build_report(ReportConfig(model=ARCH, out=str(out), scores=str(tmp_path / "scores.csv"),
+                              diagnosis=str(inputs / "diag.csv"), top_k=1, max_sink_views=0, progress=False),
+                 model=tiny_model(ARCH), texts=TEXTS)
+    page = out.read_text()
+    assert f"scores: file {tmp_path / 'scores.csv'}" in page
+    assert view_heads(page, "1 most inactive heads by ahon_ln") == ["L1.H3"]  # the edited value was used
+    assert section(page, "scores").count("<tr><td>") == 2
+    assert "No sweep" in section(page, "sweep")
+    assert page.count("CircuitsVis.render(") == 2
+
+
+# --- bad input ------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("change, message", [
+    (dict(heads="7.0"), "layer"),
+    (dict(heads="1.9"), "head"),
+    (dict(out="missing/report.html"), "does not exist"),
+    (dict(out="report.txt"), ".html"),
+    (dict(sweep="empty"), "empty"),
+    (dict(sweep="nope"), "not found"),
+    (dict(scores="wrong.csv"), "2 x 4"),
+    (dict(diagnosis="bad.csv"), "not a diagnosis table"),
+    (dict(top_k=0), "top-k"),
+])
+def test_report_bad_input(tiny_model, tmp_path, change, message):
+    (tmp_path / "empty").mkdir()
+    pd.DataFrame({"layer": [0, 5], "head": [0, 0], "score_fn": "ahon_ln", "value": [1.0, 2.0]}).to_csv(
+        tmp_path / "wrong.csv", index=False)
+    (tmp_path / "bad.csv").write_text("a,b\n1,2\n")
+    cfg = dict(model=ARCH, out="report.html", progress=False)
+    cfg.update(change)
+    for key in ("out", "sweep", "scores", "diagnosis"):
+        if key in cfg:
+            cfg[key] = str(tmp_path / cfg[key])
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(LensHeadsError, match=re.escape(message)):
+        build_report(ReportConfig(**cfg), model=tiny_model(ARCH), texts=TEXTS)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no partial or temp file
+
+
+def test_cli_report(tiny_model_dir, inputs, tmp_path, capsys):
+    from lens_heads.cli import main
+
+    model_dir = str(tiny_model_dir(ARCH))
+    rc = main(["report", model_dir, "--data", str(inputs / "texts.txt"), "--out", str(tmp_path / "no" / "r.html")])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "does not exist" in err
+    rc = main(["report", model_dir, "--data", str(inputs / "texts.txt"), "--n-inputs", "3", "--max-len", "24",
+               "--diagnosis", str(inputs / "diag.csv"), "--sweep", str(inputs / "sweep"), "--top-k", "1",
+               "--out", str(tmp_path / "r.html")])
+    assert rc == 0 and "wrote" in capsys.readouterr().out
+    page = (tmp_path / "r.html").read_text()
+    assert "3 inputs, up to 24 tokens" in page and page.count("var CircuitsVis=") == 1
+
+
+# --- the browser ----------------------------------------------------------------------------
+
+def chromium() -> str:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if path := shutil.which(name):
+            return path
+    if os.name == "posix" and os.geteuid() == 0 and shutil.which("apt-get"):
+        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+        subprocess.run(["apt-get", "install", "-y", "-qq", "chromium"], env=env, capture_output=True, timeout=900)
+        if path := shutil.which("chromium"):
+            return path
+        pytest.skip("chromium is not installed and 'apt-get install -y chromium' did not provide it")
+    pytest.skip("chromium is not installed (and cannot be installed here: needs root and apt-get)")
+
+
+def run_chromium(tmp_path: Path, url: str, *args: str) -> subprocess.CompletedProcess:
+    profile = tmp_path / f"profile-{len(list(tmp_path.glob('profile-*')))}"
+    cmd = [chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+           f"--user-data-dir={profile}", "--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND",
+           "--enable-logging=stderr", "--v=0", "--virtual-time-budget=10000", "--hide-scrollbars", *args, url]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+
+
+@pytest.mark.browser
+def test_report_renders_offline_in_chromium(report, tmp_path):
+    path, page = report
+    url = path.resolve().as_uri()
+    dom = run_chromium(tmp_path, url, "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    console = [line for line in dom.stderr.splitlines() if ":CONSOLE" in line]
+    assert console == [], console
+    # circuitsvis rendered every view: its head selector and one canvas per thumbnail + the zoomed one
+    n_views = page.count("CircuitsVis.render(")
+    assert page.count(">Head Selector") == 0 and dom.stdout.count(">Head Selector") == n_views
+    mounts = re.findall(r'<div id="lh-cv-[0-9a-f]+" class="lh-circuitsvis">(.*?)</div>\s*<script>', dom.stdout, re.S)
+    assert len(mounts) == n_views and all(m.count("<canvas") >= 2 for m in mounts)
+    shot = tmp_path / "shot.png"
+    res = run_chromium(tmp_path, url, f"--screenshot={shot}", "--window-size=1200,2000")
+    assert res.returncode == 0 and shot.is_file(), res.stderr[-2000:]
+    assert [line for line in res.stderr.splitlines() if ":CONSOLE" in line] == []
+    from PIL import Image
+
+    im = Image.open(shot).convert("RGB")
+    assert im.size == (1200, 2000)
+    colours = im.getcolors(1 << 22)
+    assert len(colours) > 200  # figures and tables, not a blank page
+    assert max(n for n, _ in colours) < 0.8 * im.size[0] * im.size[1]
