@@ -218,6 +218,14 @@ class ScoreAblation:
         self.inactive_when = SCORES[score_id].inactive_when
         self.name = f"score:{score_id}@{self.threshold!r}"
         self.counter = _Counter()
+        self._collector = None  # reused across forwards of the same model
+
+    def collector(self, model):
+        from lens_heads.scores import ScoreCollector
+
+        if self._collector is None or self._collector.model is not model:
+            self._collector = ScoreCollector(model, [self.score_id])
+        return self._collector
 
     @property
     def last_zeroed(self):
@@ -230,11 +238,9 @@ class ScoreAblation:
         return scores <= self.threshold
 
     def hooks(self, model, attention_mask, row_keys) -> Hooks:
-        from lens_heads.scores import ScoreCollector
-
         g = self.geometry
         self.counter.start(attention_mask.shape[0], g)
-        collector = ScoreCollector(model, [self.score_id])
+        collector = self.collector(model)
 
         def z_transform(layer: int, z: Tensor, scores: dict[str, Tensor]) -> Tensor:
             drop = self.crosses(scores[self.score_id])
