@@ -446,9 +446,9 @@ class HeadScores:
 
             tensors = {s: self.per_input[s].float().contiguous() for s in self.score_ids}
             writes.append((per_path, lambda f: save_file(tensors, f)))
-        elif per_path.exists():
-            per_path.unlink()  # a stale sidecar from an earlier save would not match
         _atomic_write_all(writes)
+        if self.per_input is None and per_path.exists():
+            per_path.unlink()  # a stale sidecar from an earlier save would not match
         return path
 
     @classmethod

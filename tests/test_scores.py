@@ -361,3 +361,6 @@ def test_cli_score_csv_matches_api(tiny_model_dir, tiny_model, tmp_path, capsys)
     code, err = _cli(capsys, "score", str(tiny_model_dir("bloom")), "--data", str(empty), "--out",
                      str(tmp_path / "y.csv"))
     assert code == 2 and "empty data" in err and not (tmp_path / "y.csv").exists()
+    code, err = _cli(capsys, "score", str(tiny_model_dir("llama")), "--data", str(data), "--max-len", "1000",
+                     "--out", str(tmp_path / "z.csv"))  # tiny llama: 256 positions
+    assert code == 2 and "context" in err and not (tmp_path / "z.csv").exists()

@@ -28,7 +28,7 @@ def run(args) -> int:
     from lens_heads.data import load_texts, tokenize_texts
     from lens_heads.errors import LensHeadsError
     from lens_heads.models import load_model
-    from lens_heads.scores import prepare_inputs, resolve_score_ids, score_heads
+    from lens_heads.scores import resolve_score_ids, score_heads
 
     out = Path(args.out)
     if out.suffix.lower() not in (".csv", ".parquet"):
@@ -44,7 +44,6 @@ def run(args) -> int:
     texts = load_texts(args.data, n=args.n_inputs)
     if not texts:
         raise LensHeadsError(f"no texts in {args.data!r} (empty data)")
-    prepare_inputs(model, [texts[0]], args.max_len)  # checks max_len against the context
     seqs = tokenize_texts(model.tokenizer, texts, args.max_len, mode="documents")
     scores = score_heads(model, seqs, scores=ids, batch_size=args.batch_size, max_len=args.max_len,
                          keep_per_input=args.per_input, progress=not args.quiet, data=args.data)
