@@ -32,11 +32,10 @@ statistics inside the hook, so no pattern is kept.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 

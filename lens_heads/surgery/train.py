@@ -1,7 +1,8 @@
 """Masked training of the surgery slices, with held-out perplexity, early stopping and resume.
 
-Defaults follow METHODS.md section B: AdamW lr 5e-5, weight decay 0, linear warm-up
-min(100, total/4) steps then cosine decay, micro-batch 1 x 8 accumulation, clip 1.0,
+Defaults follow METHODS.md section B: AdamW lr 5e-5, weight decay 0, linear warm-up over
+w = min(100, total/4) steps (step k uses lr * (k+1)/(w+1), so no step is wasted at lr 0) then
+cosine decay to 0 at the last step, micro-batch 1 x 8 accumulation, clip 1.0,
 non-overlapping chunks (512 tokens), up to 15 epochs with early-stopping patience 6.
 One optimisation step = ``grad_accum`` micro-batches; an epoch = one pass over the chunks in a
 seeded order (the last step of an epoch may hold fewer micro-batches). Perplexity on held-out
@@ -127,7 +128,6 @@ def train_surgery(
     device = masked.params[0].device
     per_epoch = len(_epoch_steps(len(chunks), config, 0))
     total = config.max_steps if config.max_steps is not None else config.epochs * per_epoch
-    n_epochs = math.ceil(total / per_epoch)
     warmup = config.warmup if config.warmup is not None else min(100, total // 4)
     opt = torch.optim.AdamW(masked.params, lr=config.lr, betas=config.betas, weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, _schedule(total, warmup))
