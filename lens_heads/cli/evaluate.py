@@ -1,0 +1,53 @@
+"""``lens-heads evaluate MODEL --task TASK``: accuracy as lm-evaluation-harness scores it,
+optionally with heads ablated; per-question results to JSONL."""
+
+from __future__ import annotations
+
+from lens_heads.cli.common import add_model_args
+
+
+def register(sub) -> None:
+    p = sub.add_parser("evaluate", help="multiple-choice accuracy (lm-eval scoring), optionally with heads ablated")
+    add_model_args(p)
+    p.add_argument("--task", required=True,
+                   help="mmlu, piqa, winogrande, or a local file: 'file:PATH?question=..&choices=..&answer=..'")
+    p.add_argument("--n-shot", type=int, default=None, help="few-shot examples (default: the task's; MMLU 5)")
+    p.add_argument("--limit", type=int, default=None,
+                   help="evaluate a seeded sample of N items, stratified by subject (MMLU) or gold label")
+    p.add_argument("--seed", type=int, default=1234, help="seed for --limit and few-shot sampling (default 1234)")
+    p.add_argument("--ablate", default=None,
+                   help="static:L.H,L.H | score:ID@THRESHOLD | random:P@SEED | none")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--out", default=None, help="write per-question results here (JSONL, atomic)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    import os
+
+    from lens_heads.data import load_task
+    from lens_heads.errors import LensHeadsError
+    from lens_heads.evaluate import evaluate_task
+    from lens_heads.models import load_model
+
+    if args.out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
+        raise LensHeadsError(f"--out {args.out}: folder does not exist")
+    task = load_task(args.task)  # bad task specs fail before the model loads
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    ablation = None
+    if args.ablate is not None:
+        from lens_heads.ablation import parse_ablation
+
+        ablation = parse_ablation(args.ablate, model.geometry)
+    res = evaluate_task(model, task, n_shot=args.n_shot, limit=args.limit, seed=args.seed,
+                        ablation=ablation, batch_size=args.batch_size, progress=not args.quiet)
+    line = f"{res.task} {res.n_shot}-shot  n={len(res.questions)}  " + "  ".join(
+        f"{k} {v:.4f}" for k, v in res.metrics.items())
+    if res.zeroed_fraction is not None and res.zeroed_fraction == res.zeroed_fraction:
+        line += f"  zeroed {100 * res.zeroed_fraction:.2f}% of heads ({res.config['ablation']})"
+    print(line)
+    if args.out is not None:
+        res.write_jsonl(args.out)
+        print(f"wrote {len(res.questions)} questions to {args.out}")
+    return 0
