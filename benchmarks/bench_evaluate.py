@@ -1,0 +1,122 @@
+"""Benchmark: lens_heads' evaluation engine vs lm-evaluation-harness's HF backend on SmolLM2.
+
+Same questions, same weights (fp32 unless --dtype), one process, timed back to back (this
+machine is shared: compare the ratios measured in one run, not absolute times).
+
+    python benchmarks/bench_evaluate.py                  # 100 MMLU 5-shot, 200 PIQA
+    python benchmarks/bench_evaluate.py --mmlu 40 --piqa 80 --subjects 4
+
+Reports, for each task: wall time of lm-eval (HFLM.loglikelihood on the same requests,
+batch size 16, its logits cache on) and of lens_heads (evaluate_task), whether the
+per-question predictions are identical, the max |Δ log-likelihood|; and the cost of MMLU
+5-shot relative to 0-shot in lens_heads, on a stratified sample (few questions per
+subject) and on ``--subjects`` subjects with many questions each (how a full MMLU run looks:
+~246 questions per subject). Writes benchmarks/results/bench_evaluate.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+
+def lm_eval_lls(lm, reqs):
+    from lm_eval.api.instance import Instance
+
+    inst = [Instance("loglikelihood", {}, r, i) for i, r in enumerate(reqs)]
+    return [ll for ll, _ in lm.loglikelihood(inst, disable_tqdm=True)]
+
+
+def argmax(xs):
+    return max(range(len(xs)), key=lambda j: (xs[j], -j))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--mmlu", type=int, default=100)
+    ap.add_argument("--piqa", type=int, default=200)
+    ap.add_argument("--subjects", type=int, default=3, help="subjects for the many-questions 5-shot/0-shot ratio")
+    ap.add_argument("--per-subject", type=int, default=30)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_evaluate.md"))
+    args = ap.parse_args()
+
+    from lm_eval.models.huggingface import HFLM
+
+    from lens_heads import load_model
+    from lens_heads.data import load_task
+    from lens_heads.evaluate import evaluate_task, select_records, write_atomic
+
+    model = load_model(args.model, dtype=args.dtype)
+    lm = HFLM(pretrained=model.load_hf_model(), tokenizer=model.tokenizer, batch_size=args.batch_size)
+    lines = [f"# bench_evaluate ({args.model}, {args.dtype}, batch {args.batch_size}, "
+             f"torch threads {torch.get_num_threads()}, load avg {os.getloadavg()[0]:.1f})", ""]
+    lines += ["| task | n | lm-eval s | lens_heads s | speed-up | identical preds | max abs dll |",
+              "|---|---|---|---|---|---|---|"]
+
+    def compare(name, task, recs, k):
+        reqs, spans = [], []
+        for r in recs:
+            b = task.build(r, k)
+            spans.append((len(reqs), len(reqs) + len(b)))
+            reqs.extend(b)
+        t0 = time.perf_counter()
+        theirs = lm_eval_lls(lm, reqs)
+        t_lm = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        res = evaluate_task(model, task, n_shot=k, doc_ids=[r.doc_id for r in recs],
+                            batch_size=args.batch_size, progress=False)
+        t_us = time.perf_counter() - t0
+        same = sum(argmax(theirs[a:b]) == q.pred for q, (a, b) in zip(res.questions, spans))
+        dll = max(abs(x - y) for q, (a, b) in zip(res.questions, spans) for x, y in zip(q.lls, theirs[a:b]))
+        row = f"| {name} | {len(recs)} | {t_lm:.1f} | {t_us:.1f} | {t_lm / t_us:.2f}x | {same}/{len(recs)} | {dll:.2e} |"
+        print(row, flush=True)
+        lines.append(row)
+        return t_us
+
+    mmlu, piqa = load_task("mmlu"), load_task("piqa")
+    mmlu_recs = select_records(mmlu, args.mmlu, seed=1234)
+    compare(f"MMLU 5-shot (stratified, {len({r.subject for r in mmlu_recs})} subjects)", mmlu, mmlu_recs, 5)
+    compare("PIQA 0-shot", piqa, piqa.records[:args.piqa], 0)
+
+    # 5-shot vs 0-shot cost in lens_heads
+    lines += ["", "| MMLU sample | n | 0-shot s | 5-shot s | 5-shot / 0-shot |", "|---|---|---|---|---|"]
+
+    def ratio(name, recs):
+        ids = [r.doc_id for r in recs]
+        t = []
+        for k in (0, 5):
+            t0 = time.perf_counter()
+            evaluate_task(model, mmlu, n_shot=k, doc_ids=ids, batch_size=args.batch_size, progress=False)
+            t.append(time.perf_counter() - t0)
+        row = f"| {name} | {len(recs)} | {t[0]:.1f} | {t[1]:.1f} | {t[1] / t[0]:.2f}x |"
+        print(row, flush=True)
+        lines.append(row)
+
+    ratio(f"stratified ({len({r.subject for r in mmlu_recs})} subjects)", mmlu_recs)
+    by_subject: dict[str, list] = {}
+    for r in mmlu.records:
+        by_subject.setdefault(r.subject, []).append(r)
+    picked = [s for s in sorted(by_subject) if len(by_subject[s]) >= args.per_subject][: args.subjects]
+    ratio(f"{len(picked)} subjects x {args.per_subject} ({', '.join(picked)})",
+          [r for s in picked for r in by_subject[s][: args.per_subject]])
+    lines += ["", "lm-eval: HFLM.loglikelihood on the same requests (its one-token-continuation logits cache on); "
+              "lens_heads: evaluate_task (distinct inputs once, last-position logits, shared-prefix K/V reuse)."]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(args.out, "\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
