@@ -16,7 +16,9 @@ Log-likelihood of a request ``(context, continuation)`` (lm-eval ``TemplateLM.lo
    an empty context becomes the prefix token (BOS, else EOS);
 3. the model reads ``(ctx + cont)[-(max_length + 1):][:-1]`` (left truncation) and the score
    is the sum over the continuation tokens of log-softmax (float32) at the positions that
-   predict them. ``max_length`` = config ``n_positions`` / ``max_position_embeddings`` /
+   predict them (lm-eval takes the log-softmax in the logits' dtype unless
+   ``softmax_dtype`` is set; identical in float32, more accurate here in bfloat16).
+   ``max_length`` = config ``n_positions`` / ``max_position_embeddings`` /
    ``n_ctx``, else the tokenizer's ``model_max_length``, else 2048.
 
 Speed, without changing what is computed:
@@ -139,8 +141,10 @@ def _tok_encode(tokenizer, text: str, add_special_tokens: bool | None = None) ->
     return tokenizer.encode(text, **kwargs)
 
 
-def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], list[int]]:
-    """``(context_ids, continuation_ids)`` as lm-eval's ``loglikelihood`` builds them."""
+def encode_pair(tokenizer, context: str, continuation: str,
+                memo: dict[str, list[int]] | None = None) -> tuple[list[int], list[int]]:
+    """``(context_ids, continuation_ids)`` as lm-eval's ``loglikelihood`` builds them
+    (``memo`` caches context encodings across the choices of a question)."""
     if context == "":
         cont = _tok_encode(tokenizer, continuation, add_special_tokens=False)
         pre = prefix_token_id(tokenizer)
@@ -150,7 +154,12 @@ def encode_pair(tokenizer, context: str, continuation: str) -> tuple[list[int], 
         continuation = context[-n_spaces:] + continuation
         context = context[:-n_spaces]
     whole = _tok_encode(tokenizer, context + continuation)
-    ctx = _tok_encode(tokenizer, context)
+    if memo is None:
+        ctx = _tok_encode(tokenizer, context)
+    elif context in memo:
+        ctx = memo[context]
+    else:
+        ctx = memo[context] = _tok_encode(tokenizer, context)
     return ctx, whole[len(ctx):]
 
 
@@ -383,7 +392,8 @@ def loglikelihoods_tokens(
 def loglikelihoods(model, requests: list[tuple[str, str]], ablation=None, batch_size: int = 16,
                    progress: bool = True, **kwargs) -> list[float]:
     """Sum log p(continuation | context) per ``(context, continuation)``, as lm-eval's HFLM."""
-    encoded = [encode_pair(model.tokenizer, c, x) for c, x in requests]
+    memo: dict[str, list[int]] = {}  # choices repeat contexts (MMLU: 4x the same 5-shot prompt)
+    encoded = [encode_pair(model.tokenizer, c, x, memo) for c, x in requests]
     return loglikelihoods_tokens(model, encoded, ablation, batch_size, progress, **kwargs)
 
 
