@@ -19,7 +19,7 @@ import math
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Sequence
@@ -274,6 +274,7 @@ def head_table(scores: pd.DataFrame, diagnosis: pd.DataFrame, score_fn: str) -> 
     diag = diagnosis[["layer", "head", "class", "bos_mass"] + (["entropy"] if "entropy" in diagnosis else [])]
     table = diag.merge(vals, on=["layer", "head"], how="left")
     table.insert(2, "name", [head_label(int(L), int(h)) for L, h in zip(table["layer"], table["head"])])
+    table["class"] = table["class"].map(class_label)
     return table
 
 
@@ -483,7 +484,8 @@ def build_report(cfg: ReportConfig, model=None, texts: list[str] | None = None) 
             f"{', '.join(f'H{h}' for h in sick_band) if sick_band else 'none'}.</p>",
             table_html(diagnosis_summary(diag)),
             figure_html(diagnosis_map(diag), "diagnosis map"),
-            "<details><summary>Every head</summary>" + table_html(diag) + "</details>"]
+            "<details><summary>Every head</summary>" + table_html(diag.assign(**{"class": diag["class"].map(class_label)}))
+            + "</details>"]
     sections.append(Section("Diagnosis", "\n".join(body), "diagnosis"))
 
     # --- attention patterns

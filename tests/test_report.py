@@ -91,6 +91,9 @@ def test_report_is_self_contained(report):
         im = Image.open(io.BytesIO(base64.b64decode(data)))
         assert im.format == "PNG" and im.size[0] > 300 and len(im.convert("RGB").getcolors(1 << 20)) > 20
     assert [p.name for p in path.parent.iterdir()] == ["report.html"]  # no temp files left
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask  # an ordinary file, not mkstemp's 0600
 
 
 def test_report_header_and_tables(report, tiny_model, inputs):

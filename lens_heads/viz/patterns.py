@@ -11,7 +11,6 @@ A report can place several views on one page and inline the ~1.3 MB bundle once
 from __future__ import annotations
 
 import html
-import json
 import os
 import re
 import tempfile
@@ -58,6 +57,9 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; a report is an ordinary file
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
