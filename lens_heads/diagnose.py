@@ -208,15 +208,16 @@ class Diagnosis:
         if not need <= set(df.columns):
             raise LensHeadsError(f"{path}: not a diagnosis CSV (needs columns {sorted(need)})")
         L, H = int(df["layer"].max()) + 1, int(df["head"].max()) + 1
+        layers, heads = torch.tensor(df["layer"].tolist()), torch.tensor(df["head"].tolist())
         grids = {}
         for col in ("bos_mass", "entropy", "local_mass"):
             grid = torch.full((L, H), float("nan"))
-            grid[df["layer"].to_numpy(), df["head"].to_numpy()] = torch.tensor(df[col].to_numpy(copy=True), dtype=torch.float)
+            grid[layers, heads] = torch.tensor(df[col].tolist(), dtype=torch.float)
             grids[col] = grid
         slopes = None
         if "alibi_slope" in df.columns and df["alibi_slope"].notna().any():
             slopes = torch.full((H,), float("nan"))
-            slopes[df["head"].to_numpy()] = torch.tensor(df["alibi_slope"].to_numpy(copy=True), dtype=torch.float)
+            slopes[heads] = torch.tensor(df["alibi_slope"].tolist(), dtype=torch.float)
         return cls(grids["bos_mass"], grids["entropy"], grids["local_mass"], slopes, thresholds)
 
 
