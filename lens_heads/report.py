@@ -60,6 +60,8 @@ class ReportConfig:
     task: str | None = None  # run a sweep on this task when no --sweep folder is given
     limit: int | None = None  # questions of the task for that sweep
     sweep_scores: str = "awft,ahon_ln,lthon_ln"  # score functions of that sweep
+    sweep_fractions: Sequence[float] | None = None  # its target fractions (None: the sweep's default)
+    sweep_seeds: int = 3  # its random-head seeds 0..N-1
     sweep: str | None = None  # folder with summary.csv (+ within_1pt.csv)
     diagnosis: str | None = None  # diagnosis CSV
     scores: str | None = None  # scores table (.csv/.parquet)
@@ -217,7 +219,9 @@ def run_sweep(cfg: ReportConfig, model) -> tuple[pd.DataFrame, pd.DataFrame | No
     from lens_heads.scores import resolve_score_ids
 
     scfg = SweepConfig(task=cfg.task, score_ids=resolve_score_ids(cfg.sweep_scores), limit=cfg.limit,
-                       batch_size=max(cfg.batch_size, 1))
+                       random_seeds=list(range(cfg.sweep_seeds)), batch_size=max(cfg.batch_size, 1))
+    if cfg.sweep_fractions is not None:
+        scfg.fractions = list(cfg.sweep_fractions)
     result = run(model, scfg, sweep_dir(cfg), progress=cfg.progress)
     return result.summary, result.within
 

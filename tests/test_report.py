@@ -151,6 +151,18 @@ def test_report_reuses_saved_scores(tiny_model, inputs, tmp_path):
     assert page.count("CircuitsVis.render(") == 2
 
 
+def test_report_runs_a_sweep_when_given_a_task(tiny_model, inputs, tmp_path):
+    out = tmp_path / "r.html"
+    cfg = ReportConfig(model=ARCH, out=str(out), task=f"file:{inputs / 'mc.jsonl'}", limit=4, sweep_scores="ahon_ln",
+                       sweep_fractions=[0, 0.5], sweep_seeds=1, diagnosis=str(inputs / "diag.csv"),
+                       heatmaps=(), top_k=1, max_sink_views=0, progress=False)
+    build_report(cfg, model=tiny_model(ARCH), texts=TEXTS[:2])
+    summary = pd.read_csv(tmp_path / "r_sweep" / "summary.csv")  # stored beside the report, resumable
+    assert sorted(summary["score_fn"].unique()) == ["ahon_ln", "random"] and summary["n_questions"].iloc[0] == 4
+    sweep = section(out.read_text(), "sweep")
+    assert "computed on file:" in sweep and "<td>ahon_ln</td>" in sweep and "data:image/png" in sweep
+
+
 # --- bad input ------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("change, message", [
@@ -163,6 +175,8 @@ def test_report_reuses_saved_scores(tiny_model, inputs, tmp_path):
     (dict(scores="wrong.csv"), "2 x 4"),
     (dict(diagnosis="bad.csv"), "not a diagnosis table"),
     (dict(top_k=0), "top-k"),
+    (dict(task="no-such-task"), "no-such-task"),
+    (dict(task="piqa", sweep_scores="nope"), "nope"),
 ])
 def test_report_bad_input(tiny_model, tmp_path, change, message):
     (tmp_path / "empty").mkdir()
