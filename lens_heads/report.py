@@ -422,6 +422,83 @@ def render_page(title: str, meta: dict[str, str], sections: list[Section], with_
 
 
 # -----------------------------------------------------------------------------
+# Sections
+
+
+def scores_section(cfg: ReportConfig, res: ReportInputs, model_name: str) -> Section:
+    scores = res.scores
+    body = [f'<p class="note">Scores per head, mean over {_n_inputs(scores)} inputs '
+            f'({html.escape(res.sources["scores"])}). “Inactive when” is the direction in which a head '
+            "counts as dormant.</p>",
+            table_html(scores_summary(scores))]
+    present = [fn for fn in cfg.heatmaps if fn in set(scores["score_fn"])]
+    if present:
+        body.append('<div class="grid2">' + "".join(figure_html(score_heatmap(scores, fn), f"{fn} heatmap")
+                                                    for fn in present) + "</div>")
+    body.append("<h3>Distributions over heads</h3>")
+    body.append(figure_html(score_distributions({Path(model_name).name: scores}), "score distributions", dpi=90))
+    return Section("Head scores", "\n".join(body), "scores")
+
+
+def sweep_section(res: ReportInputs) -> Section:
+    if res.summary is None:
+        return Section("Ablation sweep", '<p class="note">No sweep: pass <code>--sweep DIR</code> or '
+                                         "<code>--task TASK</code>.</p>", "sweep")
+    body = [f'<p class="note">Accuracy as heads are zeroed ({html.escape(res.sources["sweep"])}). '
+            "Random: mean over seeds with its confidence band.</p>",
+            figure_html(sweep_curves(res.summary, res.within), "sweep curves")]
+    if res.within is not None:
+        w = res.within.sort_values("max_pct_zeroed_within_1pt", ascending=False, na_position="last")
+        body += ["<h3>Largest % of heads zeroed within 1 point of base accuracy</h3>", table_html(w)]
+    return Section("Ablation sweep", "\n".join(body), "sweep")
+
+
+def diagnosis_section(res: ReportInputs) -> Section:
+    diag = res.diagnosis
+    sick_band = band(diag)
+    body = [f'<p class="note">Head classes from attention patterns ({html.escape(res.sources["diagnosis"])}). '
+            f"Band (head indices sick in more than 30 % of layers): "
+            f"{', '.join(f'H{h}' for h in sick_band) if sick_band else 'none'}.</p>",
+            table_html(diagnosis_summary(diag)),
+            figure_html(diagnosis_map(diag), "diagnosis map"),
+            "<details><summary>Every head</summary>"
+            + table_html(diag.assign(**{"class": diag["class"].map(class_label)})) + "</details>"]
+    return Section("Diagnosis", "\n".join(body), "diagnosis")
+
+
+def view_groups(cfg: ReportConfig, res: ReportInputs, extra_heads: list[tuple[int, int]]):
+    """(caption, heads) of each attention view: most inactive / most active, sinks, requested."""
+    groups: list[tuple[str, list[tuple[int, int]]]] = []
+    inactive, active = pick_heads(res.scores, KEY_SCORE, cfg.top_k)
+    if inactive:
+        groups.append((f"{len(inactive)} most inactive heads by {KEY_SCORE}", inactive))
+        groups.append((f"{len(active)} most active heads by {KEY_SCORE}", active))
+    diag = res.diagnosis
+    sinks = diag[diag["class"].astype(str).map(canonical_class).isin(SINK_CLASSES)]
+    sinks = sinks.sort_values("bos_mass", ascending=False)
+    if len(sinks) and cfg.max_sink_views:
+        shown = [(int(L), int(h)) for L, h in zip(sinks["layer"], sinks["head"])][: cfg.max_sink_views]
+        groups.append((f"BOS-sink and DEAD heads ({len(shown)} of {len(sinks)}, highest BOS mass first)", shown))
+    if extra_heads:
+        groups.append(("Requested heads", extra_heads))
+    return groups
+
+
+def patterns_section(cfg: ReportConfig, res: ReportInputs, model, first_input, extra_heads) -> Section:
+    """circuitsvis views (mount only: the page inlines the bundle once) on the first input."""
+    text = model.tokenizer.decode(first_input[: cfg.view_tokens].tolist(), skip_special_tokens=True)
+    info = head_table(res.scores, res.diagnosis, KEY_SCORE)
+    titles = head_titles(info, KEY_SCORE)
+    body = [f'<p class="note">Attention patterns on the first {min(len(model.to_tokens(text)[0]), cfg.view_tokens)} '
+            "tokens of the first input; hover a head to enlarge it, click to lock. "
+            f"Text: “{html.escape(text[:200])}”</p>"]
+    for caption, heads in view_groups(cfg, res, extra_heads):
+        view = attention_heads(model, text, heads, titles, max_tokens=cfg.view_tokens)
+        body.append(f"<h3>{html.escape(caption[0].upper() + caption[1:])}</h3>" + view_block(view, info))
+    return Section("Attention patterns", "\n".join(body), "patterns")
+
+
+# -----------------------------------------------------------------------------
 # The report
 
 
@@ -453,67 +530,10 @@ def build_report(cfg: ReportConfig, model=None, texts: list[str] | None = None) 
     if not inputs:
         raise LensHeadsError(f"no usable inputs in {cfg.data!r}")
     res = gather(cfg, model, inputs)
-    scores, diag = res.scores, res.diagnosis
 
-    sections: list[Section] = []
-    # --- scores
-    body = [f'<p class="note">Scores per head, mean over {_n_inputs(scores)} inputs ({html.escape(res.sources["scores"])}). '
-            "“Inactive when” is the direction in which a head counts as dormant.</p>",
-            table_html(scores_summary(scores))]
-    present = [fn for fn in cfg.heatmaps if fn in set(scores["score_fn"])]
-    if present:
-        body.append('<div class="grid2">' + "".join(figure_html(score_heatmap(scores, fn), f"{fn} heatmap")
-                                                    for fn in present) + "</div>")
-    body.append("<h3>Distributions over heads</h3>")
-    body.append(figure_html(score_distributions({Path(model.name).name: scores}), "score distributions", dpi=90))
-    sections.append(Section("Head scores", "\n".join(body), "scores"))
-
-    # --- sweep
-    if res.summary is not None:
-        body = [f'<p class="note">Accuracy as heads are zeroed ({html.escape(res.sources["sweep"])}). '
-                "Random: mean over seeds with its confidence band.</p>",
-                figure_html(sweep_curves(res.summary, res.within), "sweep curves")]
-        if res.within is not None:
-            w = res.within.sort_values("max_pct_zeroed_within_1pt", ascending=False, na_position="last")
-            body += ["<h3>Largest % of heads zeroed within 1 point of base accuracy</h3>", table_html(w)]
-        sections.append(Section("Ablation sweep", "\n".join(body), "sweep"))
-    else:
-        sections.append(Section("Ablation sweep", '<p class="note">No sweep: pass <code>--sweep DIR</code> or '
-                                "<code>--task TASK</code>.</p>", "sweep"))
-
-    # --- diagnosis
-    sick_band = band(diag)
-    body = [f'<p class="note">Head classes from attention patterns ({html.escape(res.sources["diagnosis"])}). '
-            f"Band (head indices sick in more than 30 % of layers): "
-            f"{', '.join(f'H{h}' for h in sick_band) if sick_band else 'none'}.</p>",
-            table_html(diagnosis_summary(diag)),
-            figure_html(diagnosis_map(diag), "diagnosis map"),
-            "<details><summary>Every head</summary>" + table_html(diag.assign(**{"class": diag["class"].map(class_label)}))
-            + "</details>"]
-    sections.append(Section("Diagnosis", "\n".join(body), "diagnosis"))
-
-    # --- attention patterns
-    text = model.tokenizer.decode(inputs[0][: cfg.view_tokens].tolist(), skip_special_tokens=True)
-    heads_info = head_table(scores, diag, KEY_SCORE)
-    titles = head_titles(heads_info, KEY_SCORE)
-    groups: list[tuple[str, list[tuple[int, int]]]] = []
-    inactive, active = pick_heads(scores, KEY_SCORE, cfg.top_k)
-    if inactive:
-        groups.append((f"{len(inactive)} most inactive heads by {KEY_SCORE}", inactive))
-        groups.append((f"{len(active)} most active heads by {KEY_SCORE}", active))
-    names = diag["class"].astype(str).map(canonical_class)
-    sinks = diag[names.isin(SINK_CLASSES)].sort_values("bos_mass", ascending=False)
-    if len(sinks) and cfg.max_sink_views:
-        shown = [(int(r.layer), int(r.head)) for r in sinks.head(cfg.max_sink_views).itertuples()]
-        groups.append((f"BOS-sink and DEAD heads ({len(shown)} of {len(sinks)}, highest BOS mass first)", shown))
-    if extra_heads:
-        groups.append(("Requested heads", extra_heads))
-    body = [f'<p class="note">Attention patterns on the first {len(model.to_tokens(text)[0])} tokens of the first '
-            f"input; hover a head to enlarge it, click to lock. Text: “{html.escape(text[:200])}”</p>"]
-    for caption, heads in groups:
-        view = attention_heads(model, text, heads, titles, max_tokens=cfg.view_tokens)
-        body.append(f"<h3>{html.escape(caption[0].upper() + caption[1:])}</h3>" + view_block(view, heads_info))
-    sections.append(Section("Attention patterns", "\n".join(body), "patterns"))
+    sections = [scores_section(cfg, res, model.name), sweep_section(res), diagnosis_section(res),
+                patterns_section(cfg, res, model, inputs[0], extra_heads)]
+    n_views = sections[-1].body.count("CircuitsVis.render(")
 
     wall = time.time() - t0
     v = versions()
@@ -526,7 +546,8 @@ def build_report(cfg: ReportConfig, model=None, texts: list[str] | None = None) 
         "wall time": f"{wall:.1f} s",
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
-    page = render_page(f"Attention heads of {Path(model.name).name or model.name}", meta, sections, with_bundle=bool(groups))
+    page = render_page(f"Attention heads of {Path(model.name).name or model.name}", meta, sections,
+                       with_bundle=n_views > 0)
     return atomic_write_text(cfg.out, page)
 
 
