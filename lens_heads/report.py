@@ -46,6 +46,8 @@ from lens_heads.viz.patterns import atomic_write_text
 
 KEY_SCORE = "ahon_ln"  # the paper's most often best function: picks the heads to show
 SINK_CLASSES = ("dead", "bos_sink")
+WITHIN_COLUMNS = ("score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "auc", "auc_ci_low", "auc_ci_high",
+                  "rank_by_auc", "seed_min", "seed_max")
 VERSION_PACKAGES = ("lens_heads", "torch", "transformer_lens", "transformers", "circuitsvis", "matplotlib",
                     "pandas", "numpy")
 
@@ -312,7 +314,8 @@ def table_html(frame: pd.DataFrame, floatfmt: str = "{:.4g}", cls: str = "") -> 
     head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
     rows = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>"
                    for row in frame.itertuples(index=False))
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{rows}</tbody></table>'
+    return (f'<div class="scroll"><table class="{cls}"><thead><tr>{head}</tr></thead>'
+            f"<tbody>{rows}</tbody></table></div>")
 
 
 def scores_summary(scores: pd.DataFrame) -> pd.DataFrame:
@@ -372,6 +375,7 @@ h2 { font-size: 20px; border-bottom: 2px solid var(--accent); padding-bottom: 4p
 h3 { font-size: 16px; margin: 20px 0 6px; color: #26384d; }
 p.note, p.caption { color: var(--muted); font-size: 13.5px; margin: 4px 0 8px; }
 table { border-collapse: collapse; font-size: 13px; margin: 8px 0 14px; }
+div.scroll { overflow-x: auto; max-width: 100%; }
 th, td { border: 1px solid var(--line); padding: 4px 10px; text-align: right; }
 th { background: #eef2f6; font-weight: 600; }
 td:first-child, th:first-child { text-align: left; }
@@ -449,6 +453,7 @@ def sweep_section(res: ReportInputs) -> Section:
             figure_html(sweep_curves(res.summary, res.within), "sweep curves")]
     if res.within is not None:
         w = res.within.sort_values("max_pct_zeroed_within_1pt", ascending=False, na_position="last")
+        w = w[[c for c in WITHIN_COLUMNS if c in w.columns]]
         body += ["<h3>Largest % of heads zeroed within 1 point of base accuracy</h3>", table_html(w)]
     return Section("Ablation sweep", "\n".join(body), "sweep")
 

@@ -145,7 +145,7 @@ def sweep_curves(summary: pd.DataFrame, within: pd.DataFrame | None = None,
     if within is not None and {"score_fn", "max_pct_zeroed_within_1pt"} <= set(within.columns):
         labels = {r.score_fn: f" ({r.max_pct_zeroed_within_1pt:.1f} %)" for r in within.itertuples()}
 
-    fig = Figure(figsize=(8.0, 5.0), layout="constrained")
+    fig = Figure(figsize=(9.5, 5.0), layout="constrained")
     ax = fig.add_subplot()
     fns = [f for f in summary["score_fn"].unique() if f not in ("random", "none")]
     for fn in fns:
@@ -165,7 +165,7 @@ def sweep_curves(summary: pd.DataFrame, within: pd.DataFrame | None = None,
     ax.set_ylabel("accuracy")
     ax.set_title(title or "Accuracy as heads are zeroed")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
     return fig
 
 
