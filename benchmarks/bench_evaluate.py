@@ -47,7 +47,7 @@ def main() -> int:
     ap.add_argument("--piqa", type=int, default=200)
     ap.add_argument("--subjects", type=int, default=3, help="subjects for the many-questions 5-shot/0-shot ratio")
     ap.add_argument("--per-subject", type=int, default=30)
-    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_evaluate.md"))
     args = ap.parse_args()
 

@@ -429,7 +429,7 @@ def test_predictions_identical_to_lm_eval_smollm2(smollm2, shared_data, tmp_path
     mmlu = load_task("mmlu")
     mmlu_recs = select_records(mmlu, n, seed=1234)
     mmlu_names = _lm_eval_configs(tmp_path, shared_data, mmlu_recs)
-    lm = HFLM(pretrained=smollm2.load_hf_model(), tokenizer=smollm2.tokenizer, batch_size=16)
+    lm = HFLM(pretrained=smollm2.load_hf_model(), tokenizer=smollm2.tokenizer, batch_size=4)
     tm = TaskManager(include_path=str(tmp_path))
     report = {}
 
