@@ -58,7 +58,7 @@ class Acts:
     """
 
     def __init__(self, kind: HookKind, x: Tensor, batch: "BatchGeometry", layer: int,
-                 gram: Tensor | None, group_size: int):
+                 gram: Callable[[int], Tensor], group_size: int):
         self.kind, self.x, self.batch, self.layer = kind, x, batch, layer
         self._gram, self._group = gram, group_size
         self._memo: dict[str, Tensor] = {}
@@ -92,7 +92,7 @@ class Acts:
         """||z_t W_O^h|| via the Gram trick: sqrt(z (W_O^h W_O^hT) z^T) (float32)."""
         def make() -> Tensor:
             z = self.x.float()
-            zg = torch.einsum("bphd,hde->bphe", z, self._gram)
+            zg = torch.einsum("bphd,hde->bphe", z, self._gram(self.layer))
             return (zg * z).sum(-1).clamp_min_(0).sqrt_()
         return self._cached("out_norms", make)
 
@@ -276,14 +276,7 @@ class ScoreCollector:
             k: [SCORES[s] for s in plan if SCORES[s].compute is not None and SCORES[s].reads == (k,)]
             for k in ("pattern", "v", "z")}
         self._derived = [SCORES[s] for s in plan if SCORES[s].combine is not None]
-        self._grams: list[Tensor] | None = None
-        if any(s == "fhon" for s in plan):
-            params = model.params()
-            with torch.no_grad():
-                self._grams = []
-                for L in range(g.n_layers):
-                    w = g.w_o(params, L).detach().to(model.device, torch.float32)  # [head, d_head, d_model]
-                    self._grams.append(torch.einsum("hde,hfe->hdf", w, w).contiguous())
+        self._grams: dict[int, Tensor] = {}
         self._batch: BatchGeometry | None = None
         self._layer: list[dict[str, Tensor]] = []
         self._scores: dict[str, Tensor] = {}
@@ -311,10 +304,18 @@ class ScoreCollector:
         """Scores of the last batch (after the forward)."""
         return self._scores
 
+    def gram(self, layer: int) -> Float[Tensor, "head d_head d_head"]:
+        """W_O^h W_O^hT per head (float32), built on first use: ||z W_O^h||^2 = z G_h z^T."""
+        if layer not in self._grams:
+            with torch.no_grad():
+                w = self.geometry.w_o(self.model.params(), layer)  # [head, d_head, d_model]
+                w = w.detach().to(self.model.device, torch.float32)
+                self._grams[layer] = torch.einsum("hde,hfe->hdf", w, w).contiguous()
+        return self._grams[layer]
+
     # --- hook bodies --------------------------------------------------------------------
     def _reduce(self, kind: HookKind, L: int, x: Tensor, batch: BatchGeometry) -> None:
-        gram = self._grams[L] if (kind == "z" and self._grams is not None) else None
-        acts = Acts(kind, x, batch, L, gram, self.geometry.group_size)
+        acts = Acts(kind, x, batch, L, self.gram, self.geometry.group_size)
         store = self._layer[L]
         for fn in self._base[kind]:
             store[fn.id] = fn.compute(acts)
