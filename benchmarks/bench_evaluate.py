@@ -55,7 +55,8 @@ def main() -> int:
 
     from lens_heads import load_model
     from lens_heads.data import load_task
-    from lens_heads.evaluate import evaluate_task, select_records, write_atomic
+    from lens_heads.atomic import atomic_write_text
+    from lens_heads.evaluate import evaluate_task, select_records
 
     model = load_model(args.model, dtype=args.dtype)
     lm = HFLM(pretrained=model.load_hf_model(), tokenizer=model.tokenizer, batch_size=args.batch_size)
@@ -113,7 +114,7 @@ def main() -> int:
     lines += ["", "lm-eval: HFLM.loglikelihood on the same requests (its one-token-continuation logits cache on); "
               "lens_heads: evaluate_task (distinct inputs once, last-position logits, shared-prefix K/V reuse)."]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(args.out, "\n".join(lines) + "\n")
+    atomic_write_text(args.out, "\n".join(lines) + "\n")
     print(f"wrote {args.out}")
     return 0
 

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import math
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
@@ -44,6 +43,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lens_heads.data import iter_batches
+from lens_heads.atomic import atomic_write_csv
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import hook_name, layer_of, run_with_hooks
 from lens_heads.scores import SCORES, Acts, BatchGeometry
@@ -183,17 +183,7 @@ class Diagnosis:
 
     def save(self, path: str | os.PathLike) -> Path:
         """Write the CSV atomically (temp file in the same folder, then os.replace)."""
-        path = Path(path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", newline="") as f:
-                self.to_frame().to_csv(f, index=False, float_format="%.6g")
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        return path
+        return atomic_write_csv(self.to_frame(), path, make_parents=True, float_format="%.6g")
 
     @classmethod
     def load(cls, path: str | os.PathLike, thresholds: DiagnosisThresholds = DiagnosisThresholds()) -> "Diagnosis":

@@ -42,7 +42,7 @@ from lens_heads.viz import (
     score_heatmap,
     sweep_curves,
 )
-from lens_heads.viz.patterns import atomic_write_text
+from lens_heads.atomic import atomic_write_text
 
 KEY_SCORE = "ahon_ln"  # the paper's most often best function: picks the heads to show
 SINK_CLASSES = ("dead", "bos_sink")

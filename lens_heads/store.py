@@ -17,35 +17,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from lens_heads.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` atomically (temp file in the same folder + os.replace)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def atomic_write_csv(frame, path: str | os.PathLike) -> None:
-    """Write a pandas DataFrame as CSV atomically (no index column)."""
-    atomic_write_text(path, frame.to_csv(index=False, lineterminator="\n"))
 
 
 def config_key(config: dict[str, Any]) -> str:
@@ -80,7 +56,7 @@ class ResultStore:
     def put(self, kind: str, config: dict[str, Any], record: dict[str, Any]) -> Path:
         """Store ``record`` (the config is saved inside it) atomically; returns the file path."""
         path = self.path(kind, config)
-        atomic_write_text(path, json.dumps({**record, "config": config}, indent=1, default=str))
+        atomic_write_text(path, json.dumps({**record, "config": config}, indent=1, default=str), make_parents=True)
         return path
 
     def keys(self, kind: str) -> list[str]:

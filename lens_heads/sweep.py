@@ -48,7 +48,8 @@ import numpy as np
 
 from lens_heads.curves import bootstrap_indices, max_within, normalised_auc, percentile_interval
 from lens_heads.errors import LensHeadsError
-from lens_heads.store import ResultStore, atomic_write_csv
+from lens_heads.atomic import atomic_write_csv
+from lens_heads.store import ResultStore
 from lens_heads.thresholds import DEFAULT_FRACTIONS, check_fraction
 
 RANDOM = "random"
@@ -244,8 +245,8 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
 
     summary, within = tables(points, records, cfg)
     out = Path(out_dir)
-    atomic_write_csv(summary, out / "summary.csv")
-    atomic_write_csv(within, out / "within_1pt.csv")
+    atomic_write_csv(summary, out / "summary.csv", make_parents=True)
+    atomic_write_csv(within, out / "within_1pt.csv", make_parents=True)
     return SweepResult(summary, within, thresholds, records)
 
 

@@ -19,7 +19,8 @@ import torch
 
 from lens_heads.curves import bootstrap_indices, max_within, normalised_auc
 from lens_heads.errors import LensHeadsError
-from lens_heads.store import ResultStore, atomic_write_text, config_key
+from lens_heads.atomic import atomic_write_text
+from lens_heads.store import ResultStore, config_key
 from lens_heads.sweep import SweepConfig, SweepPoint, tables
 from lens_heads.thresholds import parse_fractions, threshold_for, thresholds_from_scores
 

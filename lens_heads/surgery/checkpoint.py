@@ -23,18 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-
-def atomic_write_text(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+from lens_heads.atomic import atomic_write_text
 
 
 def save_checkpoint(folder: Path, step: int, trainable: dict[str, torch.Tensor],

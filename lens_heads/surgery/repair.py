@@ -16,13 +16,13 @@ import copy
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
-from pathlib import Path
+
 
 from lens_heads.data import tokenize_texts
 from lens_heads.diagnose import DiagnosisThresholds, diagnose
 from lens_heads.errors import LensHeadsError
 from lens_heads.models.load import boot
-from lens_heads.surgery.checkpoint import atomic_write_text
+from lens_heads.atomic import atomic_write_text
 from lens_heads.surgery.export import check_out_dir, export_model
 from lens_heads.surgery.reinit import plan_surgery, reinitialise
 from lens_heads.surgery.targets import TargetSelector

@@ -18,7 +18,6 @@ from lens_heads.viz.figures import (
 )
 from lens_heads.viz.patterns import (
     AttentionView,
-    atomic_write_text,
     attention_heads,
     bundle_script,
     head_label,
@@ -26,7 +25,7 @@ from lens_heads.viz.patterns import (
 )
 
 __all__ = [
-    "AttentionView", "attention_heads", "bundle_script", "head_label", "parse_heads", "atomic_write_text",
+    "AttentionView", "attention_heads", "bundle_script", "head_label", "parse_heads",
     "score_heatmap", "score_grid", "sweep_curves", "read_sweep", "base_accuracy", "random_baseline",
     "score_distributions", "wasserstein_matrix", "diagnosis_map", "DIAGNOSIS_CLASSES", "canonical_class", "class_label",
 ]

@@ -13,7 +13,6 @@ from __future__ import annotations
 import html
 import os
 import re
-import tempfile
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import numpy as np
 import torch
 from jaxtyping import Float
 
+from lens_heads.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import hook_name, layer_of, run_with_hooks
 
@@ -46,25 +46,6 @@ def parse_heads(spec: str, geometry) -> list[Head]:
     if not heads:
         raise LensHeadsError(f"no heads in {spec!r}: expected LAYER.HEAD[,LAYER.HEAD...]")
     return heads
-
-
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write ``text`` to ``path`` via a temp file in the same folder and ``os.replace``."""
-    path = Path(path)
-    if not path.parent.is_dir():
-        raise LensHeadsError(f"cannot write {path}: folder {path.parent} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600 files; a report is an ordinary file
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def bundle_js() -> str:
