@@ -51,11 +51,10 @@ import json
 import math
 import os
 import random
-import tempfile
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Any, Hashable, Iterator, Sequence
+from typing import Any, Hashable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -64,7 +63,9 @@ from torch import Tensor
 
 from lens_heads.data.corpora import pad_batch
 from lens_heads.data.tasks import DEFAULT_SEED, MCRecord, Task, load_task
+from lens_heads.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
+from lens_heads.hooks import run_with_hooks
 
 MIN_PREFIX = 32  # shortest shared prefix (tokens) worth a cached forward
 _TOKENIZER_INFINITY = 1000000000000000019884624838656
@@ -105,24 +106,7 @@ class TaskResult:
 
     def write_jsonl(self, path: str | os.PathLike) -> None:
         """Per-question results, one JSON object a line, written atomically."""
-        write_atomic(path, "".join(json.dumps(asdict(q)) + "\n" for q in self.questions))
-
-
-def write_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` via a temporary file in the same folder + os.replace."""
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise LensHeadsError(f"cannot write {path}: folder {folder} does not exist")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=os.path.basename(path))
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        atomic_write_text(path, "".join(json.dumps(asdict(q)) + "\n" for q in self.questions))
 
 
 # -----------------------------------------------------------------------------
@@ -247,42 +231,11 @@ def _prefix_groups(rows: list[_Row], min_prefix: int) -> tuple[list[tuple[int, l
     return groups, singles
 
 
-@contextlib.contextmanager
-def _kv_cache_compat(bridge) -> Iterator[None]:
-    """TransformerLens 4.3's attention bridges look for ``past_key_values`` / ``layer_past``
-    among the kwargs of the attention call; transformers >= 5.2x passes the cache as
-    ``cache``, so the bridge silently skips the cache update (measured: logits off by 0.5 on
-    Llama, exact on BLOOM). Copy it under the name the bridge reads, for this context only."""
-
-    def pre_hook(module, args, kwargs):
-        if kwargs.get("past_key_values") is None and kwargs.get("cache") is not None:
-            kwargs["past_key_values"] = kwargs["cache"]
-            return args, kwargs
-        return None
-
-    handles = [blk.attn.register_forward_pre_hook(pre_hook, with_kwargs=True)
-               for blk in getattr(bridge, "blocks", [])]
-    try:
-        yield
-    finally:
-        for h in handles:
-            h.remove()
-
-
 def _forward(model, ids: Tensor, mask: Tensor, hooks: list, keep: Tensor | None = None,
              cache: Any = None, want_cache: bool = False):
     """One bridge forward with hooks; returns logits (or (logits, cache))."""
-    bridge = model.bridge
-    kwargs: dict[str, Any] = {"attention_mask": mask.to(model.device)}
-    if keep is not None:
-        kwargs["logits_to_keep"] = keep.to(model.device)
-    if cache is not None:
-        kwargs["past_key_values"] = cache
-    if want_cache:
-        kwargs["return_type"] = "logits_and_cache"
-    with torch.inference_mode():
-        out = bridge.run_with_hooks(ids.to(model.device), fwd_hooks=hooks, **kwargs)
-    return out
+    return run_with_hooks(model, ids, mask, hooks, logits_to_keep=keep, past_key_values=cache,
+                          return_cache=want_cache)
 
 
 def _score_rows(out: list[float], rows: list[_Row], logits: Tensor, positions: Tensor,
@@ -381,10 +334,8 @@ def loglikelihoods_tokens(
     use_cache = reuse_prefix and (ablation is None or getattr(ablation, "reuses_prefix", False))
     groups, singles = _prefix_groups(rows, min_prefix) if use_cache else ([], rows)
     with _progress(len(rows), progress, "log-likelihoods") as pbar:
-        if groups:
-            with _kv_cache_compat(model.bridge):
-                for plen, grp in groups:
-                    _run_grouped(model, plen, grp, out, ablation, batch_size, pbar)
+        for plen, grp in groups:
+            _run_grouped(model, plen, grp, out, ablation, batch_size, pbar)
         _run_plain(model, singles, out, ablation, batch_size, pbar, last_only)
     return out
 
