@@ -8,7 +8,8 @@ import argparse
 def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help="zoo name (smollm2-135m, qwen2.5-coder-0.5b, gemma-3-270m), "
                                  ".gguf file, HF model folder or hub id")
-    p.add_argument("--dtype", default="float32", help="float32 (default) or bfloat16")
+    p.add_argument("--dtype", default="float32",
+                   help="float32 (default), bfloat16, or auto (bfloat16 where the hardware runs it natively)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
 
 
