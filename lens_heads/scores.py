@@ -270,7 +270,7 @@ class ScoreCollector:
     def __init__(self, model, score_ids: Sequence[str]):
         self.model = model
         self.score_ids = resolve_score_ids(score_ids)
-        self.geometry = g = model.geometry
+        self.geometry = model.geometry
         plan = _closure(self.score_ids)
         self._base: dict[HookKind, list[ScoreFn]] = {
             k: [SCORES[s] for s in plan if SCORES[s].compute is not None and SCORES[s].reads == (k,)]

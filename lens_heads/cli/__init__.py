@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import os
 import sys
 
 from lens_heads.errors import LensHeadsError
