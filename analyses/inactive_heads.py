@@ -1,0 +1,402 @@
+"""The paper's Table 2 (arXiv 2504.03889): how many heads can be zeroed within 1 accuracy point.
+
+    HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python analyses/inactive_heads.py \\
+        --models smollm2-135m,qwen2.5-coder-0.5b,gemma-3-270m --tasks piqa,winogrande,mmlu \\
+        --limit-piqa 1838 --limit-winogrande 1267 --limit-mmlu 2000 --out analyses/results/inactive_heads
+
+For every (model, task):
+
+(a) the unablated accuracy, with a bootstrap standard error over questions. A pair *carries
+    signal* when  accuracy - chance > K x SE  (K = ``--signal-se``, default 2), chance being
+    the mean of 1/#choices over the evaluated questions (0.5 PIQA, 0.5 WinoGrande, 0.25 MMLU).
+    The rule is applied to the measured numbers; no pair is assumed to have signal.
+(b) on pairs with signal: per-input threshold sweeps for the 12 paper score functions and
+    random heads (3 seeds) at 0-30 % in steps of 5 (``lens_heads.sweep.run_sweep``: every
+    point is stored atomically under OUT/store/<model>__<task>/ and a rerun resumes);
+(c) "% zeroed within 1 point" with paired bootstrap intervals, and the ranking of the
+    functions by normalised area under the accuracy curve;
+(d) the Qwen2.5-0.5B MMLU row of the paper beside ours (``--paper-model``; note that the zoo
+    holds Qwen2.5-*Coder*-0.5B, not the paper's base model), agreement judged from our intervals;
+(e) STATIC ablation: heads ranked by their dataset-level AHON(LN) on the task's own inputs
+    (``score_heads``), the k lowest zeroed on every input, k = ceil(p x layers x heads) for the
+    same fractions p; evaluated through the same store (``extra_ablations``).
+
+Outputs (OUT): baseline.csv, table2.csv, auc_ranking.csv, static_ahon_ln.csv,
+paper_comparison.csv, dtype_check.csv (with --check-dtype), summary.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import Run, base_parser, check_positive, markdown_table, model_label, out_folder, script_main, \
+    split_list, split_tasks, write_csv  # noqa: E402
+
+from lens_heads import load_model  # noqa: E402
+from lens_heads.ablation import parse_ablation  # noqa: E402
+from lens_heads.curves import bootstrap_indices, max_within, normalised_auc, percentile_interval  # noqa: E402
+from lens_heads.data import load_task  # noqa: E402
+from lens_heads.errors import LensHeadsError  # noqa: E402
+from lens_heads.evaluate import evaluate_task, select_records, task_inputs  # noqa: E402
+from lens_heads.scores import SCORES, resolve_score_ids, score_heads  # noqa: E402
+from lens_heads.store import ResultStore  # noqa: E402
+from lens_heads.sweep import RANDOM, SweepConfig, base_config, run_sweep  # noqa: E402
+from lens_heads.thresholds import compute_thresholds, parse_fractions  # noqa: E402
+
+# METHODS.md section A, headline results (MMLU 5-shot, % of heads zeroed within 1 point)
+PAPER_ROW = {"model": "Qwen2.5-0.5B", "task": "mmlu", "base_accuracy": 47.49, "awft": 7.4, "ahon_ln": 7.4,
+             "best_fn": "lthon_ln", "best": 14.4}
+PAPER_RANDOM = (0.5, 1.9)  # random heads stay within 1 point only up to 0.5-1.9 %
+PAPER_AVERAGES = {"awft": 4.61, "best_non_awft": 12.18}  # over 14 models
+
+
+def parse_args(argv):
+    p = base_parser(__doc__, "analyses/results/inactive_heads")
+    p.add_argument("--tasks", default="piqa,winogrande,mmlu",
+                   help="comma list of task names (piqa, winogrande, mmlu) or file:... specs")
+    for t in ("piqa", "winogrande", "mmlu"):
+        p.add_argument(f"--limit-{t}", type=int, default=None, help=f"{t} questions (default all; stratified sample)")
+    p.add_argument("--limit", type=int, default=None, help="questions for any other task (default all)")
+    p.add_argument("--scores", default="paper", help="score functions to sweep (default: the paper's 12)")
+    p.add_argument("--fractions", default="0,0.05,0.1,0.15,0.2,0.25,0.3")
+    p.add_argument("--seeds", type=int, default=3, help="random-head seeds (default 3)")
+    p.add_argument("--static-score", default="ahon_ln", help="dataset-level score for the static ablation")
+    p.add_argument("--signal-se", type=float, default=2.0,
+                   help="a pair carries signal when accuracy - chance > this many bootstrap SEs (default 2)")
+    p.add_argument("--sweep-all", action="store_true",
+                   help="sweep every pair, with or without signal (the decision is still reported)")
+    p.add_argument("--n-boot", type=int, default=1000)
+    p.add_argument("--paper-model", default="qwen2.5-coder-0.5b",
+                   help="which of --models stands beside the paper's Qwen2.5-0.5B row (default qwen2.5-coder-0.5b)")
+    p.add_argument("--paper-task", default="mmlu", help="task of the paper's row (default mmlu)")
+    p.add_argument("--check-dtype", action="store_true",
+                   help="where bfloat16 is native on --device: compare bf16 vs fp32 on a subset")
+    p.add_argument("--check-dtype-limit", type=int, default=200)
+    args = p.parse_args(argv)
+    check_positive(args, "batch_size", "n_boot", "limit", "limit_piqa", "limit_winogrande", "limit_mmlu",
+                   "check_dtype_limit")
+    if args.seeds < 0:
+        raise LensHeadsError(f"--seeds must be >= 0, got {args.seeds}")
+    args.models = split_list(args.models, "models")
+    args.tasks = split_tasks(args.tasks)
+    args.score_ids = resolve_score_ids(args.scores)
+    args.fractions = sorted({0.0, *parse_fractions(args.fractions)})
+    resolve_score_ids(args.static_score)
+    return args
+
+
+def task_limit(args, spec: str) -> int | None:
+    return getattr(args, f"limit_{spec}", None) if spec in ("piqa", "winogrande", "mmlu") else args.limit
+
+
+# -----------------------------------------------------------------------------
+# (a) baseline and the signal rule
+
+
+def baseline(model, task, spec: str, limit, args, store_dir: Path) -> dict:
+    """Unablated accuracy (stored in the pair's sweep store), bootstrap SE/CI, chance, signal."""
+    cfg = SweepConfig(task=spec, score_ids=[], fractions=[0.0], random_seeds=[0], limit=limit,
+                      batch_size=args.batch_size, n_boot=args.n_boot)
+    rec = run_sweep(model, cfg, store_dir, task=task, progress=False).records["none"]
+    correct = np.array([float(q["correct"]) for q in rec["questions"]])
+    boot = correct[bootstrap_indices(len(correct), args.n_boot, cfg.boot_seed)].mean(1)
+    records = select_records(task, limit, cfg.seed)
+    chance = float(np.mean([1.0 / len(r.choices) for r in records]))
+    acc, se = float(rec["metrics"]["acc"]), float(boot.std(ddof=1))
+    lo, hi = percentile_interval(boot)
+    return {"accuracy": acc, "boot_se": se, "ci_low": lo, "ci_high": hi, "chance": chance,
+            "z": (acc - chance) / se if se > 0 else math.inf * np.sign(acc - chance),
+            "signal": bool(acc - chance > args.signal_se * se), "n_questions": len(correct),
+            "n_total": len(task.records), "acc_norm": rec["metrics"].get("acc_norm", math.nan)}
+
+
+# -----------------------------------------------------------------------------
+# (e) static ablation by a dataset-level score
+
+
+def static_specs(model, task, spec: str, limit, args, store_dir: Path) -> list[dict]:
+    """One static head set per fraction > 0: the k least active heads by the dataset-level score."""
+    sid = resolve_score_ids(args.static_score)[0]
+    cfg = SweepConfig(task=spec, score_ids=[], limit=limit)
+    key = {**base_config(model, task, cfg), "kind": "static_scores", "score": sid}
+    store = ResultStore(store_dir)
+    rec = store.get("static_scores", key)
+    if rec is None:
+        inputs = task_inputs(model, task, None, limit, cfg.seed)
+        hs = score_heads(model, inputs, [sid], batch_size=args.batch_size, progress=False)
+        rec = {"mean": hs.mean[sid].tolist(), "n_inputs": hs.n}
+        store.put("static_scores", key, rec)
+    mean = np.array(rec["mean"], dtype=float)  # [layer, head]
+    n_layers, n_heads = mean.shape
+    sign = 1.0 if SCORES[sid].inactive_when == "low" else -1.0
+    heads = [(L, h) for L in range(n_layers) for h in range(n_heads)]
+    key = lambda lh: (sign * mean[lh] if np.isfinite(mean[lh]) else math.inf, lh)  # noqa: E731
+    order = sorted(heads, key=key)  # least active first; undefined (NaN) scores last
+    out = []
+    for p in args.fractions:
+        k = math.ceil(p * len(heads) - 1e-9)
+        if k == 0:
+            continue
+        chosen = sorted(order[:k])
+        out.append({"fraction": p, "k_heads": k, "spec": "static:" + ",".join(f"{L}.{h}" for L, h in chosen)})
+    return out
+
+
+def static_curve(result, statics: list[dict], args, x_max: float) -> tuple[pd.DataFrame, dict]:
+    """Per-point rows for the static sets and their within-1-point / AUC with paired intervals."""
+    rows = []
+    for s in statics:
+        r = result.summary.loc[result.summary["spec"] == s["spec"]].iloc[0]
+        rows.append({"fraction": s["fraction"], "k_heads": s["k_heads"], "pct_zeroed": r["pct_zeroed"],
+                     "accuracy": r["accuracy"], "ci_low": r["ci_low"], "ci_high": r["ci_high"],
+                     "delta": r["delta"], "delta_ci_low": r["delta_ci_low"], "delta_ci_high": r["delta_ci_high"],
+                     "heads": s["spec"].removeprefix("static:")})
+    points = pd.DataFrame(rows)
+    # correctness matrix [point, question] aligned on the baseline's questions, same resamples as run_sweep
+    ref = [q["doc_id"] for q in result.records["none"]["questions"]]
+    specs = ["none"] + [s["spec"] for s in statics]
+    C = np.array([[float({q["doc_id"]: q["correct"] for q in result.records[sp]["questions"]}[d]) for d in ref]
+                  for sp in specs])
+    idx = bootstrap_indices(len(ref), args.n_boot, 0)
+    boot = C[:, idx].mean(-1)  # [point, boot]
+    base = float(result.records["none"]["metrics"]["acc"])
+    x = np.array([0.0] + list(points["pct_zeroed"]))
+    y = np.array([base] + list(points["accuracy"]))
+    w = max_within(x, y, base, 0.01)
+    wb = np.array([max_within(x, boot[:, b], boot[0, b], 0.01) for b in range(boot.shape[1])])
+    a = normalised_auc(x, y, base, x_max)
+    ab = np.array([normalised_auc(x, boot[:, b], boot[0, b], x_max) for b in range(boot.shape[1])])
+    within = {"static_max_pct_within_1pt": w, "static_ci_low": percentile_interval(wb)[0],
+              "static_ci_high": percentile_interval(wb)[1], "static_auc": a,
+              "static_auc_ci_low": percentile_interval(ab)[0], "static_auc_ci_high": percentile_interval(ab)[1],
+              "auc_range_pct": x_max}
+    return points, within
+
+
+# -----------------------------------------------------------------------------
+# (d) the paper's row beside ours
+
+
+def _verdict(paper: float, lo: float, hi: float) -> str:
+    if any(math.isnan(v) for v in (lo, hi)):
+        return "no interval"
+    if lo <= paper <= hi:
+        return "agrees (paper value inside our 95% CI)"
+    return "disagrees: paper " + ("higher" if paper > hi else "lower") + " than our 95% CI"
+
+
+def paper_comparison(table2: pd.DataFrame, base: pd.DataFrame, args) -> pd.DataFrame:
+    label, task = model_label(args.paper_model), args.paper_task
+    t = table2[(table2["model"] == label) & (table2["task"] == task)].set_index("score_fn")
+    b = base[(base["model"] == label) & (base["task"] == task)]
+    rows = []
+    if len(b):
+        r = b.iloc[0]
+        rows.append({"quantity": "base accuracy (%)", "paper": PAPER_ROW["base_accuracy"], "ours": 100 * r.accuracy,
+                     "ours_ci_low": 100 * r.ci_low, "ours_ci_high": 100 * r.ci_high,
+                     "verdict": _verdict(PAPER_ROW["base_accuracy"], 100 * r.ci_low, 100 * r.ci_high)})
+    if len(t):
+        for fn in ("awft", "ahon_ln", PAPER_ROW["best_fn"]):
+            if fn in t.index:
+                r = t.loc[fn]
+                paper = PAPER_ROW["best"] if fn == PAPER_ROW["best_fn"] else PAPER_ROW[fn]
+                rows.append({"quantity": f"{fn} % zeroed within 1 pt", "paper": paper,
+                             "ours": r.max_pct_zeroed_within_1pt, "ours_ci_low": r.ci_low, "ours_ci_high": r.ci_high,
+                             "verdict": _verdict(paper, r.ci_low, r.ci_high)})
+        funcs = t.drop(index=[RANDOM], errors="ignore")
+        if len(funcs):
+            best = funcs["max_pct_zeroed_within_1pt"].idxmax()
+            r = funcs.loc[best]
+            same = "same function" if best == PAPER_ROW["best_fn"] else f"paper's best is {PAPER_ROW['best_fn']}"
+            rows.append({"quantity": f"best function ({best}) % within 1 pt", "paper": PAPER_ROW["best"],
+                         "ours": r.max_pct_zeroed_within_1pt, "ours_ci_low": r.ci_low, "ours_ci_high": r.ci_high,
+                         "verdict": _verdict(PAPER_ROW["best"], r.ci_low, r.ci_high) + f"; {same}"})
+        if RANDOM in t.index:
+            r = t.loc[RANDOM]
+            overlap = not (r.seed_max < PAPER_RANDOM[0] or r.seed_min > PAPER_RANDOM[1])
+            rows.append({"quantity": "random heads % within 1 pt (seed range)", "paper": f"{PAPER_RANDOM[0]}-{PAPER_RANDOM[1]}",
+                         "ours": f"{r.seed_min:.1f}-{r.seed_max:.1f}", "ours_ci_low": r.ci_low, "ours_ci_high": r.ci_high,
+                         "verdict": "agrees (seed ranges overlap)" if overlap else "disagrees (seed ranges do not overlap)"})
+    # the averaged claim: AWFT vs the best non-AWFT function, over our pairs on the paper's task
+    on_task = table2[(table2["task"] == task) & (table2["score_fn"] != RANDOM)]
+    if len(on_task) and (on_task["score_fn"] == "awft").any():
+        awft, best = [], []
+        for _, grp in on_task.groupby("model"):
+            awft.append(grp.loc[grp.score_fn == "awft", "max_pct_zeroed_within_1pt"].mean())
+            best.append(grp.loc[~grp.score_fn.isin(["awft", "awft_ln"]), "max_pct_zeroed_within_1pt"].max())
+        ours_awft, ours_best = float(np.nanmean(awft)), float(np.nanmean(best))
+        claim = PAPER_AVERAGES["best_non_awft"] > PAPER_AVERAGES["awft"]
+        rows.append({"quantity": f"mean over our {len(awft)} model(s): awft vs best non-AWFT",
+                     "paper": f"{PAPER_AVERAGES['awft']} vs {PAPER_AVERAGES['best_non_awft']}",
+                     "ours": f"{ours_awft:.1f} vs {ours_best:.1f}", "ours_ci_low": math.nan, "ours_ci_high": math.nan,
+                     "verdict": ("agrees" if (ours_best > ours_awft) == claim else "disagrees")
+                                + " on the direction (best non-AWFT > AWFT)"})
+    return pd.DataFrame(rows, columns=["quantity", "paper", "ours", "ours_ci_low", "ours_ci_high", "verdict"])
+
+
+# -----------------------------------------------------------------------------
+# --check-dtype: bfloat16 vs float32 on a subset (only where bf16 is native)
+
+
+def check_dtype(spec: str, tasks: dict, args) -> pd.DataFrame:
+    from lens_heads.models.load import native_bf16
+
+    rows = []
+    if not native_bf16(args.device):
+        return pd.DataFrame([{"model": model_label(spec), "note": f"skipped: bfloat16 is not native on {args.device}"}])
+    models = {d: load_model(spec, dtype=d, device=args.device) for d in ("float32", "bfloat16")}
+    for name, task in tasks.items():
+        inputs = task_inputs(models["float32"], task, None, args.check_dtype_limit)
+        tau = compute_thresholds(models["float32"], inputs, ["ahon_ln"], [0.1], args.batch_size)["ahon_ln"][0.1]
+        for abl in ("none", f"score:ahon_ln@{tau!r}"):
+            res = {}
+            for d, m in models.items():
+                res[d] = evaluate_task(m, task, limit=args.check_dtype_limit, ablation=parse_ablation(abl, m.geometry),
+                                       batch_size=args.batch_size, progress=False)
+            agree = np.mean([a.pred == b.pred for a, b in zip(res["float32"].questions, res["bfloat16"].questions)])
+            rows.append({"model": model_label(spec), "task": name, "ablation": abl.split("@")[0],
+                         "n_questions": len(res["float32"].questions),
+                         "acc_float32": res["float32"].metrics["acc"], "acc_bfloat16": res["bfloat16"].metrics["acc"],
+                         "prediction_agreement": agree})
+    return pd.DataFrame(rows)
+
+
+# -----------------------------------------------------------------------------
+# main
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = out_folder(args.out)
+    run = Run.start(out, args.device, __file__, argv)
+    tasks = {}
+    for spec in args.tasks:  # load every task first: a bad task name fails before any model work
+        task = load_task(spec)
+        tasks[spec] = task
+    names = {spec: task.name for spec, task in tasks.items()}
+    base_rows, table_rows, auc_rows, static_rows, static_within, dtype_rows = [], [], [], [], [], []
+    dtypes = {}
+
+    def write_tables():
+        write_csv(pd.DataFrame(base_rows), out / "baseline.csv")
+        if table_rows:
+            write_csv(pd.DataFrame(table_rows), out / "table2.csv")
+            write_csv(pd.DataFrame(auc_rows).sort_values(["model", "task", "rank_by_auc"]), out / "auc_ranking.csv")
+        if static_rows:
+            write_csv(pd.DataFrame(static_rows), out / "static_ahon_ln.csv")
+            write_csv(pd.DataFrame(static_within), out / "static_within_1pt.csv")
+
+    for spec_m in args.models:
+        label = model_label(spec_m)
+        model = load_model(spec_m, dtype=args.dtype, device=args.device)
+        dtypes[label] = str(model.dtype).removeprefix("torch.")
+        g = model.geometry
+        print(f"{label}: {g.n_layers} layers x {g.n_heads} heads, {dtypes[label]}, {run.elapsed():.0f} s", flush=True)
+        for spec_t, task in tasks.items():
+            tname, limit = names[spec_t], task_limit(args, spec_t)
+            store_dir = out / "store" / f"{label}__{tname}"
+            b = baseline(model, task, spec_t, limit, args, store_dir)
+            base_rows.append({"model": label, "task": tname, "dtype": dtypes[label], **b})
+            print(f"  {tname}: acc {b['accuracy']:.4f} +- {b['boot_se']:.4f} (chance {b['chance']:.3f}, "
+                  f"{b['n_questions']} q) -> {'signal' if b['signal'] else 'no signal'}", flush=True)
+            write_tables()
+            if not (b["signal"] or args.sweep_all):
+                continue
+            statics = static_specs(model, task, spec_t, limit, args, store_dir)
+            cfg = SweepConfig(task=spec_t, score_ids=args.score_ids, fractions=args.fractions,
+                              random_seeds=list(range(args.seeds)), limit=limit, batch_size=args.batch_size,
+                              extra_ablations=[s["spec"] for s in statics], n_boot=args.n_boot)
+            result = run_sweep(model, cfg, store_dir, task=task, progress=True)
+            keep = ["score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max",
+                    "max_pct_measured", "base_accuracy"]
+            for r in result.within[keep].to_dict("records"):
+                table_rows.append({"model": label, "task": tname, **r, "n_questions": b["n_questions"],
+                                   "lower_bound": bool(r["max_pct_zeroed_within_1pt"] >= r["max_pct_measured"]),
+                                   "signal": b["signal"]})
+            for r in result.within[["score_fn", "auc", "auc_ci_low", "auc_ci_high", "auc_range_pct",
+                                    "rank_by_auc"]].to_dict("records"):
+                auc_rows.append({"model": label, "task": tname, **r, "rank_by_auc": int(r["rank_by_auc"])})
+            x_max = float(result.within["auc_range_pct"].iloc[0])
+            points, within = static_curve(result, statics, args, x_max)
+            per_input = result.within.set_index("score_fn")
+            sid = resolve_score_ids(args.static_score)[0]
+            for r in points.to_dict("records"):
+                static_rows.append({"model": label, "task": tname, "score_fn": sid, **r})
+            static_within.append({"model": label, "task": tname, "score_fn": sid, **within,
+                                  "per_input_max_pct_within_1pt": per_input.loc[sid, "max_pct_zeroed_within_1pt"]
+                                  if sid in per_input.index else math.nan,
+                                  "per_input_auc": per_input.loc[sid, "auc"] if sid in per_input.index else math.nan})
+            write_tables()
+        del model
+        gc.collect()
+        if args.check_dtype:
+            dtype_rows.append(check_dtype(spec_m, {names[s]: t for s, t in tasks.items()}, args))
+            write_csv(pd.concat(dtype_rows, ignore_index=True), out / "dtype_check.csv")
+
+    base = pd.DataFrame(base_rows)
+    table2 = pd.DataFrame(table_rows)
+    comparison = paper_comparison(table2, base, args) if len(table2) or len(base) else pd.DataFrame()
+    write_csv(comparison, out / "paper_comparison.csv")
+    run.write_summary("Inactive heads: Table 2 (% of heads zeroed within 1 accuracy point)",
+                      summary_sections(args, base, table2, pd.DataFrame(auc_rows), pd.DataFrame(static_within),
+                                       comparison, dtype_rows, dtypes))
+    print(f"wrote {out} in {run.elapsed():.0f} s", flush=True)
+    return 0
+
+
+def summary_sections(args, base, table2, aucs, static_within, comparison, dtype_rows, dtypes):
+    sizes = ", ".join(f"{s}: {'all' if task_limit(args, s) is None else task_limit(args, s)}" for s in args.tasks)
+    yield "Sizes and settings", (
+        f"models: {', '.join(f'{k} ({v})' for k, v in dtypes.items())}; tasks (question limits, stratified "
+        f"samples): {sizes}; score functions: {', '.join(args.score_ids)}; fractions: "
+        f"{', '.join(f'{p:g}' for p in args.fractions)}; random seeds: {args.seeds}; bootstrap resamples: "
+        f"{args.n_boot}; static ablation by dataset-level {args.static_score}.")
+    yield "(a) Baseline accuracy and signal", (
+        f"Rule: a (model, task) pair carries signal when accuracy - chance > {args.signal_se:g} x SE, SE = standard "
+        f"deviation of the accuracy over {args.n_boot} bootstrap resamples of the questions; chance = mean of "
+        f"1/#choices over the evaluated questions. Sweeps ran on pairs with signal"
+        + (" (and, with --sweep-all, on every pair)." if args.sweep_all else ".") + "\n\n"
+        + markdown_table(base, 4, ["model", "task", "n_questions", "accuracy", "boot_se", "ci_low", "ci_high",
+                                   "chance", "z", "signal"]))
+    if len(table2):
+        cell = table2.assign(cell=[f"{r.max_pct_zeroed_within_1pt:.1f} [{r.ci_low:.1f}, {r.ci_high:.1f}]"
+                                   if r.score_fn != RANDOM else
+                                   f"{r.max_pct_zeroed_within_1pt:.1f} (seeds {r.seed_min:.1f}-{r.seed_max:.1f})"
+                                   for r in table2.itertuples()])
+        wide = cell.pivot_table(index="score_fn", columns=["model", "task"], values="cell", aggfunc="first", sort=False)
+        wide.columns = [f"{m} / {t}" for m, t in wide.columns]
+        yield "(c) % of heads zeroed within 1 point (per-input ablation, 95% paired bootstrap CI)", (
+            "Largest % of (input, layer, head) units zeroed with accuracy >= baseline - 1 point (last crossing of "
+            "the interpolated curve; a value equal to the largest measured % is a lower bound).\n\n"
+            + markdown_table(wide.reset_index(), 1))
+        top = aucs.sort_values(["model", "task", "rank_by_auc"]).groupby(["model", "task"]).head(3)
+        yield "(c) Ranking by normalised AUC (top 3 per pair; full list in auc_ranking.csv)", markdown_table(
+            top, 3, ["model", "task", "rank_by_auc", "score_fn", "auc", "auc_ci_low", "auc_ci_high", "auc_range_pct"])
+    if len(comparison):
+        caveat = (" The zoo's model is Qwen2.5-Coder-0.5B, a code-tuned sibling of the paper's Qwen2.5-0.5B, so "
+                  "exact agreement is not expected." if "coder" in args.paper_model.lower() else "")
+        yield "(d) The paper's Qwen2.5-0.5B MMLU row beside ours", (
+            f"Ours: {model_label(args.paper_model)} on {args.paper_task}.{caveat} Verdicts compare the paper's "
+            "number with our 95% bootstrap interval.\n\n" + markdown_table(comparison, 2))
+    if len(static_within):
+        yield f"(e) Static ablation by dataset-level {args.static_score}", (
+            "The k heads with the lowest mean score over the task's inputs are zeroed on every input "
+            "(k = ceil(p x layers x heads)); beside it the per-input ablation by the same function.\n\n"
+            + markdown_table(static_within, 3, ["model", "task", "static_max_pct_within_1pt", "static_ci_low",
+                                                "static_ci_high", "per_input_max_pct_within_1pt", "static_auc",
+                                                "per_input_auc"]))
+    if dtype_rows:
+        yield "bfloat16 vs float32 check", markdown_table(pd.concat(dtype_rows, ignore_index=True), 4)
+
+
+if __name__ == "__main__":
+    script_main(main)
