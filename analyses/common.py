@@ -114,6 +114,8 @@ def fmt(x, digits: int = 3) -> str:
     if isinstance(x, float):
         if math.isnan(x):
             return ""
+        if x.is_integer() and abs(x) >= 1:
+            return str(int(x))
         return f"{x:.{digits}f}"
     return str(x)
 
