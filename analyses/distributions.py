@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     if not texts:
         raise LensHeadsError(f"corpus {args.corpus!r} gave no texts")
     task = load_task(args.task)
-    corpus, tname = model_label(args.corpus), task.name
+    corpus, tname = model_label(Path(args.corpus).stem if Path(args.corpus).is_file() else args.corpus), task.name
     task_len = args.task_max_len or None
 
     corpus_scores: dict[str, HeadScores] = {}

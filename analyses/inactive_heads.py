@@ -27,7 +27,6 @@ paper_comparison.csv, dtype_check.csv (with --check-dtype), summary.md.
 
 from __future__ import annotations
 
-import argparse
 import gc
 import math
 import sys

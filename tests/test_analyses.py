@@ -1,0 +1,202 @@
+"""The analysis scripts at toy size (tiny random models, a handful of questions / documents):
+each writes its tables, and the numbers in them equal independent computations."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+ANALYSES = Path(__file__).resolve().parents[1] / "analyses"
+
+
+def script(name: str):
+    """Import analyses/<name>.py as a module (its folder goes on sys.path for ``common``)."""
+    if str(ANALYSES) not in sys.path:
+        sys.path.insert(0, str(ANALYSES))
+    spec = importlib.util.spec_from_file_location(f"analyses_{name}", ANALYSES / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def mc_task_file(tmp_path: Path, n: int = 6) -> str:
+    rows = [{"goal": f"How do I fix thing number {i}?", "sol1": "Use water and soap." if i % 3 else "Ask a friend.",
+             "sol2": "Hit it with a big hammer.", "label": i % 2} for i in range(n)]
+    path = tmp_path / "mc.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return f"file:{path}?question=goal&choices=sol1,sol2&answer=label&prompt=Question: {{goal}}\\nAnswer:"
+
+
+def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
+    from lens_heads.ablation import StaticAblation
+    from lens_heads.data import load_task
+    from lens_heads.evaluate import evaluate_task, task_inputs
+    from lens_heads.scores import score_heads
+
+    mod = script("inactive_heads")
+    folder, spec, out = tiny_model_dir("llama"), mc_task_file(tmp_path), tmp_path / "out"
+    label = mod.model_label(str(folder))
+    argv = ["--models", str(folder), "--tasks", spec, "--limit", "6", "--scores", "ahon_ln,awft",
+            "--fractions", "0,0.25", "--seeds", "1", "--sweep-all", "--n-boot", "50", "--dtype", "float32",
+            "--paper-model", str(folder), "--paper-task", "mc", "--out", str(out)]
+    assert mod.main(argv) == 0
+
+    # (a) baseline = evaluate_task on the same items; the signal decision follows the written rule
+    base = pd.read_csv(out / "baseline.csv")
+    assert {"model", "task", "accuracy", "boot_se", "chance", "signal", "n_questions"} <= set(base.columns)
+    model, task = tiny_model("llama"), load_task(spec)
+    ref = evaluate_task(model, task, limit=6, progress=False)
+    row = base.iloc[0]
+    assert row.model == label and row.n_questions == 6
+    assert row.accuracy == pytest.approx(ref.metrics["acc"]) and row.chance == 0.5
+    assert bool(row.signal) == (row.accuracy - row.chance > 2 * row.boot_se)
+    correct = np.array([q.correct for q in ref.questions], dtype=float)
+    assert 0 < row.boot_se < 2 * correct.std() / math.sqrt(6) + 1e-9  # a bootstrap SE near the analytic one
+
+    # (c) the within-1-point table and the AUC ranking
+    t2 = pd.read_csv(out / "table2.csv")
+    assert {"model", "task", "score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min",
+            "seed_max", "base_accuracy", "lower_bound"} <= set(t2.columns)
+    assert set(t2.score_fn) == {"ahon_ln", "awft", "random"}
+    assert (t2.base_accuracy == row.accuracy).all()
+    assert (t2.ci_low <= t2.max_pct_zeroed_within_1pt + 1e-9).all() and (t2.max_pct_zeroed_within_1pt <= t2.ci_high + 1e-9).all()
+    auc = pd.read_csv(out / "auc_ranking.csv")
+    assert {"score_fn", "auc", "auc_ci_low", "auc_ci_high", "rank_by_auc"} <= set(auc.columns)
+    assert sorted(auc.rank_by_auc)[0] == 1 and ((auc.auc > 0) & (auc.auc <= 1.5)).all()
+
+    # (e) static: the ceil(0.25 * 8) = 2 heads with the lowest dataset-level ahon_ln, and their accuracy
+    static = pd.read_csv(out / "static_ahon_ln.csv")
+    assert list(static.k_heads) == [2] and static.pct_zeroed.iloc[0] == pytest.approx(25.0)
+    hs = score_heads(model, task_inputs(model, task, None, 6), ["ahon_ln"], progress=False)
+    mean = hs.mean["ahon_ln"]
+    lowest = sorted(sorted(((float(mean[L, h]), (L, h)) for L in range(2) for h in range(4)))[i][1] for i in range(2))
+    assert static.heads.iloc[0] == ",".join(f"{L}.{h}" for L, h in lowest)
+    zeroed = evaluate_task(model, task, limit=6, ablation=StaticAblation(lowest, model.geometry), progress=False)
+    assert static.accuracy.iloc[0] == pytest.approx(zeroed.metrics["acc"])
+    assert (pd.read_csv(out / "static_within_1pt.csv").static_max_pct_within_1pt >= 0).all()
+
+    # (d) the paper row: verdicts follow from the interval
+    cmp = pd.read_csv(out / "paper_comparison.csv")
+    first = cmp.iloc[0]
+    assert first.quantity.startswith("base accuracy") and float(first.paper) == 47.49
+    assert first.verdict.startswith("agrees") == (first.ours_ci_low <= 47.49 <= first.ours_ci_high)
+    summary = (out / "summary.md").read_text()
+    assert "inactive_heads.py" in summary and "wall time" in summary and "lens_heads | 0." in summary
+
+    # resume: a rerun computes nothing new and writes the same tables
+    before = {p.name: p.read_text() for p in out.glob("*.csv")}
+    n_points = len(list((out / "store").rglob("*.json")))
+    assert mod.main(argv) == 0
+    assert len(list((out / "store").rglob("*.json"))) == n_points
+    assert {p.name: p.read_text() for p in out.glob("*.csv")} == before
+
+
+def test_distributions_wasserstein(tmp_path, tiny_model_dir, tiny_model):
+    from scipy.stats import wasserstein_distance
+
+    from lens_heads.data import tokenize_texts
+    from lens_heads.scores import score_heads
+
+    mod = script("distributions")
+    texts = ["The capital of France is Paris. The capital of Italy is Rome. " * 2,
+             "Attention heads that do nothing are called dormant heads.",
+             "Question: How do I boil an egg? Answer: put it in boiling water.",
+             "A B C D Answer: the following are multiple choice questions"]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    a, b, out = tiny_model_dir("llama"), tiny_model_dir("qwen2"), tmp_path / "out"
+    argv = ["--models", f"{a},{b}", "--corpus", str(corpus), "--n-inputs", "4", "--max-len", "24",
+            "--task", mc_task_file(tmp_path), "--task-limit", "6", "--scores", "awft,ahon_ln", "--n-boot", "10",
+            "--dtype", "float32", "--out", str(out)]
+    assert mod.main(argv) == 0
+
+    wass = pd.read_csv(out / "wasserstein.csv")
+    assert list(wass.columns) == ["score_fn", "comparison", "dataset", "model", "a", "b", "w_raw", "w_scaled"]
+    assert set(wass.comparison) == {"models", "datasets"} and (wass.w_raw >= 0).all()
+    # between models, raw: equals scipy on independently computed per-input awft values
+    pooled = {}
+    for arch in ("llama", "qwen2"):
+        m = tiny_model(arch)
+        hs = score_heads(m, tokenize_texts(m.tokenizer, texts, 24), ["awft"], keep_per_input=True, progress=False)
+        pooled[arch] = hs.per_input["awft"].flatten().double().numpy()
+    row = wass[(wass.score_fn == "awft") & (wass.comparison == "models")].iloc[0]
+    assert row.w_raw == pytest.approx(wasserstein_distance(pooled["llama"], pooled["qwen2"]), rel=1e-5)
+    # scaled = raw values divided by each model's mean: recompute
+    scaled = wasserstein_distance(pooled["llama"] / pooled["llama"].mean(), pooled["qwen2"] / pooled["qwen2"].mean())
+    assert row.w_scaled == pytest.approx(scaled, rel=1e-5)
+    # a distribution against itself: distance 0 (the library function the script uses)
+    from lens_heads.viz import wasserstein_matrix
+
+    assert wasserstein_matrix({"x": pooled["llama"], "y": pooled["llama"]})[0].loc["x", "y"] == 0.0
+
+    # stability ratio = W(datasets) / mean W(models), scaled; only the first model compared across datasets
+    st = pd.read_csv(out / "stability.csv")
+    assert set(st.model) == {mod.model_label(str(a))}
+    for r in st.itertuples():
+        sel = wass[wass.score_fn == r.score_fn]
+        w_d = sel[sel.comparison == "datasets"].w_scaled.iloc[0]
+        w_m = sel[sel.comparison == "models"].w_scaled.mean()
+        assert r.ratio == pytest.approx(w_d / w_m)
+        assert r.ratio_ci_low <= r.ratio_ci_high
+    for f in ("distributions_corpus.png", f"datasets_{mod.model_label(str(a))}.png", "wasserstein_models_awft.png"):
+        assert (out / "figures" / f).stat().st_size > 1000
+    assert "more stable" in (out / "summary.md").read_text()
+
+
+def test_collapse_repair_tables(tmp_path, tiny_model_dir, tiny_model, shared_data):
+    from lens_heads.data import load_texts, tokenize_texts
+    from lens_heads.diagnose import CLASSES, diagnose
+    from lens_heads.scores import score_heads
+
+    mod = script("collapse_repair")
+    folder, out = tiny_model_dir("llama"), tmp_path / "out"
+    argv = ["--models", str(folder), "--repair-model", str(folder), "--low-output-select", "ahon_ln<1.0",
+            "--diag-n", "4", "--diag-len", "32", "--n-eval", "3", "--eval-len", "32", "--n-train-docs", "5",
+            "--chunk-len", "16", "--steps", "2", "--grad-accum", "2", "--dtype", "float32",
+            "--bloom-layers", "2", "--bloom-heads", "4", "--bloom-d", "32", "--bloom-vocab", "300",
+            "--bloom-train-docs", "20", "--bloom-seq", "16", "--bloom-batch", "4", "--bloom-steps", "3",
+            "--out", str(out)]
+    assert mod.main(argv) == 0
+
+    # diagnosis: counts sum to layers x heads and equal an independent diagnosis of the same documents
+    model = tiny_model("llama")
+    docs = load_texts("c4", n=7)
+    diag_inputs = tokenize_texts(model.tokenizer, docs[:4], 32)
+    ref = diagnose(model, diag_inputs)
+    counts = pd.read_csv(out / "diagnosis_counts.csv").iloc[0]
+    assert sum(int(counts[c]) for c in CLASSES) == 2 * 4 == counts.heads_total
+    assert {c: int(counts[c]) for c in CLASSES} == ref.counts()
+    assert counts.max_bos_mass == pytest.approx(float(ref.bos_mass.max()), abs=1e-6)
+
+    # repair: the sinks rule finds nothing on a random model; low_output targets = heads with mean ahon_ln < 1
+    rep = pd.read_csv(out / "repair.csv").set_index("repair")
+    assert "no heads selected" in rep.loc["sinks", "note"]
+    mean = score_heads(model, diag_inputs, ["ahon_ln"], progress=False).mean["ahon_ln"]
+    assert rep.loc["low_output", "n_targets_pass1"] == int((mean < 1.0).sum())
+    # perplexity before = a naive loop over the held-out documents (not the diagnosis ones)
+    hf = model.load_hf_model()
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for ids in tokenize_texts(model.tokenizer, docs[4:7], 32):
+            logp = torch.log_softmax(hf(input_ids=ids[None]).logits[0, :-1].float(), -1)
+            nll -= float(logp.gather(1, ids[1:, None]).sum())
+            n += len(ids) - 1
+    assert rep.loc["low_output", "ppl_before"] == pytest.approx(math.exp(nll / n), rel=1e-4)
+    assert rep.loc["low_output", "steps"] == 2 and rep.loc["low_output", "healthy_after"] <= 8
+
+    # BLOOM: one row per head, ALiBi slopes 2^(-8(h+1)/H), classes follow the BOS-mass rule
+    heads = pd.read_csv(out / "bloom_heads.csv")
+    assert len(heads) == 2 * 4
+    assert np.allclose(heads.alibi_slope, [2 ** (-8 * (h + 1) / 4) for h in heads["head"]])
+    assert ((heads.bos_mass > 0.95) == (heads["class"] == "dead")).all()
+    assert (pd.read_csv(out / "bloom_training.csv").step.max() == 3)
+    summary = (out / "summary.md").read_text()
+    assert "collapse_repair.py" in summary and ("No attention sink formed" in summary or "DEAD/BOS-sink" in summary)
