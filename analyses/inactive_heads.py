@@ -195,6 +195,9 @@ def _verdict(paper: float, lo: float, hi: float) -> str:
 
 def paper_comparison(table2: pd.DataFrame, base: pd.DataFrame, args) -> pd.DataFrame:
     label, task = model_label(args.paper_model), args.paper_task
+    if table2.empty:  # no pair was swept (none carried signal)
+        table2 = pd.DataFrame(columns=["model", "task", "score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high",
+                                       "seed_min", "seed_max"])
     t = table2[(table2["model"] == label) & (table2["task"] == task)].set_index("score_fn")
     b = base[(base["model"] == label) & (base["task"] == task)]
     rows = []
@@ -343,7 +346,7 @@ def main(argv=None) -> int:
 
     base = pd.DataFrame(base_rows)
     table2 = pd.DataFrame(table_rows)
-    comparison = paper_comparison(table2, base, args) if len(table2) or len(base) else pd.DataFrame()
+    comparison = paper_comparison(table2, base, args)
     write_csv(comparison, out / "paper_comparison.csv")
     run.write_summary("Inactive heads: Table 2 (% of heads zeroed within 1 accuracy point)",
                       summary_sections(args, base, table2, pd.DataFrame(auc_rows), pd.DataFrame(static_within),

@@ -98,6 +98,14 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     assert len(list((out / "store").rglob("*.json"))) == n_points
     assert {p.name: p.read_text() for p in out.glob("*.csv")} == before
 
+    # without --sweep-all a pair without signal gets its baseline and decision only
+    if not row.signal:
+        out2 = tmp_path / "out2"
+        argv2 = [x for x in argv if x != "--sweep-all"][:-1] + [str(out2)]
+        assert mod.main(argv2) == 0
+        assert not (out2 / "table2.csv").exists() and (out2 / "paper_comparison.csv").exists()
+        assert pd.read_csv(out2 / "baseline.csv").accuracy.iloc[0] == row.accuracy
+
 
 def test_distributions_wasserstein(tmp_path, tiny_model_dir, tiny_model):
     from scipy.stats import wasserstein_distance
