@@ -65,6 +65,9 @@ def parse_args(argv):
     for t in ("piqa", "winogrande", "mmlu"):
         p.add_argument(f"--limit-{t}", type=int, default=None, help=f"{t} questions (default all; stratified sample)")
     p.add_argument("--limit", type=int, default=None, help="questions for any other task (default all)")
+    p.add_argument("--sweep-limit", type=int, default=None,
+                   help="cap on the questions of the sweeps (a stratified subset; its own baseline): the signal "
+                        "decision uses the --limit-* questions, the sweeps at most this many (default: no cap)")
     p.add_argument("--scores", default="paper", help="score functions to sweep (default: the paper's 12)")
     p.add_argument("--fractions", default="0,0.05,0.1,0.15,0.2,0.25,0.3")
     p.add_argument("--seeds", type=int, default=3, help="random-head seeds (default 3)")
@@ -81,7 +84,7 @@ def parse_args(argv):
                    help="where bfloat16 is native on --device: compare bf16 vs fp32 on a subset")
     p.add_argument("--check-dtype-limit", type=int, default=200)
     args = p.parse_args(argv)
-    check_positive(args, "batch_size", "n_boot", "limit", "limit_piqa", "limit_winogrande", "limit_mmlu",
+    check_positive(args, "batch_size", "n_boot", "limit", "sweep_limit", "limit_piqa", "limit_winogrande", "limit_mmlu",
                    "check_dtype_limit")
     if args.seeds < 0:
         raise LensHeadsError(f"--seeds must be >= 0, got {args.seeds}")
@@ -95,6 +98,11 @@ def parse_args(argv):
 
 def task_limit(args, spec: str) -> int | None:
     return getattr(args, f"limit_{spec}", None) if spec in ("piqa", "winogrande", "mmlu") else args.limit
+
+
+def sweep_limit(args, spec: str) -> int | None:
+    caps = [x for x in (task_limit(args, spec), args.sweep_limit) if x is not None]
+    return min(caps) if caps else None
 
 
 # -----------------------------------------------------------------------------
@@ -313,6 +321,7 @@ def main(argv=None) -> int:
             write_tables()
             if not (b["signal"] or args.sweep_all):
                 continue
+            limit = sweep_limit(args, spec_t)
             statics = static_specs(model, task, spec_t, limit, args, store_dir)
             cfg = SweepConfig(task=spec_t, score_ids=args.score_ids, fractions=args.fractions,
                               random_seeds=list(range(args.seeds)), limit=limit, batch_size=args.batch_size,
@@ -321,7 +330,8 @@ def main(argv=None) -> int:
             keep = ["score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max",
                     "max_pct_measured", "base_accuracy"]
             for r in result.within[keep].to_dict("records"):
-                table_rows.append({"model": label, "task": tname, **r, "n_questions": b["n_questions"],
+                table_rows.append({"model": label, "task": tname, **r,
+                                   "n_questions": len(result.records["none"]["questions"]),
                                    "lower_bound": bool(r["max_pct_zeroed_within_1pt"] >= r["max_pct_measured"]),
                                    "signal": b["signal"]})
             for r in result.within[["score_fn", "auc", "auc_ci_low", "auc_ci_high", "auc_range_pct",
@@ -356,7 +366,11 @@ def main(argv=None) -> int:
 
 
 def summary_sections(args, base, table2, aucs, static_within, comparison, dtype_rows, dtypes):
-    sizes = ", ".join(f"{s}: {'all' if task_limit(args, s) is None else task_limit(args, s)}" for s in args.tasks)
+    def size(s):
+        n, m = task_limit(args, s), sweep_limit(args, s)
+        return f"{'all' if n is None else n}" + (f" (sweeps: {m})" if m != n else "")
+
+    sizes = ", ".join(f"{s}: {size(s)}" for s in args.tasks)
     yield "Sizes and settings", (
         f"models: {', '.join(f'{k} ({v})' for k, v in dtypes.items())}; tasks (question limits, stratified "
         f"samples): {sizes}; score functions: {', '.join(args.score_ids)}; fractions: "

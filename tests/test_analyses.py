@@ -98,6 +98,13 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     assert len(list((out / "store").rglob("*.json"))) == n_points
     assert {p.name: p.read_text() for p in out.glob("*.csv")} == before
 
+    # --sweep-limit: the signal decision on 6 questions, the sweep on a stratified 4 with its own baseline
+    out3 = tmp_path / "out3"
+    assert mod.main(argv[:-1] + [str(out3), "--sweep-limit", "4"]) == 0
+    t3 = pd.read_csv(out3 / "table2.csv")
+    assert (t3.n_questions == 4).all() and pd.read_csv(out3 / "baseline.csv").n_questions.iloc[0] == 6
+    assert t3.base_accuracy.iloc[0] == pytest.approx(evaluate_task(model, task, limit=4, progress=False).metrics["acc"])
+
     # without --sweep-all a pair without signal gets its baseline and decision only
     if not row.signal:
         out2 = tmp_path / "out2"
