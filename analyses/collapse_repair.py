@@ -250,15 +250,15 @@ def slope_table(diag) -> pd.DataFrame:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    out = out_folder(args.out)
-    work = out / "work"
-    run = Run.start(out, args.device, __file__, argv)
     # diagnosis documents first, the held-out perplexity documents after them (disjoint)
     val_texts = load_texts(args.diag_data, n=args.diag_n + args.n_eval)
     if len(val_texts) < args.diag_n + args.n_eval:
         raise LensHeadsError(f"{args.diag_data} has {len(val_texts)} documents; need --diag-n + --n-eval = "
                              f"{args.diag_n + args.n_eval}")
     diag_texts, eval_texts = val_texts[:args.diag_n], val_texts[args.diag_n:]
+    out = out_folder(args.out)
+    work = out / "work"
+    run = Run.start(out, args.device, __file__, argv)
     sections = []
 
     if "diagnose" in args.parts:

@@ -125,12 +125,12 @@ def w1(a: np.ndarray, b: np.ndarray) -> float:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    out = out_folder(args.out)
-    run = Run.start(out, args.device, __file__, argv)
     texts = load_texts(args.corpus, n=args.n_inputs)
     if not texts:
         raise LensHeadsError(f"corpus {args.corpus!r} gave no texts")
     task = load_task(args.task)
+    out = out_folder(args.out)
+    run = Run.start(out, args.device, __file__, argv)
     corpus, tname = model_label(Path(args.corpus).stem if Path(args.corpus).is_file() else args.corpus), task.name
     task_len = args.task_max_len or None
 

@@ -76,6 +76,8 @@ def parse_args(argv):
                    help="a pair carries signal when accuracy - chance > this many bootstrap SEs (default 2)")
     p.add_argument("--sweep-all", action="store_true",
                    help="sweep every pair, with or without signal (the decision is still reported)")
+    p.add_argument("--baseline-only", action="store_true",
+                   help="stop after (a): baselines and signal decisions only (a later run without it resumes)")
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--paper-model", default="qwen2.5-coder-0.5b",
                    help="which of --models stands beside the paper's Qwen2.5-0.5B row (default qwen2.5-coder-0.5b)")
@@ -286,12 +288,9 @@ def check_dtype(spec: str, tasks: dict, args) -> pd.DataFrame:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    tasks = {spec: load_task(spec) for spec in args.tasks}  # a bad task fails before any file or model work
     out = out_folder(args.out)
     run = Run.start(out, args.device, __file__, argv)
-    tasks = {}
-    for spec in args.tasks:  # load every task first: a bad task name fails before any model work
-        task = load_task(spec)
-        tasks[spec] = task
     names = {spec: task.name for spec, task in tasks.items()}
     base_rows, table_rows, auc_rows, static_rows, static_within, dtype_rows = [], [], [], [], [], []
     dtypes = {}
@@ -319,7 +318,7 @@ def main(argv=None) -> int:
             print(f"  {tname}: acc {b['accuracy']:.4f} +- {b['boot_se']:.4f} (chance {b['chance']:.3f}, "
                   f"{b['n_questions']} q) -> {'signal' if b['signal'] else 'no signal'}", flush=True)
             write_tables()
-            if not (b["signal"] or args.sweep_all):
+            if args.baseline_only or not (b["signal"] or args.sweep_all):
                 continue
             limit = sweep_limit(args, spec_t)
             statics = static_specs(model, task, spec_t, limit, args, store_dir)
