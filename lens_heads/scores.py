@@ -30,10 +30,10 @@ at the bottom of the registry section.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Literal, Sequence
@@ -43,6 +43,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lens_heads.data import iter_batches, tokenize_texts
+from lens_heads.atomic import atomic_path
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import HookFn, HookKind, hook_name, run_with_hooks
 
@@ -500,20 +501,10 @@ def _table_format(path: Path) -> str:
 
 
 def _atomic_write_all(writes: list[tuple[Path, Callable[[str], object]]]) -> None:
-    """Write every file to a temp file in its folder, then rename them all into place."""
-    temps: list[tuple[str, Path]] = []
-    try:
+    """Write every file to a temp file beside it; only when all succeeded, rename them into place."""
+    with contextlib.ExitStack() as stack:
         for target, write in writes:
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-            os.close(fd)
-            temps.append((tmp, target))
-            write(tmp)
-        for tmp, target in temps:
-            os.replace(tmp, target)
-    finally:
-        for tmp, _ in temps:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            write(str(stack.enter_context(atomic_path(target))))
 
 
 # -----------------------------------------------------------------------------
