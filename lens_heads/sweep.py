@@ -53,6 +53,7 @@ from lens_heads.store import ResultStore
 from lens_heads.thresholds import DEFAULT_FRACTIONS, check_fraction
 
 RANDOM = "random"
+BASELINE = "baseline"  # score_fn of the unablated point when no curve supplies it
 
 
 @dataclass
@@ -175,6 +176,8 @@ def plan_points(cfg: SweepConfig, thresholds: dict[str, dict[float, float | None
         for p in cfg.fractions:
             spec = "none" if p == 0 else f"random:{float(p)!r}@{s}"
             pts.append(SweepPoint(RANDOM, float(p), spec, s, None))
+    if not pts:  # extra ablations only (or nothing): still measure the baseline they are compared with
+        pts.append(SweepPoint(BASELINE, 0.0, "none"))
     for spec in cfg.extra_ablations:
         pts.append(SweepPoint(spec, math.nan, spec))
     return pts

@@ -21,7 +21,7 @@ from lens_heads.curves import bootstrap_indices, max_within, normalised_auc
 from lens_heads.errors import LensHeadsError
 from lens_heads.atomic import atomic_write_text
 from lens_heads.store import ResultStore, config_key
-from lens_heads.sweep import SweepConfig, SweepPoint, tables
+from lens_heads.sweep import plan_points, SweepConfig, SweepPoint, tables
 from lens_heads.thresholds import parse_fractions, threshold_for, thresholds_from_scores
 
 # --- within 1 point: last crossing on the interpolated curve ------------------------------
@@ -170,6 +170,18 @@ def test_tables_bootstrap_is_paired_and_matches_a_naive_loop():
     s = within.set_index("score_fn").loc["s"]
     assert s.auc_range_pct == pytest.approx(10.0)  # the common range: min over curves of max x
     assert s.auc == pytest.approx(normalised_auc([0, 10], [base.mean(), worse.mean()], base.mean(), 10.0))
+
+
+def test_extra_ablations_alone_still_get_a_baseline():
+    cfg = SweepConfig(task="t", score_ids=[], random_seeds=[], extra_ablations=["static:0.1"], n_boot=50)
+    cfg.validate()
+    pts = plan_points(cfg, {})
+    assert [p.spec for p in pts] == ["none", "static:0.1"]
+    base, worse = np.array([1, 1, 0, 1]), np.array([1, 0, 0, 1])
+    summary, within = tables(pts, {"none": _record(base, 0.0), "static:0.1": _record(worse, 0.25)}, cfg)
+    row = summary.set_index("spec").loc["static:0.1"]
+    assert row.delta == pytest.approx(-0.25) and row.pct_zeroed == pytest.approx(25.0)
+    assert within.empty  # no curve to read a within-1-point value from
 
 
 # --- CLI: resume after SIGKILL, bad input -------------------------------------------------
