@@ -62,7 +62,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from lens_heads.data.corpora import pad_batch
-from lens_heads.data.tasks import DEFAULT_SEED, MCRecord, Task, load_task
+from lens_heads.data.tasks import DEFAULT_SEED, MCRecord, Task, argmax_first, load_task
 from lens_heads.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import run_with_hooks
@@ -451,8 +451,8 @@ def evaluate_task(
     for rec, (a, b) in zip(records, spans):
         item = lls[a:b]
         lens = task.choice_lengths(rec)
-        pred = _argmax(item)
-        pred_norm = _argmax([x / n for x, n in zip(item, lens)]) if "acc_norm" in task.spec.metrics else None
+        pred = argmax_first(item)
+        pred_norm = argmax_first([x / n for x, n in zip(item, lens)]) if "acc_norm" in task.spec.metrics else None
         questions.append(QuestionResult(rec.doc_id, pred, rec.gold, pred == rec.gold, item, pred_norm, rec.subject))
     metrics = {"acc": sum(q.correct for q in questions) / len(questions)}
     if "acc_norm" in task.spec.metrics:
@@ -465,14 +465,6 @@ def evaluate_task(
               "ablation": getattr(ablation, "name", None) if ablation is not None else "none",
               "batch_size": batch_size, "seconds": round(time.perf_counter() - t0, 3)}
     return TaskResult(task.name, k, metrics, questions, zf, config)
-
-
-def _argmax(xs: Sequence[float]) -> int:
-    best = 0
-    for i, x in enumerate(xs):
-        if x > xs[best]:
-            best = i
-    return best
 
 
 # -----------------------------------------------------------------------------

@@ -222,7 +222,7 @@ class Task:
         if len(lls) != len(record.choices):
             raise LensHeadsError(f"{self.name} doc {record.doc_id}: got {len(lls)} log-likelihoods for {len(record.choices)} choices")
         norm = [ll / n for ll, n in zip(lls, self.choice_lengths(record))]
-        pred, pred_norm = _argmax(lls), _argmax(norm)  # first maximum, like np.argmax
+        pred, pred_norm = argmax_first(lls), argmax_first(norm)  # first maximum, like np.argmax
         return {"acc": float(pred == record.gold), "acc_norm": float(pred_norm == record.gold)}
 
     def fewshot(self, record: MCRecord, n_shot: int | None = None, seed: int = DEFAULT_SEED) -> list[MCRecord]:
@@ -273,7 +273,8 @@ class Task:
         return draws
 
 
-def _argmax(xs: Sequence[float]) -> int:
+def argmax_first(xs: Sequence[float]) -> int:
+    """Index of the largest value, the first one on ties (numpy.argmax, as lm-eval uses)."""
     best = 0
     for i, x in enumerate(xs):
         if x > xs[best]:
