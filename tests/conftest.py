@@ -15,12 +15,13 @@ import torch
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
-_CORPUS = [
+SAMPLE_TEXTS = [
     "The capital of France is Paris. The capital of Italy is Rome.",
     "Attention heads that do nothing are called dormant heads.",
     "Question: How do I boil an egg? Answer: put it in boiling water.",
     "A B C D Answer: the following are multiple choice questions",
-] * 20
+]
+_CORPUS = SAMPLE_TEXTS * 20
 
 
 def build_tokenizer(folder: Path):

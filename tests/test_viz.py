@@ -28,12 +28,9 @@ from lens_heads.viz import (
     wasserstein_matrix,
 )
 
-TEXTS = [
-    "The capital of France is Paris. The capital of Italy is Rome.",
-    "Attention heads that do nothing are called dormant heads.",
-    "Question: How do I boil an egg? Answer: put it in boiling water.",
-    "A B C D Answer: the following are multiple choice questions",
-]
+from conftest import SAMPLE_TEXTS
+
+TEXTS = SAMPLE_TEXTS
 MC_ROWS = [("The capital of France is", ["Paris", "Rome"], 0), ("The capital of Italy is", ["Paris", "Rome"], 1),
            ("Heads that do nothing are", ["dormant", "capital"], 0), ("How do I boil an egg?", ["in water", "Paris"], 0),
            ("A B C D Answer:", ["A", "B"], 0), ("Attention heads that do", ["nothing", "France"], 0),
