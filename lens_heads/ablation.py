@@ -85,6 +85,22 @@ class _Counter:
         return self.zeroed / self.units if self.units else math.nan
 
 
+class _Counted:
+    """Shared bookkeeping of the ablations that zero heads: ``self.counter`` is a _Counter."""
+
+    counter: _Counter
+
+    @property
+    def last_zeroed(self):
+        return self.counter.last_zeroed
+
+    def zeroed_fraction(self) -> float:
+        return self.counter.fraction()
+
+    def reset(self) -> None:
+        self.counter.reset()
+
+
 class NoAblation:
     """Zero nothing. ``zeroed_fraction`` is 0.0 (nothing is ever zeroed)."""
 
@@ -104,7 +120,7 @@ class NoAblation:
         return "NoAblation()"
 
 
-class StaticAblation:
+class StaticAblation(_Counted):
     """Zero a fixed set of heads on every input."""
 
     reuses_prefix = True
@@ -122,10 +138,6 @@ class StaticAblation:
             self._mask[L, h] = True
         self.counter = _Counter()
 
-    @property
-    def last_zeroed(self):
-        return self.counter.last_zeroed
-
     def hooks(self, model, attention_mask, row_keys) -> Hooks:
         g = self.geometry
         batch = attention_mask.shape[0]
@@ -140,12 +152,6 @@ class StaticAblation:
 
         return [(hook_name("z", L), make(L)) for L in range(g.n_layers) if self._mask[L].any()]
 
-    def zeroed_fraction(self) -> float:
-        return self.counter.fraction()
-
-    def reset(self) -> None:
-        self.counter.reset()
-
     def __repr__(self) -> str:
         return f"StaticAblation({self.name!r})"
 
@@ -156,7 +162,7 @@ def row_generator(seed: int, row_key: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
 
-class RandomAblation:
+class RandomAblation(_Counted):
     """Zero each (input, layer, head) independently with probability ``p``."""
 
     reuses_prefix = False
@@ -167,10 +173,6 @@ class RandomAblation:
         self.p, self.seed, self.geometry = float(p), int(seed), geometry
         self.name = f"random:{self.p!r}@{self.seed}"
         self.counter = _Counter()
-
-    @property
-    def last_zeroed(self):
-        return self.counter.last_zeroed
 
     def masks(self, row_keys: Sequence[int]) -> Bool[Tensor, "batch layer head"]:
         g = self.geometry
@@ -192,17 +194,11 @@ class RandomAblation:
 
         return [(hook_name("z", L), make(L)) for L in range(g.n_layers)]
 
-    def zeroed_fraction(self) -> float:
-        return self.counter.fraction()
-
-    def reset(self) -> None:
-        self.counter.reset()
-
     def __repr__(self) -> str:
         return f"RandomAblation({self.name!r})"
 
 
-class ScoreAblation:
+class ScoreAblation(_Counted):
     """Per input: zero heads whose same-pass score crosses ``threshold`` (see module docstring)."""
 
     reuses_prefix = False
@@ -227,10 +223,6 @@ class ScoreAblation:
             self._collector = ScoreCollector(model, [self.score_id])
         return self._collector
 
-    @property
-    def last_zeroed(self):
-        return self.counter.last_zeroed
-
     def crosses(self, scores: Float[Tensor, "..."]) -> Bool[Tensor, "..."]:
         """Inclusive comparison in the inactive direction; NaN never crosses."""
         if self.inactive_when == "high":
@@ -248,12 +240,6 @@ class ScoreAblation:
             return _zero_heads(z, drop)
 
         return collector.hooks(attention_mask, z_transform=z_transform)
-
-    def zeroed_fraction(self) -> float:
-        return self.counter.fraction()
-
-    def reset(self) -> None:
-        self.counter.reset()
 
     def __repr__(self) -> str:
         return f"ScoreAblation({self.name!r})"
