@@ -240,7 +240,7 @@ def boot(model, tokenizer, source: ModelSource, dtype, device) -> LoadedModel:
     geometry = HeadGeometry.from_config(model.config)
     with _quiet():
         bridge = TransformerBridge.boot_transformers(
-            source.path if source.gguf_file is None else source.spec,
+            source.path,
             hf_model=model, tokenizer=tokenizer, device=device, dtype=dtype)
     bridge.eval()
     probe = tokenizer("a")["input_ids"]
