@@ -259,7 +259,6 @@ def main(argv=None) -> int:
     out = out_folder(args.out)
     work = out / "work"
     run = Run.start(out, args.device, __file__, argv)
-    sections = []
 
     if "diagnose" in args.parts:
         rows = []
@@ -273,12 +272,12 @@ def main(argv=None) -> int:
             write_csv(pd.DataFrame(rows), out / "diagnosis_counts.csv")
             del model
             gc.collect()
-        sections.append(("1. Diagnosis", (
+        run.keep_section("diagnose", "1. Diagnosis", (
             f"{args.diag_n} {args.diag_data} documents, <= {args.diag_len} tokens each. Classes in order: dead (BOS mass "
             "> 0.95), bos_sink (> 0.5), low_entropy (< 0.5 nats), local (> 0.6 of the mass on the last 3 positions), "
             "healthy; band = head indices sick in > 30 % of layers.\n\n"
             + markdown_table(pd.DataFrame(rows), 3, ["model", "n_layers", "n_heads", *CLASSES, "sick_pct",
-                                                     "max_bos_mass", "band"]))))
+                                                     "max_bos_mass", "band"])))
 
     if "repair" in args.parts:
         model = load_model(args.repair_model, dtype=args.dtype, device=args.device)
@@ -295,12 +294,12 @@ def main(argv=None) -> int:
         frame = pd.DataFrame(rows)
         cols = [c for c in ["repair", "targets", "n_targets_pass1", "healthy_before", "healthy_after", "ppl_before",
                             "ppl_after_reinit", "ppl_final", "steps", "train_wall_s", "note"] if c in frame.columns]
-        sections.append((f"2. Repair of {model_label(args.repair_model)}", (
+        run.keep_section("repair", f"2. Repair of {model_label(args.repair_model)}", (
             f"Training: {args.n_train_docs} {args.train_data} documents in {args.chunk_len}-token chunks, "
             f"{args.steps} steps x {args.grad_accum} chunks per pass, {args.passes} pass(es), lr {args.lr:g}, "
             f"GQA policy {args.gqa_policy}. Perplexity: {args.n_eval} held-out {args.diag_data} documents "
             f"(<= {args.eval_len} tokens) used neither for training nor for diagnosis. Healthy counts are "
-            f"diagnosed on the {args.diag_n} diagnosis documents.\n\n" + markdown_table(frame, 3, cols))))
+            f"diagnosed on the {args.diag_n} diagnosis documents.\n\n" + markdown_table(frame, 3, cols)))
 
     if "bloom" in args.parts:
         print(f"training BLOOM from scratch ({run.elapsed():.0f} s)", flush=True)
@@ -312,11 +311,13 @@ def main(argv=None) -> int:
         write_csv(heads, out / "bloom_heads.csv")
         slopes = slope_table(diag)
         write_csv(slopes, out / "bloom_slopes.csv")
-        sections.append(("3. BLOOM (ALiBi) trained from scratch", bloom_text(args, diag, slopes, log)))
+        run.keep_section("bloom", "3. BLOOM (ALiBi) trained from scratch", bloom_text(args, diag, slopes, log))
         del model
         gc.collect()
 
-    run.write_summary("Collapsed heads: diagnosis, repair, and a from-scratch ALiBi model", sections)
+    # every part's latest section, whichever run measured it (a run of some parts keeps the others)
+    run.write_summary("Collapsed heads: diagnosis, repair, and a from-scratch ALiBi model",
+                      run.kept_sections(["diagnose", "repair", "bloom"]))
     print(f"wrote {out} in {run.elapsed():.0f} s", flush=True)
     return 0
 
@@ -333,9 +334,16 @@ def bloom_text(args, diag, slopes: pd.DataFrame, log: list[dict]) -> str:
             f"Classes: {', '.join(f'{c} {k}' for c, k in counts.items())} (of {n}); largest BOS mass of any head "
             f"{float(diag.bos_mass.max()):.3f}; band: {format_band(diag.band())}.\n\n")
     if sinks == 0:
+        sick = slopes[slopes.layers_sick > 0]
         text += (f"**No attention sink formed at this scale**: no head puts more than 0.5 of its attention on the "
-                 f"first token (the largest is {float(diag.bos_mass.max()):.3f}), so the slope-vs-class question "
-                 "cannot be answered here; the slopes and per-head statistics are reported as measured.\n\n")
+                 f"first token (the largest is {float(diag.bos_mass.max()):.3f}), so the slope-vs-sink question "
+                 "cannot be answered here. "
+                 + (("Head indices of another class in some layer: " + ", ".join(
+                     f"H{r.head} (slope {r.alibi_slope:g}, {r.layers_sick}/{r.n_layers} layers)" for r in sick.itertuples())
+                     + f"; correlation of slope with mean entropy over layers "
+                     f"{float(np.corrcoef(slopes['alibi_slope'], slopes['mean_entropy'])[0, 1]):.3f}. ")
+                    if len(sick) and len(slopes) > 2 else "")
+                 + "Per-head statistics as measured:\n\n")
     else:
         sick = slopes[slopes.layers_sick > 0]
         healthy = slopes[slopes.layers_sick == 0]

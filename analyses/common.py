@@ -178,6 +178,24 @@ class Run:
     def elapsed(self) -> float:
         return time.time() - self.t0
 
+    def keep_section(self, key: str, title: str, text: str) -> tuple[str, str]:
+        """Store one part's section under OUT/sections/<key>.md, stamped with the command that
+        measured it, so that a later run of *other* parts still shows it (``kept_sections``)."""
+        stamp = f"_Measured by `{self.command}` (finished {time.strftime('%Y-%m-%d %H:%M %Z')}, {self.elapsed():.0f} s in)._"
+        body = f"{stamp}\n\n{text.rstrip()}\n"
+        atomic_write_text(self.out / "sections" / f"{key}.md", f"{title}\n{body}", make_parents=True)
+        return title, body
+
+    def kept_sections(self, keys: Sequence[str]) -> list[tuple[str, str]]:
+        """The stored sections of ``keys`` that exist, in that order (see ``keep_section``)."""
+        out = []
+        for key in keys:
+            path = self.out / "sections" / f"{key}.md"
+            if path.is_file():
+                title, _, body = path.read_text(encoding="utf-8").partition("\n")
+                out.append((title, body))
+        return out
+
     def write_summary(self, title: str, sections: Iterable[tuple[str, str]]) -> Path:
         v = versions()
         head = [f"# {title}", "",

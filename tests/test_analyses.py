@@ -215,3 +215,11 @@ def test_collapse_repair_tables(tmp_path, tiny_model_dir, tiny_model, shared_dat
     assert (pd.read_csv(out / "bloom_training.csv").step.max() == 3)
     summary = (out / "summary.md").read_text()
     assert "collapse_repair.py" in summary and ("No attention sink formed" in summary or "DEAD/BOS-sink" in summary)
+
+    # a later run of one part keeps the other parts' sections, each stamped with its own command
+    before = {k: (out / "sections" / f"{k}.md").read_text() for k in ("diagnose", "repair")}
+    assert mod.main([*argv[:argv.index("--out")], "--parts", "bloom", "--out", str(out)]) == 0
+    summary = (out / "summary.md").read_text()
+    assert summary.index("## 1. Diagnosis") < summary.index("## 2. Repair") < summary.index("## 3. BLOOM")
+    assert all((out / "sections" / f"{k}.md").read_text() == v for k, v in before.items())
+    assert summary.count("--parts bloom") == 2  # the header's command and the BLOOM section's stamp
