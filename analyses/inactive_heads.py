@@ -378,8 +378,10 @@ def summary_sections(args, base, table2, aucs, static_within, comparison, dtype_
     yield "(a) Baseline accuracy and signal", (
         f"Rule: a (model, task) pair carries signal when accuracy - chance > {args.signal_se:g} x SE, SE = standard "
         f"deviation of the accuracy over {args.n_boot} bootstrap resamples of the questions; chance = mean of "
-        f"1/#choices over the evaluated questions. Sweeps ran on pairs with signal"
-        + (" (and, with --sweep-all, on every pair)." if args.sweep_all else ".") + "\n\n"
+        f"1/#choices over the evaluated questions. "
+        + ("This run stopped after the baselines (--baseline-only): no sweeps yet." if args.baseline_only else
+           "Sweeps ran on pairs with signal" + (" (and, with --sweep-all, on every pair)." if args.sweep_all else "."))
+        + "\n\n"
         + markdown_table(base, 4, ["model", "task", "n_questions", "accuracy", "boot_se", "ci_low", "ci_high",
                                    "chance", "z", "signal"]))
     if len(table2):
