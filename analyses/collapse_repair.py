@@ -333,8 +333,8 @@ def bloom_text(args, diag, slopes: pd.DataFrame, log: list[dict]) -> str:
             f"Diagnosed on {diag.n_inputs} {args.diag_data} documents.\n\n"
             f"Classes: {', '.join(f'{c} {k}' for c, k in counts.items())} (of {n}); largest BOS mass of any head "
             f"{float(diag.bos_mass.max()):.3f}; band: {format_band(diag.band())}.\n\n")
+    sick = slopes[slopes.layers_sick > 0]
     if sinks == 0:
-        sick = slopes[slopes.layers_sick > 0]
         text += (f"**No attention sink formed at this scale**: no head puts more than 0.5 of its attention on the "
                  f"first token (the largest is {float(diag.bos_mass.max()):.3f}), so the slope-vs-sink question "
                  "cannot be answered here. "
@@ -345,7 +345,6 @@ def bloom_text(args, diag, slopes: pd.DataFrame, log: list[dict]) -> str:
                     if len(sick) and len(slopes) > 2 else "")
                  + "Per-head statistics as measured:\n\n")
     else:
-        sick = slopes[slopes.layers_sick > 0]
         healthy = slopes[slopes.layers_sick == 0]
         corr = float(np.corrcoef(slopes["alibi_slope"], slopes["mean_bos_mass"])[0, 1]) if len(slopes) > 2 else math.nan
         text += (f"{sinks} DEAD/BOS-sink heads. Mean slope of head indices sick in some layer "

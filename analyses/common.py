@@ -178,13 +178,12 @@ class Run:
     def elapsed(self) -> float:
         return time.time() - self.t0
 
-    def keep_section(self, key: str, title: str, text: str) -> tuple[str, str]:
+    def keep_section(self, key: str, title: str, text: str) -> None:
         """Store one part's section under OUT/sections/<key>.md, stamped with the command that
         measured it, so that a later run of *other* parts still shows it (``kept_sections``)."""
         stamp = f"_Measured by `{self.command}` (finished {time.strftime('%Y-%m-%d %H:%M %Z')}, {self.elapsed():.0f} s in)._"
         body = f"{stamp}\n\n{text.rstrip()}\n"
         atomic_write_text(self.out / "sections" / f"{key}.md", f"{title}\n{body}", make_parents=True)
-        return title, body
 
     def kept_sections(self, keys: Sequence[str]) -> list[tuple[str, str]]:
         """The stored sections of ``keys`` that exist, in that order (see ``keep_section``)."""
