@@ -97,6 +97,10 @@ class _Counted:
     def zeroed_fraction(self) -> float:
         return self.counter.fraction()
 
+    def zeroed_counts(self) -> tuple[int, int]:
+        """(units zeroed, units seen) so far: what partial evaluations add up."""
+        return self.counter.zeroed, self.counter.units
+
     def reset(self) -> None:
         self.counter.reset()
 

@@ -458,12 +458,13 @@ def evaluate_task(
     if "acc_norm" in task.spec.metrics:
         metrics["acc_norm"] = sum(q.pred_norm == q.gold for q in questions) / len(questions)
     zf = ablation.zeroed_fraction() if ablation is not None and hasattr(ablation, "zeroed_fraction") else None
+    counts = list(ablation.zeroed_counts()) if hasattr(ablation, "zeroed_counts") else None
     config = {"model": model.name, "dtype": str(model.dtype).replace("torch.", ""), "task": task.name,
               "split": task.split, "source": task.source, "n_shot": k, "limit": limit, "seed": seed,
               "doc_ids": None if doc_ids is None else "given",
               "n_questions": len(questions), "n_requests": len(reqs),
               "ablation": getattr(ablation, "name", None) if ablation is not None else "none",
-              "batch_size": batch_size, "seconds": round(time.perf_counter() - t0, 3)}
+              "zeroed_units": counts, "batch_size": batch_size, "seconds": round(time.perf_counter() - t0, 3)}
     return TaskResult(task.name, k, metrics, questions, zf, config)
 
 

@@ -6,6 +6,7 @@ version, ...). Each result is one small JSON file::
 
     DIR/points/<hash>.json        one sweep point (per-question results)
     DIR/thresholds/<hash>.json    score thresholds for a model x task
+    DIR/parts/<hash>.json         a point's questions in parts, until the point is complete
 
 Files are written to a temporary file in the same folder, then ``os.replace``d: a reader
 sees either no file or a complete one, so a run killed at any moment resumes by
@@ -58,6 +59,10 @@ class ResultStore:
         path = self.path(kind, config)
         atomic_write_text(path, json.dumps({**record, "config": config}, indent=1, default=str), make_parents=True)
         return path
+
+    def discard(self, kind: str, config: dict[str, Any]) -> None:
+        """Remove the record for ``config`` if there is one (intermediate results once merged)."""
+        self.path(kind, config).unlink(missing_ok=True)
 
     def keys(self, kind: str) -> list[str]:
         folder = self.root / kind

@@ -18,9 +18,10 @@ Every point is evaluated with ``evaluate.evaluate_task(..., ablation=...)`` and 
 JSON file in a ``ResultStore`` (``DIR/points/<hash>.json``), keyed by a hash of what
 determines it: model digest, task fingerprint, n_shot, limit, few-shot seed, dtype,
 ablation spec and package version (the batch size is deliberately not part of the key).
-Thresholds are stored the same way (``DIR/thresholds``). A sweep killed at any moment
-resumes by computing only the missing points, and its tables are computed from the stored
-records alone, so they equal those of an uninterrupted run.
+Thresholds are stored the same way (``DIR/thresholds``). A point is evaluated in parts of
+``chunk_questions`` questions, each stored (``DIR/parts``) until the point is complete, so a
+sweep killed at any moment resumes by computing only the missing parts and points, and its
+tables are computed from the stored records alone, so they equal those of an uninterrupted run.
 
 Statistics (all on accuracy as a fraction in [0, 1]; "1 point" = ``tol`` = 0.01):
 
@@ -71,6 +72,7 @@ class SweepConfig:
     boot_seed: int = 0
     tol: float = 0.01  # one accuracy point
     threshold_batch_size: int = 8
+    chunk_questions: int | None = 250  # questions per stored part of a point (None: one part); not in the key
 
     def validate(self) -> None:
         """Check the settings; fractions become sorted, unique and always include 0 (the baseline)."""
@@ -85,6 +87,8 @@ class SweepConfig:
             raise LensHeadsError("random seeds must be >= 0")
         if self.batch_size < 1:
             raise LensHeadsError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.chunk_questions is not None and self.chunk_questions < 1:
+            raise LensHeadsError(f"chunk_questions must be >= 1, got {self.chunk_questions}")
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,57 @@ def _point_record(result) -> dict:
     }
 
 
+def _part_configs(task, cfg: SweepConfig, pcfg: dict) -> list[dict]:
+    """Store keys of a point's parts: its questions in runs of ``cfg.chunk_questions`` doc ids."""
+    from lens_heads.evaluate import select_records
+
+    ids = [r.doc_id for r in select_records(task, cfg.limit, cfg.seed)]
+    size = cfg.chunk_questions or len(ids)
+    return [{**pcfg, "kind": "part", "doc_ids": ids[i:i + size]} for i in range(0, len(ids), size)]
+
+
+def _evaluate_point(model, task, cfg: SweepConfig, spec: str, store: ResultStore, pcfg: dict) -> dict:
+    """Evaluate one point part by part, storing each part, so a killed run loses at most one part.
+
+    Every question's prompt, and every ablation's decision, depends only on that question, so
+    the merged record equals one evaluation of all the questions: accuracy is the mean over
+    questions (MMLU's size-weighted subjects included) and the zeroed fraction adds up counts.
+    """
+    from lens_heads.ablation import parse_ablation
+    from lens_heads.evaluate import evaluate_task
+
+    parts = []
+    for part in _part_configs(task, cfg, pcfg):
+        rec = store.get("parts", part)
+        if rec is None:
+            ablation = parse_ablation(spec, model.geometry)
+            result = evaluate_task(model, task, n_shot=cfg.n_shot, seed=cfg.seed, ablation=ablation,
+                                   batch_size=cfg.batch_size, progress=False, doc_ids=part["doc_ids"])
+            rec = _point_record(result)
+            store.put("parts", part, rec)
+        parts.append(rec)
+    return _merge_parts(parts, cfg.limit)
+
+
+def _merge_parts(parts: list[dict], limit: int | None) -> dict:
+    questions = [q for p in parts for q in p["questions"]]
+    metrics = {"acc": sum(q["correct"] for q in questions) / len(questions)}
+    if "acc_norm" in parts[0]["metrics"]:
+        metrics["acc_norm"] = sum(q["pred_norm"] == q["gold"] for q in questions) / len(questions)
+    counts = [p["eval_config"].get("zeroed_units") for p in parts]
+    if all(c is not None for c in counts):
+        zeroed, units = (sum(c[i] for c in counts) for i in (0, 1))
+        zf = zeroed / units if units else math.nan
+    else:
+        zf, zeroed = parts[0]["zeroed_fraction"], None
+    config = dict(parts[0]["eval_config"])
+    for k in ("n_questions", "n_requests", "seconds"):
+        config[k] = sum(p["eval_config"][k] for p in parts)
+    config.update(limit=limit, doc_ids=None, n_parts=len(parts),
+                  zeroed_units=None if zeroed is None else [zeroed, units])
+    return {**parts[0], "metrics": metrics, "zeroed_fraction": zf, "questions": questions, "eval_config": config}
+
+
 # -----------------------------------------------------------------------------
 # Running
 
@@ -202,7 +257,7 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
 
     from lens_heads.ablation import parse_ablation
     from lens_heads.data import load_task
-    from lens_heads.evaluate import evaluate_task, task_inputs
+    from lens_heads.evaluate import task_inputs
     from lens_heads.thresholds import compute_thresholds
 
     cfg.validate()
@@ -235,12 +290,11 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
             rec = store.get("points", pcfg)
             if rec is None:
                 bar.set_postfix_str(spec, refresh=True)
-                ablation = parse_ablation(spec, model.geometry)
-                result = evaluate_task(model, task, n_shot=cfg.n_shot, limit=cfg.limit, seed=cfg.seed,
-                                       ablation=ablation, batch_size=cfg.batch_size, progress=False)
-                rec = _point_record(result)
+                rec = _evaluate_point(model, task, cfg, spec, store, pcfg)
                 rec["point_hash"] = store.path("points", pcfg).stem
                 store.put("points", pcfg, rec)
+                for part in _part_configs(task, cfg, pcfg):
+                    store.discard("parts", part)
             records[spec] = rec
             bar.update(1)
     finally:

@@ -285,3 +285,52 @@ def test_cli_bad_input(tiny_model_dir, task_file, tmp_path, capsys, case, msg):
     assert len(err) == 1 and err[0].startswith("lens-heads sweep: error:"), err
     assert re.search(msg, err[0]), err[0]
     assert not out.exists(), "no partial output on bad input"
+
+
+# --- points stored in parts ---------------------------------------------------------------
+
+
+def test_parts_merge_to_the_one_shot_point_and_resume(tiny_model, task_file, tmp_path, monkeypatch):
+    """A point evaluated in parts of 2 questions equals the point evaluated at once; a run that
+    dies after some parts recomputes only the missing ones, and merged parts are removed."""
+    import lens_heads.evaluate as ev
+    from lens_heads.data import load_task
+    from lens_heads.sweep import run_sweep
+
+    model, task = tiny_model("llama"), load_task(f"file:{task_file}")
+    kw = dict(task=f"file:{task_file}", score_ids=["ahon_ln"], fractions=[0.0, 0.5], random_seeds=[0],
+              batch_size=4, n_boot=50, extra_ablations=["static:0.1,1.2"])
+    whole = run_sweep(model, SweepConfig(**kw, chunk_questions=None), tmp_path / "whole", task=task, progress=False)
+
+    calls, real = [], ev.evaluate_task
+
+    def dying(*a, **k):
+        calls.append(k["doc_ids"])
+        if len(calls) == 4:
+            raise KeyboardInterrupt("killed")
+        return real(*a, **k)
+
+    monkeypatch.setattr(ev, "evaluate_task", dying)
+    cfg = SweepConfig(**kw, chunk_questions=2)
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(model, cfg, tmp_path / "parts", task=task, progress=False)
+    assert calls[:3] == [[0, 1], [2, 3], [4, 5]]  # the baseline in 3 parts, then a part of the next point
+    assert len(list((tmp_path / "parts" / "parts").glob("*.json"))) == 0  # baseline merged, its parts gone
+    assert len(list((tmp_path / "parts" / "points").glob("*.json"))) == 1
+
+    calls.clear()
+    monkeypatch.setattr(ev, "evaluate_task", lambda *a, **k: calls.append(k["doc_ids"]) or real(*a, **k))
+    parts = run_sweep(model, cfg, tmp_path / "parts", task=task, progress=False)
+    assert len(calls) == 3 * 3  # three more points, three parts each: nothing done twice
+    assert not list((tmp_path / "parts" / "parts").glob("*.json"))
+
+    assert whole.records.keys() == parts.records.keys()
+    for spec, a in whole.records.items():
+        b = parts.records[spec]
+        assert [q["pred"] for q in a["questions"]] == [q["pred"] for q in b["questions"]], spec
+        assert np.allclose([q["lls"] for q in a["questions"]], [q["lls"] for q in b["questions"]], atol=1e-5)
+        assert a["metrics"] == b["metrics"]
+        assert a["zeroed_fraction"] == pytest.approx(b["zeroed_fraction"]), spec
+        assert b["eval_config"]["n_questions"] == len(TASK_ROWS)
+    assert parts.records["static:0.1,1.2"]["zeroed_fraction"] == pytest.approx(2 / 8)
+    pd.testing.assert_frame_equal(whole.summary, parts.summary)

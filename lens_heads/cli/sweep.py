@@ -25,7 +25,10 @@ def register(sub) -> None:
     p.add_argument("--ablate", action="append", default=[], metavar="SPEC",
                    help="an extra fixed ablation to evaluate: static:L.H,L.H | score:ID@TAU | random:P@SEED "
                         "(repeatable)")
-    p.add_argument("--limit", type=int, default=None, help="evaluate the first N questions only")
+    p.add_argument("--limit", type=int, default=None,
+                   help="evaluate a seeded stratified sample of N questions (default all)")
+    p.add_argument("--chunk-questions", type=int, default=250,
+                   help="questions per stored part of a point: a killed run loses at most one part (default 250)")
     p.add_argument("--n-shot", type=int, default=None, help="few-shot examples (default: the task's)")
     p.add_argument("--seed", type=int, default=1234, help="few-shot sampling seed (default 1234, lm-eval's)")
     p.add_argument("--batch-size", type=int, default=16)
@@ -52,7 +55,7 @@ def run(args) -> int:
     cfg = SweepConfig(task=args.task, score_ids=score_ids, fractions=fractions,
                       random_seeds=list(range(args.random_seeds)), n_shot=args.n_shot, limit=args.limit,
                       seed=args.seed, batch_size=args.batch_size, extra_ablations=list(args.ablate),
-                      n_boot=args.n_boot)
+                      n_boot=args.n_boot, chunk_questions=args.chunk_questions)
     cfg.validate()
     if args.n_boot < 1:
         raise LensHeadsError(f"--n-boot must be >= 1, got {args.n_boot}")
