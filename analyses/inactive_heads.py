@@ -78,6 +78,9 @@ def parse_args(argv):
                    help="sweep every pair, with or without signal (the decision is still reported)")
     p.add_argument("--baseline-only", action="store_true",
                    help="stop after (a): baselines and signal decisions only (a later run without it resumes)")
+    p.add_argument("--from-store", action="store_true",
+                   help="compute nothing: tabulate what the store already holds (pairs it lacks are listed as "
+                        "not measured), e.g. to merge runs made with different --models/--tasks")
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--paper-model", default="qwen2.5-coder-0.5b",
                    help="which of --models stands beside the paper's Qwen2.5-0.5B row (default qwen2.5-coder-0.5b)")
@@ -111,11 +114,15 @@ def sweep_limit(args, spec: str) -> int | None:
 # (a) baseline and the signal rule
 
 
-def baseline(model, task, spec: str, limit, args, store_dir: Path) -> dict:
-    """Unablated accuracy (stored in the pair's sweep store), bootstrap SE/CI, chance, signal."""
+def baseline(model, task, spec: str, limit, args, store_dir: Path) -> dict | None:
+    """Unablated accuracy (stored in the pair's sweep store), bootstrap SE/CI, chance, signal;
+    None with --from-store when the store lacks it."""
     cfg = SweepConfig(task=spec, score_ids=[], fractions=[0.0], random_seeds=[0], limit=limit,
                       batch_size=args.batch_size, n_boot=args.n_boot)
-    rec = run_sweep(model, cfg, store_dir, task=task, progress=False).records["none"]
+    result = run_sweep(model, cfg, store_dir, task=task, progress=False, compute=not args.from_store)
+    if result is None:
+        return None
+    rec = result.records["none"]
     correct = np.array([float(q["correct"]) for q in rec["questions"]])
     boot = correct[bootstrap_indices(len(correct), args.n_boot, cfg.boot_seed)].mean(1)
     records = select_records(task, limit, cfg.seed)
@@ -132,13 +139,16 @@ def baseline(model, task, spec: str, limit, args, store_dir: Path) -> dict:
 # (e) static ablation by a dataset-level score
 
 
-def static_specs(model, task, spec: str, limit, args, store_dir: Path) -> list[dict]:
-    """One static head set per fraction > 0: the k least active heads by the dataset-level score."""
+def static_specs(model, task, spec: str, limit, args, store_dir: Path) -> list[dict] | None:
+    """One static head set per fraction > 0: the k least active heads by the dataset-level score
+    (None with --from-store when the store lacks the scores)."""
     sid = resolve_score_ids(args.static_score)[0]
     cfg = SweepConfig(task=spec, score_ids=[], limit=limit)
     key = {**base_config(model, task, cfg), "kind": "static_scores", "score": sid}
     store = ResultStore(store_dir)
     rec = store.get("static_scores", key)
+    if rec is None and args.from_store:
+        return None
     if rec is None:
         inputs = task_inputs(model, task, None, limit, cfg.seed)
         hs = score_heads(model, inputs, [sid], batch_size=args.batch_size, progress=False)
@@ -209,7 +219,7 @@ def paper_comparison(table2: pd.DataFrame, base: pd.DataFrame, args) -> pd.DataF
         table2 = pd.DataFrame(columns=["model", "task", "score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high",
                                        "seed_min", "seed_max"])
     t = table2[(table2["model"] == label) & (table2["task"] == task)].set_index("score_fn")
-    b = base[(base["model"] == label) & (base["task"] == task)]
+    b = base[(base["model"] == label) & (base["task"] == task)] if len(base) else base
     rows = []
     if len(b):
         r = b.iloc[0]
@@ -293,6 +303,7 @@ def main(argv=None) -> int:
     run = Run.start(out, args.device, __file__, argv)
     names = {spec: task.name for spec, task in tasks.items()}
     base_rows, table_rows, auc_rows, static_rows, static_within, dtype_rows = [], [], [], [], [], []
+    missing = []  # with --from-store: what the store does not hold yet
     dtypes = {}
 
     def write_tables():
@@ -314,6 +325,10 @@ def main(argv=None) -> int:
             tname, limit = names[spec_t], task_limit(args, spec_t)
             store_dir = out / "store" / f"{label}__{tname}"
             b = baseline(model, task, spec_t, limit, args, store_dir)
+            if b is None:
+                missing.append(f"{label} / {tname}: baseline")
+                print(f"  {tname}: not in the store", flush=True)
+                continue
             base_rows.append({"model": label, "task": tname, "dtype": dtypes[label], **b})
             print(f"  {tname}: acc {b['accuracy']:.4f} +- {b['boot_se']:.4f} (chance {b['chance']:.3f}, "
                   f"{b['n_questions']} q) -> {'signal' if b['signal'] else 'no signal'}", flush=True)
@@ -322,10 +337,14 @@ def main(argv=None) -> int:
                 continue
             limit = sweep_limit(args, spec_t)
             statics = static_specs(model, task, spec_t, limit, args, store_dir)
-            cfg = SweepConfig(task=spec_t, score_ids=args.score_ids, fractions=args.fractions,
-                              random_seeds=list(range(args.seeds)), limit=limit, batch_size=args.batch_size,
-                              extra_ablations=[s["spec"] for s in statics], n_boot=args.n_boot)
-            result = run_sweep(model, cfg, store_dir, task=task, progress=True)
+            cfg = statics is not None and SweepConfig(
+                task=spec_t, score_ids=args.score_ids, fractions=args.fractions, random_seeds=list(range(args.seeds)),
+                limit=limit, batch_size=args.batch_size, extra_ablations=[s["spec"] for s in statics],
+                n_boot=args.n_boot)
+            result = cfg and run_sweep(model, cfg, store_dir, task=task, progress=True, compute=not args.from_store)
+            if not result:
+                missing.append(f"{label} / {tname}: sweep")
+                continue
             keep = ["score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max",
                     "max_pct_measured", "base_accuracy"]
             for r in result.within[keep].to_dict("records"):
@@ -359,12 +378,12 @@ def main(argv=None) -> int:
     write_csv(comparison, out / "paper_comparison.csv")
     run.write_summary("Inactive heads: Table 2 (% of heads zeroed within 1 accuracy point)",
                       summary_sections(args, base, table2, pd.DataFrame(auc_rows), pd.DataFrame(static_within),
-                                       comparison, dtype_rows, dtypes))
+                                       comparison, dtype_rows, dtypes, missing))
     print(f"wrote {out} in {run.elapsed():.0f} s", flush=True)
     return 0
 
 
-def summary_sections(args, base, table2, aucs, static_within, comparison, dtype_rows, dtypes):
+def summary_sections(args, base, table2, aucs, static_within, comparison, dtype_rows, dtypes, missing=()):
     def size(s):
         n, m = task_limit(args, s), sweep_limit(args, s)
         return f"{'all' if n is None else n}" + (f" (sweeps: {m})" if m != n else "")
@@ -381,9 +400,11 @@ def summary_sections(args, base, table2, aucs, static_within, comparison, dtype_
         f"1/#choices over the evaluated questions. "
         + ("This run stopped after the baselines (--baseline-only): no sweeps yet." if args.baseline_only else
            "Sweeps ran on pairs with signal" + (" (and, with --sweep-all, on every pair)." if args.sweep_all else "."))
+        + (" Tabulated from the result store (--from-store): this run computed nothing." if args.from_store else "")
         + "\n\n"
-        + markdown_table(base, 4, ["model", "task", "n_questions", "accuracy", "boot_se", "ci_low", "ci_high",
-                                   "chance", "z", "signal"]))
+        + (markdown_table(base, 4, ["model", "task", "n_questions", "accuracy", "boot_se", "ci_low", "ci_high",
+                                    "chance", "z", "signal"]) if len(base) else "No baseline measured yet.")
+        + ("\n\nNot measured yet: " + "; ".join(missing) + "." if missing else ""))
     if len(table2):
         cell = table2.assign(cell=[f"{r.max_pct_zeroed_within_1pt:.1f} [{r.ci_low:.1f}, {r.ci_high:.1f}]"
                                    if r.score_fn != RANDOM else

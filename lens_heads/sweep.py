@@ -251,8 +251,11 @@ def _merge_parts(parts: list[dict], limit: int | None) -> dict:
 # Running
 
 
-def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True) -> SweepResult:
-    """Run (or resume) a sweep, writing points under ``out_dir`` and the two CSV tables."""
+def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True,
+              compute: bool = True) -> SweepResult | None:
+    """Run (or resume) a sweep, writing points under ``out_dir`` and the two CSV tables.
+
+    ``compute=False`` only reads the store: None (and nothing written) when it lacks anything."""
     from tqdm.auto import tqdm
 
     from lens_heads.ablation import parse_ablation
@@ -272,6 +275,8 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
     if cfg.score_ids:
         tcfg = threshold_config(base, cfg)
         stored = store.get("thresholds", tcfg)
+        if stored is None and not compute:
+            return None
         if stored is None:
             inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed)
             computed = compute_thresholds(model, inputs, cfg.score_ids, cfg.fractions, cfg.threshold_batch_size)
@@ -282,11 +287,14 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
 
     points = plan_points(cfg, thresholds)
     todo = list(dict.fromkeys(p.spec for p in points))  # baseline first: it is every curve's origin
+    point_cfg = lambda spec: {**base, "kind": "point", "ablation": spec}  # noqa: E731
+    if not compute and not all(store.path("points", point_cfg(spec)).is_file() for spec in todo):
+        return None
     records: dict[str, dict] = {}
     bar = tqdm(total=len(todo), desc="sweep points", unit="point", disable=not progress)
     try:
         for spec in todo:
-            pcfg = {**base, "kind": "point", "ablation": spec}
+            pcfg = point_cfg(spec)
             rec = store.get("points", pcfg)
             if rec is None:
                 bar.set_postfix_str(spec, refresh=True)

@@ -98,6 +98,14 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     assert len(list((out / "store").rglob("*.json"))) == n_points
     assert {p.name: p.read_text() for p in out.glob("*.csv")} == before
 
+    # --from-store: the same tables from the store alone; a model it lacks is listed, not computed
+    other = tiny_model_dir("qwen2")
+    assert mod.main(["--models", f"{folder},{other}", *argv[2:], "--from-store"]) == 0
+    assert len(list((out / "store").rglob("*.json"))) == n_points
+    assert {p.name: p.read_text() for p in out.glob("*.csv")} == before
+    text = (out / "summary.md").read_text()
+    assert f"Not measured yet: {mod.model_label(str(other))} / mc: baseline." in text and "--from-store" in text
+
     # --sweep-limit: the signal decision on 6 questions, the sweep on a stratified 4 with its own baseline
     out3 = tmp_path / "out3"
     assert mod.main(argv[:-1] + [str(out3), "--sweep-limit", "4"]) == 0
