@@ -336,13 +336,13 @@ def main(argv=None) -> int:
             if args.baseline_only or not (b["signal"] or args.sweep_all):
                 continue
             limit = sweep_limit(args, spec_t)
-            statics = static_specs(model, task, spec_t, limit, args, store_dir)
-            cfg = statics is not None and SweepConfig(
-                task=spec_t, score_ids=args.score_ids, fractions=args.fractions, random_seeds=list(range(args.seeds)),
-                limit=limit, batch_size=args.batch_size, extra_ablations=[s["spec"] for s in statics],
-                n_boot=args.n_boot)
-            result = cfg and run_sweep(model, cfg, store_dir, task=task, progress=True, compute=not args.from_store)
-            if not result:
+            statics, result = static_specs(model, task, spec_t, limit, args, store_dir), None
+            if statics is not None:
+                cfg = SweepConfig(task=spec_t, score_ids=args.score_ids, fractions=args.fractions,
+                                  random_seeds=list(range(args.seeds)), limit=limit, batch_size=args.batch_size,
+                                  extra_ablations=[s["spec"] for s in statics], n_boot=args.n_boot)
+                result = run_sweep(model, cfg, store_dir, task=task, progress=True, compute=not args.from_store)
+            if result is None:
                 missing.append(f"{label} / {tname}: sweep")
                 continue
             keep = ["score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max",
