@@ -399,8 +399,10 @@ def summary_sections(args, base, table2, aucs, static_within, comparison, dtype_
         f"deviation of the accuracy over {args.n_boot} bootstrap resamples of the questions; chance = mean of "
         f"1/#choices over the evaluated questions. "
         + ("This run stopped after the baselines (--baseline-only): no sweeps yet." if args.baseline_only else
+           "Tabulated from the result store (--from-store; this run computed nothing): sweeps are shown for the "
+           "pairs with signal" + (" (with --sweep-all, every pair)" if args.sweep_all else "") + " whose sweep the "
+           "store holds." if args.from_store else
            "Sweeps ran on pairs with signal" + (" (and, with --sweep-all, on every pair)." if args.sweep_all else "."))
-        + (" Tabulated from the result store (--from-store): this run computed nothing." if args.from_store else "")
         + "\n\n"
         + (markdown_table(base, 4, ["model", "task", "n_questions", "accuracy", "boot_se", "ci_low", "ci_high",
                                     "chance", "z", "signal"]) if len(base) else "No baseline measured yet.")
