@@ -132,7 +132,8 @@ def baseline(model, task, spec: str, limit, args, store_dir: Path) -> dict | Non
     return {"accuracy": acc, "boot_se": se, "ci_low": lo, "ci_high": hi, "chance": chance,
             "z": (acc - chance) / se if se > 0 else math.inf * np.sign(acc - chance),
             "signal": bool(acc - chance > args.signal_se * se), "n_questions": len(correct),
-            "n_total": len(task.records), "acc_norm": rec["metrics"].get("acc_norm", math.nan)}
+            "n_total": len(task.records), "acc_norm": rec["metrics"].get("acc_norm", math.nan),
+            "eval_seconds": float(rec["eval_config"].get("seconds", math.nan))}
 
 
 # -----------------------------------------------------------------------------
@@ -404,8 +405,10 @@ def summary_sections(args, base, table2, aucs, static_within, comparison, dtype_
            "store holds." if args.from_store else
            "Sweeps ran on pairs with signal" + (" (and, with --sweep-all, on every pair)." if args.sweep_all else "."))
         + "\n\n"
-        + (markdown_table(base, 4, ["model", "task", "n_questions", "accuracy", "boot_se", "ci_low", "ci_high",
-                                    "chance", "z", "signal"]) if len(base) else "No baseline measured yet.")
+        + (markdown_table(base.assign(eval_min=base["eval_seconds"] / 60), 4,
+                          ["model", "task", "n_questions", "accuracy", "boot_se", "ci_low", "ci_high", "chance", "z",
+                           "signal", "eval_min"]) + "\n\neval_min: wall minutes of the unablated evaluation when it "
+           "was computed (from the store)." if len(base) else "No baseline measured yet.")
         + ("\n\nNot measured yet: " + "; ".join(missing) + "." if missing else ""))
     if len(table2):
         cell = table2.assign(cell=[f"{r.max_pct_zeroed_within_1pt:.1f} [{r.ci_low:.1f}, {r.ci_high:.1f}]"
