@@ -22,7 +22,8 @@ For every (model, task):
     same fractions p; evaluated through the same store (``extra_ablations``).
 
 Outputs (OUT): baseline.csv, table2.csv, auc_ranking.csv, static_ahon_ln.csv,
-paper_comparison.csv, dtype_check.csv (with --check-dtype), summary.md.
+paper_comparison.csv, dtype_check.csv (with --check-dtype: the bf16 pipeline vs the fp32 one, unablated
+and per-input AHON(LN) at 10 %, on --check-dtype-limit questions, stored like every point), summary.md.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def parse_args(argv):
                    help="which of --models stands beside the paper's Qwen2.5-0.5B row (default qwen2.5-coder-0.5b)")
     p.add_argument("--paper-task", default="mmlu", help="task of the paper's row (default mmlu)")
     p.add_argument("--check-dtype", action="store_true",
-                   help="where bfloat16 is native on --device: compare bf16 vs fp32 on a subset")
+                   help="compare the bfloat16 pipeline with the float32 one on a subset (slow where bf16 is emulated)")
     p.add_argument("--check-dtype-limit", type=int, default=200)
     args = p.parse_args(argv)
     check_positive(args, "batch_size", "n_boot", "limit", "sweep_limit", "limit_piqa", "limit_winogrande", "limit_mmlu",
@@ -267,29 +268,42 @@ def paper_comparison(table2: pd.DataFrame, base: pd.DataFrame, args) -> pd.DataF
 
 
 # -----------------------------------------------------------------------------
-# --check-dtype: bfloat16 vs float32 on a subset (only where bf16 is native)
+# --check-dtype: the bfloat16 pipeline vs the float32 one on a subset
 
 
-def check_dtype(spec: str, tasks: dict, args) -> pd.DataFrame:
+def check_dtype(spec: str, tasks: dict, args, out: Path) -> pd.DataFrame:
+    """For each task: the unablated point and a per-input AHON(LN) 10 % point, each dtype with its
+    own thresholds, through the store (OUT/store/<model>__<task>/dtype_check). Runs where bf16 is
+    emulated too (slowly): the check is about the numbers, not the speed."""
     from lens_heads.models.load import native_bf16
 
-    rows = []
-    if not native_bf16(args.device):
-        return pd.DataFrame([{"model": model_label(spec), "note": f"skipped: bfloat16 is not native on {args.device}"}])
+    label, rows = model_label(spec), []
     models = {d: load_model(spec, dtype=d, device=args.device) for d in ("float32", "bfloat16")}
     for name, task in tasks.items():
-        inputs = task_inputs(models["float32"], task, None, args.check_dtype_limit)
-        tau = compute_thresholds(models["float32"], inputs, ["ahon_ln"], [0.1], args.batch_size)["ahon_ln"][0.1]
-        for abl in ("none", f"score:ahon_ln@{tau!r}"):
-            res = {}
-            for d, m in models.items():
-                res[d] = evaluate_task(m, task, limit=args.check_dtype_limit, ablation=parse_ablation(abl, m.geometry),
-                                       batch_size=args.batch_size, progress=False)
-            agree = np.mean([a.pred == b.pred for a, b in zip(res["float32"].questions, res["bfloat16"].questions)])
-            rows.append({"model": model_label(spec), "task": name, "ablation": abl.split("@")[0],
-                         "n_questions": len(res["float32"].questions),
-                         "acc_float32": res["float32"].metrics["acc"], "acc_bfloat16": res["bfloat16"].metrics["acc"],
-                         "prediction_agreement": agree})
+        res, taus = {}, {}
+        for d, m in models.items():
+            cfg = SweepConfig(task=name, score_ids=["ahon_ln"], fractions=[0.1], random_seeds=[],
+                              limit=args.check_dtype_limit, batch_size=args.batch_size, n_boot=args.n_boot)
+            res[d] = run_sweep(m, cfg, out / "store" / f"{label}__{name}" / "dtype_check", task=task,
+                               progress=False, compute=not args.from_store)
+        if any(r is None for r in res.values()):
+            continue
+        for abl in ("none", "ahon_ln@0.1"):
+            recs = {}
+            for d, r in res.items():
+                pts = r.summary.loc[(r.summary["score_fn"] == "ahon_ln") & (r.summary["fraction"] > 0), "spec"]
+                spec_d = "none" if abl == "none" else pts.iloc[0]
+                recs[d] = r.records[spec_d]
+            a, b = (recs[d]["questions"] for d in ("float32", "bfloat16"))
+            dll = max(abs(x - y) for qa, qb in zip(a, b) for x, y in zip(qa["lls"], qb["lls"]))
+            rows.append({"model": label, "task": name, "ablation": abl, "n_questions": len(a),
+                         "acc_float32": recs["float32"]["metrics"]["acc"],
+                         "acc_bfloat16": recs["bfloat16"]["metrics"]["acc"],
+                         "prediction_agreement": float(np.mean([qa["pred"] == qb["pred"] for qa, qb in zip(a, b)])),
+                         "max_abs_dll": dll,
+                         "zeroed_float32": recs["float32"]["zeroed_fraction"],
+                         "zeroed_bfloat16": recs["bfloat16"]["zeroed_fraction"],
+                         "bf16_native": native_bf16(args.device)})
     return pd.DataFrame(rows)
 
 
@@ -370,8 +384,9 @@ def main(argv=None) -> int:
         del model
         gc.collect()
         if args.check_dtype:
-            dtype_rows.append(check_dtype(spec_m, {names[s]: t for s, t in tasks.items()}, args))
-            write_csv(pd.concat(dtype_rows, ignore_index=True), out / "dtype_check.csv")
+            dtype_rows.append(check_dtype(spec_m, {names[s]: t for s, t in tasks.items()}, args, out))
+            if sum(len(d) for d in dtype_rows):
+                write_csv(pd.concat(dtype_rows, ignore_index=True), out / "dtype_check.csv")
 
     base = pd.DataFrame(base_rows)
     table2 = pd.DataFrame(table_rows)
@@ -437,7 +452,7 @@ def summary_sections(args, base, table2, aucs, static_within, comparison, dtype_
             + markdown_table(static_within, 3, ["model", "task", "static_max_pct_within_1pt", "static_ci_low",
                                                 "static_ci_high", "per_input_max_pct_within_1pt", "static_auc",
                                                 "per_input_auc"]))
-    if dtype_rows:
+    if sum(len(d) for d in dtype_rows):
         yield "bfloat16 vs float32 check", markdown_table(pd.concat(dtype_rows, ignore_index=True), 4)
 
 

@@ -231,3 +231,40 @@ def test_collapse_repair_tables(tmp_path, tiny_model_dir, tiny_model, shared_dat
     assert summary.index("## 1. Diagnosis") < summary.index("## 2. Repair") < summary.index("## 3. BLOOM")
     assert all((out / "sections" / f"{k}.md").read_text() == v for k, v in before.items())
     assert summary.count("--parts bloom") == 2  # the header's command and the BLOOM section's stamp
+
+
+@pytest.mark.filterwarnings("ignore:bfloat16 on cpu without native bf16")  # emulated here; the check still holds
+def test_inactive_heads_dtype_check(tmp_path, tiny_model_dir):
+    """--check-dtype: bf16 vs fp32 on a subset, each dtype's numbers equal its own evaluation
+    (bf16 with its own AHON(LN) thresholds), stored, and tabulated again by --from-store."""
+    from lens_heads import load_model
+    from lens_heads.ablation import parse_ablation
+    from lens_heads.data import load_task
+    from lens_heads.evaluate import evaluate_task, task_inputs
+    from lens_heads.thresholds import compute_thresholds
+
+    mod = script("inactive_heads")
+    folder, spec, out = tiny_model_dir("llama"), mc_task_file(tmp_path), tmp_path / "out"
+    argv = ["--models", str(folder), "--tasks", spec, "--limit", "6", "--baseline-only", "--check-dtype",
+            "--check-dtype-limit", "4", "--n-boot", "20", "--dtype", "float32", "--out", str(out)]
+    assert mod.main(argv) == 0
+    check = pd.read_csv(out / "dtype_check.csv")
+    assert list(check.ablation) == ["none", "ahon_ln@0.1"] and (check.n_questions == 4).all()
+    task = load_task(spec)
+    for d in ("float32", "bfloat16"):
+        m = load_model(str(folder), dtype=d)
+        base = evaluate_task(m, task, limit=4, progress=False)
+        tau = compute_thresholds(m, task_inputs(m, task, None, 4), ["ahon_ln"], [0.1], 8)["ahon_ln"][0.1]
+        abl = evaluate_task(m, task, limit=4, ablation=parse_ablation(f"score:ahon_ln@{tau!r}", m.geometry),
+                            progress=False)
+        assert check[f"acc_{d}"].tolist() == pytest.approx([base.metrics["acc"], abl.metrics["acc"]])
+        if d == "float32":
+            ref = (base, abl)
+    agree = [np.mean([a.pred == b.pred for a, b in zip(r.questions, s.questions)]) for r, s in zip(ref, (base, abl))]
+    assert check.prediction_agreement.tolist() == pytest.approx(agree)
+    assert (check.max_abs_dll > 0).all()  # bf16 does change the log-likelihoods
+    before = (out / "dtype_check.csv").read_text()
+    n_files = len(list((out / "store").rglob("*.json")))
+    assert mod.main(argv + ["--from-store"]) == 0
+    assert (out / "dtype_check.csv").read_text() == before and len(list((out / "store").rglob("*.json"))) == n_files
+    assert "bfloat16 vs float32 check" in (out / "summary.md").read_text()
