@@ -192,6 +192,18 @@ def test_sweep_curves_from_a_real_sweep(sweep_dir):
     assert ys.min() == pytest.approx(lo) and ys.max() == pytest.approx(hi)
 
 
+def test_sweep_curves_pair_raw_and_ln_by_colour():
+    fns = [f"{b}{s}" for b in ("awft", "aeqd", "ftvvn", "avvn", "lthon", "ahon") for s in ("", "_ln")]
+    summary = pd.DataFrame([{"score_fn": f, "fraction": p, "pct_zeroed": 100 * p, "accuracy": 0.6 - p}
+                            for f in fns + ["static ahon_ln"] for p in (0.0, 0.1)])
+    lines = {ln.get_label(): ln for ln in sweep_curves(summary).axes[0].get_lines()}
+    for b in ("awft", "aeqd", "ftvvn", "avvn", "lthon", "ahon"):
+        raw, ln = lines[b], lines[f"{b}_ln"]
+        assert raw.get_color() == ln.get_color() and (raw.get_linestyle(), ln.get_linestyle()) == ("-", "-.")
+    colours = {lines[b].get_color() for b in ("awft", "aeqd", "ftvvn", "avvn", "lthon", "ahon", "static ahon_ln")}
+    assert len(colours) == 7  # 7 families, 7 distinct colours
+
+
 def test_read_sweep_bad_input(tmp_path):
     with pytest.raises(LensHeadsError, match="no sweep summary"):
         read_sweep(tmp_path)

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 from typing import Mapping, Sequence
 
+import matplotlib
 import numpy as np
 import pandas as pd
 from matplotlib.colors import ListedColormap
@@ -148,9 +149,13 @@ def sweep_curves(summary: pd.DataFrame, within: pd.DataFrame | None = None,
     fig = Figure(figsize=(9.5, 5.0), layout="constrained")
     ax = fig.add_subplot()
     fns = [f for f in summary["score_fn"].unique() if f not in ("random", "none")]
+    # a raw score and its layer-normalised _ln version share a colour; _ln is dash-dotted
+    families = list(dict.fromkeys(f.removesuffix("_ln") for f in fns))
+    palette = matplotlib.colormaps["tab10" if len(families) <= 10 else "tab20"]
     for fn in fns:
         rows = summary[summary["score_fn"] == fn].sort_values("pct_zeroed")
-        ax.plot(rows["pct_zeroed"], rows["accuracy"], marker="o", ms=3.5, lw=1.6, label=fn + labels.get(fn, ""))
+        ax.plot(rows["pct_zeroed"], rows["accuracy"], marker="o", ms=3.5, lw=1.6, label=fn + labels.get(fn, ""),
+                color=palette(families.index(fn.removesuffix("_ln"))), ls="-." if fn.endswith("_ln") else "-")
     rnd = random_baseline(summary)
     if not rnd.empty:
         seeds = int(rnd["n_seeds"].max())
