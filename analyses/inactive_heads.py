@@ -21,9 +21,10 @@ For every (model, task):
     (``score_heads``), the k lowest zeroed on every input, k = ceil(p x layers x heads) for the
     same fractions p; evaluated through the same store (``extra_ablations``).
 
-Outputs (OUT): baseline.csv, table2.csv, auc_ranking.csv, static_ahon_ln.csv,
-paper_comparison.csv, dtype_check.csv (with --check-dtype: the bf16 pipeline vs the fp32 one, unablated
-and per-input AHON(LN) at 10 %, on --check-dtype-limit questions, stored like every point), summary.md.
+Outputs (OUT): baseline.csv, table2.csv, auc_ranking.csv, static_ahon_ln.csv, static_within_1pt.csv,
+figures/curves_<model>__<task>.png, paper_comparison.csv, summary.md; with --check-dtype,
+dtype_check.csv (the bf16 pipeline vs the fp32 one, unablated and per-input AHON(LN) at 10 %, on
+--check-dtype-limit questions, stored like every point).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ import pandas as pd
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import Run, base_parser, check_positive, markdown_table, model_label, out_folder, script_main, \
-    split_list, split_tasks, write_csv  # noqa: E402
+    split_list, split_tasks, write_csv, write_figure  # noqa: E402
 
 from lens_heads import load_model  # noqa: E402
 from lens_heads.ablation import parse_ablation  # noqa: E402
@@ -51,6 +52,7 @@ from lens_heads.scores import SCORES, resolve_score_ids, score_heads  # noqa: E4
 from lens_heads.store import ResultStore  # noqa: E402
 from lens_heads.sweep import RANDOM, SweepConfig, base_config, run_sweep  # noqa: E402
 from lens_heads.thresholds import compute_thresholds, parse_fractions  # noqa: E402
+from lens_heads.viz.figures import sweep_curves  # noqa: E402
 
 # METHODS.md section A, headline results (MMLU 5-shot, % of heads zeroed within 1 point)
 PAPER_ROW = {"model": "Qwen2.5-0.5B", "task": "mmlu", "base_accuracy": 47.49, "awft": 7.4, "ahon_ln": 7.4,
@@ -267,6 +269,20 @@ def paper_comparison(table2: pd.DataFrame, base: pd.DataFrame, args) -> pd.DataF
     return pd.DataFrame(rows, columns=["quantity", "paper", "ours", "ours_ci_low", "ours_ci_high", "verdict"])
 
 
+def curve_figure(result, points: pd.DataFrame, within: dict, sid: str, title: str):
+    """Accuracy vs % zeroed: the per-input curves and random (from the sweep) and the static
+    curve (``static <sid>``), each labelled with its % within 1 point."""
+    per_input = result.summary[~result.summary["score_fn"].str.startswith("static:")]
+    base = float(result.records["none"]["metrics"]["acc"])
+    static = pd.concat([pd.DataFrame([{"fraction": 0.0, "pct_zeroed": 0.0, "accuracy": base}]),
+                        points[["fraction", "pct_zeroed", "accuracy"]]]).assign(score_fn=f"static {sid}")
+    summary = pd.concat([per_input, static], ignore_index=True)
+    marks = pd.concat([result.within[["score_fn", "max_pct_zeroed_within_1pt"]],
+                       pd.DataFrame([{"score_fn": f"static {sid}",
+                                      "max_pct_zeroed_within_1pt": within["static_max_pct_within_1pt"]}])])
+    return sweep_curves(summary, marks, base=base, title=f"{title}: accuracy as heads are zeroed")
+
+
 # -----------------------------------------------------------------------------
 # --check-dtype: the bfloat16 pipeline vs the float32 one on a subset
 
@@ -380,6 +396,8 @@ def main(argv=None) -> int:
                                   "per_input_max_pct_within_1pt": per_input.loc[sid, "max_pct_zeroed_within_1pt"]
                                   if sid in per_input.index else math.nan,
                                   "per_input_auc": per_input.loc[sid, "auc"] if sid in per_input.index else math.nan})
+            write_figure(curve_figure(result, points, within, sid, f"{label} / {tname}"),
+                         out / "figures" / f"curves_{label}__{tname}.png")
             write_tables()
         del model
         gc.collect()

@@ -82,6 +82,7 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     zeroed = evaluate_task(model, task, limit=6, ablation=StaticAblation(lowest, model.geometry), progress=False)
     assert static.accuracy.iloc[0] == pytest.approx(zeroed.metrics["acc"])
     assert (pd.read_csv(out / "static_within_1pt.csv").static_max_pct_within_1pt >= 0).all()
+    assert (out / "figures" / f"curves_{label}__mc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
     # (d) the paper row: verdicts follow from the interval
     cmp = pd.read_csv(out / "paper_comparison.csv")
