@@ -89,6 +89,12 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     first = cmp.iloc[0]
     assert first.quantity.startswith("base accuracy") and float(first.paper) == 47.49
     assert first.verdict.startswith("agrees") == (first.ours_ci_low <= 47.49 <= first.ours_ci_high)
+    claims = pd.read_csv(out / "paper_claims.csv").iloc[0]
+    t2i = t2.set_index("score_fn")
+    assert claims.best_non_awft == "ahon_ln" and claims.best == pytest.approx(t2i.loc["ahon_ln", "max_pct_zeroed_within_1pt"])
+    assert claims.awft == pytest.approx(t2i.loc["awft", "max_pct_zeroed_within_1pt"])
+    assert claims.best_beats_awft.startswith("yes") == (claims.best > claims.awft)
+    assert claims.random_seed_min == pytest.approx(t2i.loc["random", "seed_min"])
     summary = (out / "summary.md").read_text()
     assert "inactive_heads.py" in summary and "wall time" in summary and "lens_heads | 0." in summary
 
