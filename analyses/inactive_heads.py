@@ -43,15 +43,14 @@ from common import Run, base_parser, check_positive, markdown_table, model_label
     split_list, split_tasks, write_csv, write_figure  # noqa: E402
 
 from lens_heads import load_model  # noqa: E402
-from lens_heads.ablation import parse_ablation  # noqa: E402
 from lens_heads.curves import bootstrap_indices, max_within, normalised_auc, percentile_interval  # noqa: E402
 from lens_heads.data import load_task  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
-from lens_heads.evaluate import evaluate_task, select_records, task_inputs  # noqa: E402
+from lens_heads.evaluate import select_records, task_inputs  # noqa: E402
 from lens_heads.scores import SCORES, resolve_score_ids, score_heads  # noqa: E402
 from lens_heads.store import ResultStore  # noqa: E402
 from lens_heads.sweep import RANDOM, SweepConfig, base_config, run_sweep  # noqa: E402
-from lens_heads.thresholds import compute_thresholds, parse_fractions  # noqa: E402
+from lens_heads.thresholds import parse_fractions  # noqa: E402
 from lens_heads.viz.figures import sweep_curves  # noqa: E402
 
 # METHODS.md section A, headline results (MMLU 5-shot, % of heads zeroed within 1 point)
@@ -321,7 +320,7 @@ def check_dtype(spec: str, tasks: dict, args, out: Path) -> pd.DataFrame:
     label, rows = model_label(spec), []
     models = {d: load_model(spec, dtype=d, device=args.device) for d in ("float32", "bfloat16")}
     for name, task in tasks.items():
-        res, taus = {}, {}
+        res = {}
         for d, m in models.items():
             cfg = SweepConfig(task=name, score_ids=["ahon_ln"], fractions=[0.1], random_seeds=[],
                               limit=args.check_dtype_limit, batch_size=args.batch_size, n_boot=args.n_boot)
