@@ -216,7 +216,7 @@ def _verdict(paper: float, lo: float, hi: float) -> str:
     return "disagrees: paper " + ("higher" if paper > hi else "lower") + " than our 95% CI"
 
 
-def paper_comparison(table2: pd.DataFrame, base: pd.DataFrame, args) -> pd.DataFrame:
+def paper_comparison(table2: pd.DataFrame, base: pd.DataFrame, claims: pd.DataFrame, args) -> pd.DataFrame:
     label, task = model_label(args.paper_model), args.paper_task
     if table2.empty:  # no pair was swept (none carried signal)
         table2 = pd.DataFrame(columns=["model", "task", "score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high",
@@ -252,15 +252,11 @@ def paper_comparison(table2: pd.DataFrame, base: pd.DataFrame, args) -> pd.DataF
                          "ours": f"{r.seed_min:.1f}-{r.seed_max:.1f}", "ours_ci_low": r.ci_low, "ours_ci_high": r.ci_high,
                          "verdict": "agrees (seed ranges overlap)" if overlap else "disagrees (seed ranges do not overlap)"})
     # the averaged claim: AWFT vs the best non-AWFT function, over our pairs on the paper's task
-    on_task = table2[(table2["task"] == task) & (table2["score_fn"] != RANDOM)]
-    if len(on_task) and (on_task["score_fn"] == "awft").any():
-        awft, best = [], []
-        for _, grp in on_task.groupby("model"):
-            awft.append(grp.loc[grp.score_fn == "awft", "max_pct_zeroed_within_1pt"].mean())
-            best.append(grp.loc[~grp.score_fn.isin(["awft", "awft_ln"]), "max_pct_zeroed_within_1pt"].max())
-        ours_awft, ours_best = float(np.nanmean(awft)), float(np.nanmean(best))
+    on_task = claims[claims["task"] == task] if len(claims) else claims
+    if len(on_task):
+        ours_awft, ours_best = float(on_task["awft"].mean()), float(on_task["best"].mean())
         claim = PAPER_AVERAGES["best_non_awft"] > PAPER_AVERAGES["awft"]
-        rows.append({"quantity": f"mean over our {len(awft)} model(s): awft vs best non-AWFT",
+        rows.append({"quantity": f"mean over our {len(on_task)} model(s): awft vs best non-AWFT",
                      "paper": f"{PAPER_AVERAGES['awft']} vs {PAPER_AVERAGES['best_non_awft']}",
                      "ours": f"{ours_awft:.1f} vs {ours_best:.1f}", "ours_ci_low": math.nan, "ours_ci_high": math.nan,
                      "verdict": ("agrees" if (ours_best > ours_awft) == claim else "disagrees")
@@ -311,14 +307,16 @@ def curve_figure(result, points: pd.DataFrame, within: dict, sid: str, title: st
 # --check-dtype: the bfloat16 pipeline vs the float32 one on a subset
 
 
-def check_dtype(spec: str, tasks: dict, args, out: Path) -> pd.DataFrame:
+def check_dtype(spec: str, model, tasks: dict, args, out: Path) -> pd.DataFrame:
     """For each task: the unablated point and a per-input AHON(LN) 10 % point, each dtype with its
     own thresholds, through the store (OUT/store/<model>__<task>/dtype_check). Runs where bf16 is
     emulated too (slowly): the check is about the numbers, not the speed."""
     from lens_heads.models.load import native_bf16
 
     label, rows = model_label(spec), []
-    models = {d: load_model(spec, dtype=d, device=args.device) for d in ("float32", "bfloat16")}
+    loaded = str(model.dtype).removeprefix("torch.")  # the run's model serves as one of the two
+    models = {d: model if d == loaded else load_model(spec, dtype=d, device=args.device)
+              for d in ("float32", "bfloat16")}
     for name, task in tasks.items():
         res = {}
         for d, m in models.items():
@@ -423,20 +421,20 @@ def main(argv=None) -> int:
             write_figure(curve_figure(result, points, within, sid, f"{label} / {tname}"),
                          out / "figures" / f"curves_{label}__{tname}.png")
             write_tables()
-        del model
-        gc.collect()
         if args.check_dtype:
-            dtype_rows.append(check_dtype(spec_m, {names[s]: t for s, t in tasks.items()}, args, out))
+            dtype_rows.append(check_dtype(spec_m, model, {names[s]: t for s, t in tasks.items()}, args, out))
             if sum(len(d) for d in dtype_rows):
                 write_csv(pd.concat(dtype_rows, ignore_index=True), out / "dtype_check.csv")
+        del model
+        gc.collect()
 
     base = pd.DataFrame(base_rows)
     table2 = pd.DataFrame(table_rows)
-    comparison = paper_comparison(table2, base, args)
-    write_csv(comparison, out / "paper_comparison.csv")
     claims = paper_claims(table2)
     if len(claims):
         write_csv(claims, out / "paper_claims.csv")
+    comparison = paper_comparison(table2, base, claims, args)
+    write_csv(comparison, out / "paper_comparison.csv")
     run.write_summary("Inactive heads: Table 2 (% of heads zeroed within 1 accuracy point)",
                       summary_sections(args, base, table2, pd.DataFrame(auc_rows), pd.DataFrame(static_within),
                                        comparison, claims, dtype_rows, dtypes, missing))
