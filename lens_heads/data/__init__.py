@@ -2,7 +2,8 @@
 
 Corpora (``corpora.py``): ``load_texts`` -> ``tokenize_texts`` -> ``iter_batches`` / ``pad_batch``.
 Tasks (``tasks.py``): ``load_task("mmlu" | "piqa" | "winogrande" | "file:...")`` gives a
-``Task`` whose ``requests(record, fewshot)`` reproduce lm-evaluation-harness 0.4.x prompts.
+``Task`` whose ``requests(record, fewshot)`` reproduce lm-evaluation-harness 0.4.x prompts;
+``mc_files.py`` turns a local multiple-choice file (the ``file:...`` form) into such a Task.
 Local copies are found under the data root (``paths.py``; env var ``LENS_HEADS_DATA``).
 """
 
@@ -24,13 +25,11 @@ from lens_heads.data.tasks import (
     MCRecord,
     Task,
     TaskSpec,
-    load_mc_file,
-    load_mc_spec,
     load_task,
     mmlu_description,
-    parse_mc_spec,
     register_task,
 )
+from lens_heads.data.mc_files import load_mc_file, load_mc_spec, parse_mc_spec
 
 __all__ = [
     "CORPORA", "CorpusSpec", "load_texts", "tokenize_texts", "pad_batch", "iter_batches", "iter_rows",
