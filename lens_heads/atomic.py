@@ -6,11 +6,12 @@ Every results file lens_heads writes goes through here.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator, Sequence
 
 from lens_heads.errors import LensHeadsError
 
@@ -41,6 +42,15 @@ def atomic_path(path: str | os.PathLike, make_parents: bool = False) -> Iterator
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
+
+
+def atomic_write_all(writes: Sequence[tuple[str | os.PathLike, Callable[[str], object]]]) -> None:
+    """Several files that belong together: ``write(tmp_name)`` each to a temp file beside its
+    target; only when every write succeeded are they renamed into place (an error leaves all
+    the old files as they were)."""
+    with contextlib.ExitStack() as stack:
+        for target, write in writes:
+            write(str(stack.enter_context(atomic_path(target))))
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, make_parents: bool = False) -> Path:

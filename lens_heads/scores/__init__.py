@@ -1,0 +1,57 @@
+"""Per-head inactivity scores, computed in one streaming forward pass.
+
+A *score function* maps one layer's activations on a batch to one number per (input, head).
+METHODS.md §A defines the paper's twelve (six base scores and their layer-normalised ``_ln``
+versions); ``lthon_hn``, ``fhon`` and ``fhon_ln`` come from the authors' code:
+
+    awft      mean_t A[t, first]                       pattern  inactive when high
+    aeqd      mean_t -sum_j A[t, j] ln A[t, j]         pattern  low
+    ftvvn     ||V_first||                              v        low
+    avvn      mean_j ||V_j||                           v        low
+    lthon     ||O_last||                               z        low
+    ahon      mean_t ||O_t||                           z        low
+    lthon_hn  ||O_last|| / mean_t ||O_t||              z        low
+    fhon      mean_t ||O_t W_O^h||                     z        low
+    <id>_ln   score / mean over the layer's heads      (same)   (same)
+
+Means run over real tokens only (padding excluded); "first" is the first real token, "last"
+the last real one; under grouped-query attention a value score is repeated over the query
+heads that read that KV head.
+
+Modules, in the order data flows through them:
+
+    functions.py  ``Acts`` (what a function sees), ``ScoreFn``, the registry ``SCORES`` and
+                  the definitions above; adding a score function is one call there
+    collector.py  ``ScoreCollector``: score ids -> hooks for one forward of a batch; each hook
+                  reduces its activation to ``[batch, head]`` at once and keeps nothing else;
+                  at ``hook_z`` an optional ``z_transform`` may replace z (per-input ablation)
+    dataset.py    ``score_heads`` over a dataset -> ``HeadScores`` (mean / std / count per
+                  head, optional per-input scores; CSV or Parquet with sidecars)
+"""
+
+from lens_heads.scores.functions import (
+    PAPER_SCORES,
+    SCORES,
+    Acts,
+    BatchGeometry,
+    ScoreFn,
+    base,
+    derived,
+    layer_normalised,
+    register_score,
+    resolve_score_ids,
+)
+from lens_heads.scores.collector import ScoreCollector, ZTransform
+from lens_heads.scores.dataset import (
+    HeadScores,
+    context_length,
+    prepare_inputs,
+    score_heads,
+    score_metadata,
+)
+
+__all__ = [
+    "PAPER_SCORES", "SCORES", "Acts", "BatchGeometry", "ScoreFn", "base", "derived", "layer_normalised",
+    "register_score", "resolve_score_ids", "ScoreCollector", "ZTransform",
+    "HeadScores", "context_length", "prepare_inputs", "score_heads", "score_metadata",
+]

@@ -1,0 +1,316 @@
+"""Dataset-level scores: ``score_heads`` runs the collector over a dataset and returns
+``HeadScores`` (per-head mean, std and count over inputs, optionally every input's scores),
+which saves to and loads from a CSV/Parquet table with provenance sidecars.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from torch import Tensor
+
+from lens_heads.atomic import atomic_write_all
+from lens_heads.data import iter_batches, tokenize_texts
+from lens_heads.errors import LensHeadsError
+from lens_heads.hooks import run_with_hooks
+from lens_heads.scores.collector import ScoreCollector
+from lens_heads.scores.functions import SCORES, resolve_score_ids
+
+# -----------------------------------------------------------------------------
+# Dataset-level scores
+
+
+class _Moments:
+    """Running per-entry count / mean / M2 in float64 over the defined (non-NaN) values
+    (Chan et al. batch merge). A score is NaN where it is undefined, e.g. ``aeqd_ln`` on a
+    one-token input, where every head's entropy is 0 and the layer mean too."""
+
+    def __init__(self, shape: tuple[int, ...]):
+        self.n = torch.zeros(shape, dtype=torch.int64)
+        self.mean = torch.zeros(shape, dtype=torch.float64)
+        self.m2 = torch.zeros(shape, dtype=torch.float64)
+
+    def add(self, x: Tensor) -> None:  # x: [batch, *shape]
+        x = x.double().cpu()
+        ok = ~torch.isnan(x)
+        nb = ok.sum(0)
+        mb = torch.where(ok, x, 0.0).sum(0) / nb.clamp_min(1)
+        m2b = torch.where(ok, (x - mb) ** 2, 0.0).sum(0)
+        n = self.n + nb
+        delta = mb - self.mean
+        frac = nb / n.clamp_min(1)
+        self.mean = self.mean + delta * frac
+        self.m2 = self.m2 + m2b + delta ** 2 * self.n * frac
+        self.n = n
+
+    def mean_or_nan(self) -> Tensor:
+        return torch.where(self.n > 0, self.mean, float("nan"))
+
+    def std(self) -> Tensor:
+        """Sample standard deviation (ddof=1; NaN with fewer than two defined values)."""
+        return torch.where(self.n > 1, (self.m2 / (self.n - 1).clamp_min(1)).sqrt(), float("nan"))
+
+
+@dataclass
+class HeadScores:
+    """Dataset-level per-head scores: mean, std (ddof=1) and count over inputs, per function.
+
+    ``mean[id]`` / ``std[id]``: Float64 ``[layer, head]``; ``count[id]``: Int64 ``[layer, head]``,
+    the inputs on which the score is defined (NaN values, e.g. ``aeqd_ln`` on a one-token
+    input, are left out of mean and std); ``n``: number of inputs; ``per_input[id]``:
+    Float32 ``[n_inputs, layer, head]`` in input order (when kept); ``meta``: provenance.
+    """
+
+    score_ids: list[str]
+    mean: dict[str, Tensor]
+    std: dict[str, Tensor]
+    count: dict[str, Tensor]
+    n: int
+    per_input: dict[str, Tensor] | None = None
+    meta: dict = field(default_factory=dict)
+
+    def __getitem__(self, score_id: str) -> Tensor:
+        return self.mean[score_id]
+
+    @property
+    def n_layers(self) -> int:
+        return next(iter(self.mean.values())).shape[0]
+
+    @property
+    def n_heads(self) -> int:
+        return next(iter(self.mean.values())).shape[1]
+
+    def inactive_when(self, score_id: str) -> str:
+        return SCORES[score_id].inactive_when
+
+    def to_frame(self):
+        """Tidy frame: layer, head, score_fn, value (= dataset mean), std, n (= count)."""
+        import numpy as np
+        import pandas as pd
+
+        L, H = self.n_layers, self.n_heads
+        layer, head = np.meshgrid(np.arange(L), np.arange(H), indexing="ij")
+        parts = [pd.DataFrame({"layer": layer.ravel(), "head": head.ravel(), "score_fn": s,
+                               "value": self.mean[s].numpy().ravel(), "std": self.std[s].numpy().ravel(),
+                               "n": self.count[s].numpy().ravel()}) for s in self.score_ids]
+        return pd.concat(parts, ignore_index=True)
+
+    # --- files --------------------------------------------------------------------------
+    @staticmethod
+    def sidecars(path: str | os.PathLike) -> tuple[Path, Path]:
+        """(metadata JSON, per-input safetensors) written beside ``path``."""
+        p = Path(path)
+        return p.with_name(p.name + ".meta.json"), p.with_name(p.name + ".per_input.safetensors")
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write ``path`` (.csv or .parquet) plus sidecars, each atomically."""
+        path = Path(path)
+        fmt = _table_format(path)
+        meta_path, per_path = self.sidecars(path)
+        if not path.parent.is_dir():
+            raise LensHeadsError(f"output folder does not exist: {path.parent}")
+        frame = self.to_frame()
+        meta = dict(self.meta, score_ids=self.score_ids, n_inputs=self.n,
+                    n_layers=self.n_layers, n_heads=self.n_heads,
+                    inactive_when={s: SCORES[s].inactive_when for s in self.score_ids if s in SCORES},
+                    per_input=per_path.name if self.per_input is not None else None)
+        writes = [(path, lambda f: frame.to_csv(f, index=False) if fmt == "csv" else frame.to_parquet(f, index=False)),
+                  (meta_path, lambda f: Path(f).write_text(json.dumps(meta, indent=2, default=str) + "\n"))]
+        if self.per_input is not None:
+            from safetensors.torch import save_file
+
+            tensors = {s: self.per_input[s].float().contiguous() for s in self.score_ids}
+            writes.append((per_path, lambda f: save_file(tensors, f)))
+        atomic_write_all(writes)
+        if self.per_input is None and per_path.exists():
+            per_path.unlink()  # a stale sidecar from an earlier save would not match
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "HeadScores":
+        import pandas as pd
+
+        path = Path(path)
+        fmt = _table_format(path)
+        if not path.is_file():
+            raise LensHeadsError(f"scores file not found: {path}")
+        frame = pd.read_csv(path) if fmt == "csv" else pd.read_parquet(path)
+        missing = {"layer", "head", "score_fn", "value"} - set(frame.columns)
+        if missing:
+            raise LensHeadsError(f"{path}: not a scores table (missing columns {sorted(missing)})")
+        meta_path, per_path = cls.sidecars(path)
+        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        L, H = int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
+        ids = list(dict.fromkeys(frame["score_fn"]))
+        n = int(meta.get("n_inputs", frame["n"].max() if "n" in frame else 0))
+        mean, std, count = {}, {}, {}
+        for s, grp in frame.groupby("score_fn", sort=False):
+            m = torch.full((L, H), float("nan"), dtype=torch.float64)
+            sd = torch.full((L, H), float("nan"), dtype=torch.float64)
+            c = torch.full((L, H), n, dtype=torch.int64)
+            li = torch.tensor(grp["layer"].to_numpy(dtype="int64"))
+            hi = torch.tensor(grp["head"].to_numpy(dtype="int64"))
+            m[li, hi] = torch.tensor(grp["value"].to_numpy(dtype="float64"))
+            if "std" in grp:
+                sd[li, hi] = torch.tensor(grp["std"].to_numpy(dtype="float64"))
+            if "n" in grp:
+                c[li, hi] = torch.tensor(grp["n"].to_numpy(dtype="int64"))
+            mean[s], std[s], count[s] = m, sd, c
+        per_input = None
+        if per_path.is_file():
+            from safetensors.torch import load_file
+
+            per_input = load_file(per_path)
+        for key in ("score_ids", "n_inputs", "n_layers", "n_heads", "inactive_when", "per_input"):
+            meta.pop(key, None)
+        return cls(ids, mean, std, count, n, per_input, meta)
+
+
+def _table_format(path: Path) -> str:
+    suffix = path.suffix.lower()
+    if suffix not in (".csv", ".parquet"):
+        raise LensHeadsError(f"scores file must end in .csv or .parquet, got {path.name!r}")
+    return suffix[1:]
+
+
+# -----------------------------------------------------------------------------
+# score_heads
+
+
+def context_length(model) -> int | None:
+    """The longest input the model's position scheme supports (None: no limit, e.g. ALiBi)."""
+    if model.geometry.arch.alibi:
+        return None
+    return getattr(model.hf_model.config, "max_position_embeddings", None)
+
+
+def prepare_inputs(model, inputs, max_len: int | None) -> list[Tensor]:
+    """Strings or 1-D token tensors -> 1-D LongTensors, checked against max_len and the context."""
+    if max_len is not None and max_len < 2:
+        raise LensHeadsError(f"max_len must be >= 2, got {max_len}")
+    if isinstance(inputs, (str, Tensor)):
+        inputs = [inputs]
+    inputs = list(inputs)
+    if not inputs:
+        raise LensHeadsError("no inputs to score (empty data)")
+    ctx = context_length(model)
+    if max_len is not None and ctx is not None and max_len > ctx:
+        raise LensHeadsError(f"max_len={max_len} exceeds the model's context length ({ctx} tokens)")
+    if all(isinstance(x, str) for x in inputs):
+        limit = max_len if max_len is not None else (ctx + 1 if ctx is not None else 10**9)
+        seqs = tokenize_texts(model.tokenizer, inputs, limit, mode="documents")
+        if not seqs:
+            raise LensHeadsError("no inputs to score (every text is empty)")
+    elif all(isinstance(x, Tensor) for x in inputs):
+        seqs = []
+        for i, x in enumerate(inputs):
+            if x.dim() != 1 or x.dtype.is_floating_point:
+                raise LensHeadsError(f"input {i}: expected a 1-D tensor of token ids, got shape "
+                                     f"{tuple(x.shape)} dtype {x.dtype}")
+            seqs.append(x.long() if max_len is None else x[:max_len].long())
+    else:
+        raise LensHeadsError("inputs must be all strings or all 1-D token tensors")
+    for i, s in enumerate(seqs):
+        if len(s) == 0:
+            raise LensHeadsError(f"input {i} is empty (no tokens)")
+        if ctx is not None and len(s) > ctx:
+            raise LensHeadsError(f"input {i} has {len(s)} tokens, longer than the model's context "
+                                 f"({ctx} tokens); pass max_len to truncate")
+    vocab = model.hf_model.config.vocab_size
+    hi = max(int(s.max()) for s in seqs)
+    if hi >= vocab or min(int(s.min()) for s in seqs) < 0:
+        raise LensHeadsError(f"token ids must lie in [0, {vocab}); got max id {hi}")
+    return seqs
+
+
+def score_heads(
+    model,
+    inputs: Sequence[Tensor] | Sequence[str],
+    scores: str | Sequence[str] = "all",
+    batch_size: int = 8,
+    max_len: int | None = None,
+    keep_per_input: bool = False,
+    progress: bool = True,
+    *,
+    data: str | None = None,
+) -> HeadScores:
+    """Score every head with every requested function, one forward per batch.
+
+    ``inputs``: 1-D token tensors (used as given, truncated to ``max_len`` if set) or strings
+    (tokenised as documents, truncated to ``max_len``). ``data`` names the data in the metadata.
+    """
+    from tqdm.auto import tqdm
+
+    ids = resolve_score_ids(scores)
+    if batch_size < 1:
+        raise LensHeadsError(f"batch_size must be >= 1, got {batch_size}")
+    seqs = prepare_inputs(model, inputs, max_len)
+    g = model.geometry
+    collector = ScoreCollector(model, ids)
+    moments = {s: _Moments((g.n_layers, g.n_heads)) for s in ids}
+    per_input = ({s: torch.empty(len(seqs), g.n_layers, g.n_heads) for s in ids} if keep_per_input else None)
+    pad = model.tokenizer.pad_token_id or 0
+    bar = tqdm(total=len(seqs), desc="scoring heads", unit="input", disable=not progress, leave=False)
+    try:
+        for idx, ids_b, mask in iter_batches(seqs, batch_size, pad_id=pad, side="right"):
+            run_with_hooks(model, ids_b, mask, collector.hooks(mask), return_logits=False)
+            for s, v in collector.batch_scores().items():
+                v = v.cpu()
+                moments[s].add(v)
+                if per_input is not None:
+                    per_input[s][torch.as_tensor(idx)] = v
+            bar.update(len(idx))
+    finally:
+        bar.close()
+    meta = score_metadata(model, seqs, max_len, data)
+    return HeadScores(ids, {s: moments[s].mean_or_nan() for s in ids}, {s: moments[s].std() for s in ids},
+                      {s: moments[s].n for s in ids}, len(seqs), per_input, meta)
+
+
+def score_metadata(model, seqs: Sequence[Tensor], max_len: int | None, data: str | None) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    versions = {}
+    for pkg in ("lens_heads", "torch", "transformers", "transformer_lens"):
+        try:
+            versions[pkg] = version(pkg.replace("_", "-"))
+        except PackageNotFoundError:
+            versions[pkg] = None
+    tokens = hashlib.sha256()
+    for s in seqs:
+        tokens.update(s.to(torch.int64).numpy().tobytes())
+        tokens.update(b"|")
+    return {
+        "model": model.source.spec,
+        "model_digest": model.source.digest or _folder_digest(model.source.path),
+        "architecture": model.geometry.arch.name,
+        "dtype": str(model.dtype).removeprefix("torch."),
+        "data": data,
+        "max_len": max_len,
+        "tokens_sha256": tokens.hexdigest(),
+        "n_tokens": int(sum(len(s) for s in seqs)),
+        "versions": versions,
+    }
+
+
+def _folder_digest(path: str) -> str | None:
+    """sha256 over a local HF folder's weight files (None for hub ids)."""
+    folder = Path(path)
+    if not folder.is_dir():
+        return None
+    files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin"))
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for p in files:
+        h.update(p.name.encode())
+        with open(p, "rb") as f:
+            for chunk in iter(lambda: f.read(1 << 20), b""):
+                h.update(chunk)
+    return h.hexdigest()

@@ -1,0 +1,231 @@
+"""What a score function is, and the registry of them (METHODS.md §A).
+
+``Acts`` is what a score function sees: one layer's activation at one hook plus memoised
+reductions of it (norms, first-token gathers, masked means), shared by every function that
+reads the same hook. ``ScoreFn`` + ``register_score`` form the name-keyed registry ``SCORES``;
+the paper's twelve functions and the extras are defined at the end of the registry section.
+Adding a score function is one ``base(...)`` or ``derived(...)`` call there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Literal, Sequence
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from lens_heads.errors import LensHeadsError
+from lens_heads.hooks import HookKind
+
+# -----------------------------------------------------------------------------
+# What a score function sees: one hook's activation plus memoised reductions of it
+
+
+class Acts:
+    """One layer's activation at one hook, with the batch's padding geometry.
+
+    Derived quantities (norms, gathers) are computed on first use and shared by every
+    score function reading the same hook, so each hook does the expensive work once.
+    """
+
+    def __init__(self, kind: HookKind, x: Tensor, batch: "BatchGeometry", layer: int,
+                 gram: Callable[[int], Tensor], group_size: int):
+        self.kind, self.x, self.batch, self.layer = kind, x, batch, layer
+        self._gram, self._group = gram, group_size
+        self._memo: dict[str, Tensor] = {}
+
+    def _cached(self, key: str, make: Callable[[], Tensor]) -> Tensor:
+        if key not in self._memo:
+            self._memo[key] = make()
+        return self._memo[key]
+
+    # --- pattern [batch, head, q, k] ----------------------------------------------------
+    def attn_on_first(self) -> Float[Tensor, "batch head q"]:
+        """A[t, first] for every query row t (float32)."""
+        b, h, q, _ = self.x.shape
+        if self.batch.first_is_zero:
+            return self._cached("first", lambda: self.x[..., 0].float())
+        idx = self.batch.first.view(b, 1, 1, 1).expand(b, h, q, 1)
+        return self._cached("first", lambda: self.x.gather(-1, idx)[..., 0].float())
+
+    def row_entropy(self) -> Float[Tensor, "batch head q"]:
+        """-sum_j A[t, j] ln A[t, j] per query row, in float32, one batch row at a time."""
+        def make() -> Tensor:
+            return torch.stack([torch.special.entr(row.float()).sum(-1) for row in self.x])
+        return self._cached("entropy", make)
+
+    # --- v [batch, pos, kv_head, d_head] and z [batch, pos, head, d_head] --------------
+    def norms(self) -> Float[Tensor, "batch pos unit"]:
+        """L2 norm over d_head of every position's vector (float32)."""
+        return self._cached("norms", lambda: torch.linalg.vector_norm(self.x, dim=-1, dtype=torch.float32))
+
+    def out_norms(self) -> Float[Tensor, "batch pos head"]:
+        """||z_t W_O^h|| via the Gram trick: sqrt(z (W_O^h W_O^hT) z^T) (float32)."""
+        def make() -> Tensor:
+            z = self.x.float()
+            zg = torch.einsum("bphd,hde->bphe", z, self._gram(self.layer))
+            return (zg * z).sum(-1).clamp_min_(0).sqrt_()
+        return self._cached("out_norms", make)
+
+    # --- reductions ---------------------------------------------------------------------
+    def mean_over_queries(self, x: Float[Tensor, "batch head q"]) -> Float[Tensor, "batch head"]:
+        return (x * self.batch.maskf[:, None, :]).sum(-1) / self.batch.n[:, None]
+
+    def mean_over_positions(self, x: Float[Tensor, "batch pos unit"]) -> Float[Tensor, "batch unit"]:
+        return (x * self.batch.maskf[:, :, None]).sum(1) / self.batch.n[:, None]
+
+    def at_first(self, x: Float[Tensor, "batch pos unit"]) -> Float[Tensor, "batch unit"]:
+        return x[self.batch.rows, self.batch.first]
+
+    def at_last(self, x: Float[Tensor, "batch pos unit"]) -> Float[Tensor, "batch unit"]:
+        return x[self.batch.rows, self.batch.last]
+
+    def to_query_heads(self, x: Float[Tensor, "batch kv_head"]) -> Float[Tensor, "batch head"]:
+        """Repeat KV-head values over the query heads of each group (GQA)."""
+        return x if self._group == 1 else x.repeat_interleave(self._group, dim=-1)
+
+
+@dataclass
+class BatchGeometry:
+    """Where the real tokens of each row are (contiguous runs; left or right padding)."""
+
+    maskf: Float[Tensor, "batch pos"]
+    n: Float[Tensor, " batch"]
+    first: Int[Tensor, " batch"]
+    last: Int[Tensor, " batch"]
+    rows: Int[Tensor, " batch"]
+    first_is_zero: bool
+
+    @classmethod
+    def from_mask(cls, mask: Int[Tensor, "batch pos"], device) -> "BatchGeometry":
+        mask = mask.to(device)
+        real = mask != 0
+        n_real = real.sum(-1)
+        if bool((n_real == 0).any()):
+            raise LensHeadsError("a batch row has no real tokens (empty input)")
+        T = mask.shape[1]
+        first = real.int().argmax(-1)
+        last = T - 1 - real.flip(-1).int().argmax(-1)
+        if bool(((last - first + 1) != n_real).any()):
+            raise LensHeadsError("attention_mask must mark one contiguous run of real tokens per row")
+        return cls(real.float(), n_real.float(), first, last, torch.arange(mask.shape[0], device=device),
+                   bool((first == 0).all()))
+
+
+# -----------------------------------------------------------------------------
+# Registry
+
+
+@dataclass(frozen=True)
+class ScoreFn:
+    """One per-head score.
+
+    Either a *base* score, ``compute(acts) -> [batch, head]`` at the single hook it reads, or a
+    *derived* score, ``combine({dep_id: [batch, head]}) -> [batch, head]`` from other scores of
+    the same layer (``needs``); a derived score's ``reads`` is the union of its dependencies'.
+    """
+
+    id: str
+    reads: tuple[HookKind, ...]
+    inactive_when: Literal["high", "low"]
+    description: str
+    compute: Callable[[Acts], Tensor] | None = None
+    needs: tuple[str, ...] = ()
+    combine: Callable[[dict[str, Tensor]], Tensor] | None = None
+
+    def __post_init__(self):
+        if self.inactive_when not in ("high", "low"):
+            raise ValueError(f"inactive_when must be 'high' or 'low', got {self.inactive_when!r}")
+        if (self.compute is None) == (self.combine is None):
+            raise ValueError(f"score {self.id!r}: give exactly one of compute= or combine=")
+        if self.compute is not None and len(self.reads) != 1:
+            raise ValueError(f"base score {self.id!r} must read exactly one hook kind")
+
+
+SCORES: dict[str, ScoreFn] = {}
+
+
+def register_score(fn: ScoreFn) -> ScoreFn:
+    if fn.id in SCORES:
+        raise ValueError(f"score {fn.id!r} is already registered")
+    for dep in fn.needs:
+        if dep not in SCORES:
+            raise ValueError(f"score {fn.id!r} needs unknown score {dep!r}")
+    SCORES[fn.id] = fn
+    return fn
+
+
+def base(id: str, reads: HookKind, inactive_when: str, description: str,
+         compute: Callable[[Acts], Tensor]) -> ScoreFn:
+    return register_score(ScoreFn(id, (reads,), inactive_when, description, compute=compute))
+
+
+def derived(id: str, needs: Sequence[str], combine: Callable[[dict[str, Tensor]], Tensor],
+            description: str, inactive_when: str | None = None) -> ScoreFn:
+    deps = [SCORES[d] for d in needs]
+    reads = tuple(k for k in ("pattern", "v", "z") if any(k in d.reads for d in deps))
+    return register_score(ScoreFn(id, reads, inactive_when or deps[0].inactive_when, description,
+                                  needs=tuple(needs), combine=combine))
+
+
+def layer_normalised(base_id: str) -> ScoreFn:
+    """``<id>_ln``: the score divided by its mean over all heads of the layer (same input)."""
+    return derived(f"{base_id}_ln", [base_id], lambda s: s[base_id] / s[base_id].mean(-1, keepdim=True),
+                   f"{base_id} / mean of {base_id} over the layer's heads")
+
+
+base("awft", "pattern", "high", "avg attention weight on the first token",
+     lambda a: a.mean_over_queries(a.attn_on_first()))
+base("aeqd", "pattern", "low", "avg entropy of the query distributions",
+     lambda a: a.mean_over_queries(a.row_entropy()))
+base("ftvvn", "v", "low", "first-token value vector norm",
+     lambda a: a.to_query_heads(a.at_first(a.norms())))
+base("avvn", "v", "low", "avg value vector norm",
+     lambda a: a.to_query_heads(a.mean_over_positions(a.norms())))
+base("lthon", "z", "low", "last-token head output norm (before W_O)",
+     lambda a: a.at_last(a.norms()))
+base("ahon", "z", "low", "avg head output norm (before W_O)",
+     lambda a: a.mean_over_positions(a.norms()))
+for _id in ("awft", "aeqd", "ftvvn", "avvn", "lthon", "ahon"):
+    layer_normalised(_id)
+derived("lthon_hn", ["lthon", "ahon"], lambda s: s["lthon"] / s["ahon"],
+        "lthon / the head's own ahon (head-normalised)")
+base("fhon", "z", "low", "avg head output norm after the head's W_O slice",
+     lambda a: a.mean_over_positions(a.out_norms()))
+layer_normalised("fhon")
+del _id
+
+PAPER_SCORES = ("awft", "aeqd", "ftvvn", "avvn", "lthon", "ahon",
+                "awft_ln", "aeqd_ln", "ftvvn_ln", "avvn_ln", "lthon_ln", "ahon_ln")
+
+
+def resolve_score_ids(spec: str | Sequence[str]) -> list[str]:
+    """``"all"``, ``"paper"`` (the paper's 12), a comma list, or a list of ids -> list of ids."""
+    if isinstance(spec, str):
+        if spec.strip() == "all":
+            return list(SCORES)
+        if spec.strip() == "paper":
+            return list(PAPER_SCORES)
+        spec = [s for s in spec.split(",")]
+    ids = [s.strip() for s in spec if s.strip()]
+    unknown = [s for s in ids if s not in SCORES]
+    if unknown:
+        raise LensHeadsError(f"unknown score id(s) {', '.join(map(repr, unknown))}; valid ids: "
+                             f"{', '.join(SCORES)} (or 'all', 'paper')")
+    if not ids:
+        raise LensHeadsError(f"no score ids given; valid ids: {', '.join(SCORES)} (or 'all', 'paper')")
+    return list(dict.fromkeys(ids))
+
+
+def _closure(ids: Sequence[str]) -> list[str]:
+    """ids plus everything they need, dependencies first (registry order is topological)."""
+    need: set[str] = set()
+    stack = list(ids)
+    while stack:
+        s = stack.pop()
+        if s not in need:
+            need.add(s)
+            stack.extend(SCORES[s].needs)
+    return [s for s in SCORES if s in need]
