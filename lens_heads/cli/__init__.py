@@ -21,13 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lens-heads", description="Find, test and repair dormant attention heads.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"lens_heads.cli.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"lens_heads.cli.{name}":
-                continue  # not built yet
-            raise
-        module.register(sub)
+        importlib.import_module(f"lens_heads.cli.{name}").register(sub)
     return parser
 
 

@@ -13,7 +13,7 @@ from lens_heads.cli.common import add_model_args
 
 
 def register(sub) -> None:
-    p = sub.add_parser("sweep", help="accuracy vs % of heads zeroed, per score function and for random heads")
+    p = sub.add_parser("sweep", help="accuracy vs %% of heads zeroed, per score function and for random heads")
     add_model_args(p)
     p.add_argument("--task", required=True, help="mmlu, piqa, winogrande or file:PATH?... (a local MC file)")
     p.add_argument("--scores", default="paper",
