@@ -51,7 +51,7 @@ from lens_heads.curves import bootstrap_indices, max_within, normalised_auc, per
 from lens_heads.errors import LensHeadsError
 from lens_heads.atomic import atomic_write_csv
 from lens_heads.store import ResultStore
-from lens_heads.thresholds import DEFAULT_FRACTIONS, check_fraction
+from lens_heads.thresholds import DEFAULT_FRACTIONS, check_fraction, score_ablation_spec
 
 RANDOM = "random"
 BASELINE = "baseline"  # score_fn of the unablated point when no curve supplies it
@@ -174,8 +174,7 @@ def plan_points(cfg: SweepConfig, thresholds: dict[str, dict[float, float | None
     for sid in cfg.score_ids:
         for p in cfg.fractions:
             tau = thresholds[sid][float(p)]
-            spec = "none" if tau is None else f"score:{sid}@{tau!r}"
-            pts.append(SweepPoint(sid, float(p), spec, None, tau))
+            pts.append(SweepPoint(sid, float(p), score_ablation_spec(sid, tau), None, tau))
     for s in cfg.random_seeds:
         for p in cfg.fractions:
             spec = "none" if p == 0 else f"random:{float(p)!r}@{s}"

@@ -13,11 +13,16 @@ Together with the inclusive tie rule of ``ScoreAblation`` (``<= tau`` / ``>= tau
 zeroes exactly k of the N pooled values when there are no ties (at least k with ties), so
 on the calibration inputs the fraction zeroed is ceil(pN)/N >= p. Fraction 0 means no
 ablation at all (``None``), not "the minimum value".
+
+``calibrated_spec`` turns a target fraction into the ablation spec ``score:ID@tau`` that the
+sweep evaluates at that fraction; ``lens-heads evaluate --ablate score:ahon_ln@10%`` uses it on
+the task's own evaluated inputs, so it measures the same point as the sweep's 10 % point.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import Sequence
 
 import torch
@@ -82,7 +87,7 @@ def thresholds_from_scores(
 
 
 def compute_thresholds(model, inputs: list[Tensor], score_ids: Sequence[str], fractions: Sequence[float],
-                       batch_size: int = 8) -> dict[str, dict[float, float | None]]:
+                       batch_size: int = 8, *, progress: bool = True) -> dict[str, dict[float, float | None]]:
     """Score ``inputs`` (unablated) and return thresholds per score id and target fraction."""
     from lens_heads.scores import SCORES, score_heads
 
@@ -90,6 +95,39 @@ def compute_thresholds(model, inputs: list[Tensor], score_ids: Sequence[str], fr
         check_fraction(p)
     if not inputs:
         raise LensHeadsError("no inputs to compute score thresholds from")
-    hs = score_heads(model, inputs, scores=list(score_ids), batch_size=batch_size, keep_per_input=True)
+    hs = score_heads(model, inputs, scores=list(score_ids), batch_size=batch_size, keep_per_input=True,
+                     progress=progress)
     return thresholds_from_scores({sid: hs.per_input[sid] for sid in score_ids},
                                   {sid: SCORES[sid].inactive_when for sid in score_ids}, fractions)
+
+
+def score_ablation_spec(score_id: str, tau: float | None) -> str:
+    """The per-input ablation spec for threshold ``tau`` ("none" when there is none: fraction 0)."""
+    return "none" if tau is None else f"score:{score_id}@{tau!r}"
+
+
+_PERCENT = re.compile(r"^\s*score:(?P<id>[^@]+)@(?P<pct>[^%]+)%\s*$")
+
+
+def parse_percent_spec(spec: str) -> tuple[str, float] | None:
+    """``"score:ahon_ln@10%"`` -> ``("ahon_ln", 0.1)``; None for any spec not of that form."""
+    m = _PERCENT.match(spec)
+    if m is None:
+        return None
+    try:
+        pct = float(m["pct"])
+    except ValueError:
+        raise LensHeadsError(f"bad ablation {spec!r}: {m['pct']!r} is not a percentage; "
+                             f"write score:ID@P%, e.g. score:ahon_ln@10%") from None
+    if math.isnan(pct) or not 0.0 <= pct <= 100.0:
+        raise LensHeadsError(f"bad ablation {spec!r}: the percentage must be in [0, 100]")
+    return m["id"].strip(), pct / 100.0
+
+
+def calibrated_spec(model, inputs: list[Tensor], score_id: str, fraction: float,
+                    batch_size: int = 8, *, progress: bool = True) -> tuple[str, float | None]:
+    """(spec, tau): the per-input ablation that zeroes ``fraction`` of the pooled unablated
+    scores of ``score_id`` on ``inputs``."""
+    taus = compute_thresholds(model, inputs, [score_id], [fraction], batch_size, progress=progress)
+    tau = taus[score_id][float(fraction)]
+    return score_ablation_spec(score_id, tau), tau

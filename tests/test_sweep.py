@@ -287,6 +287,38 @@ def test_cli_bad_input(tiny_model_dir, task_file, tmp_path, capsys, case, msg):
     assert not out.exists(), "no partial output on bad input"
 
 
+def test_cli_evaluate_at_a_percentage_measures_the_sweeps_point(tiny_model_dir, task_file, tmp_path, capsys):
+    """evaluate --ablate score:ahon_ln@50% on the same questions = the sweep's 50 % point: same
+    threshold, same per-question predictions, same fraction of heads zeroed."""
+    model_dir, out = tiny_model_dir("llama"), tmp_path / "sweep"
+    assert _main(["sweep", str(model_dir), "--task", f"file:{task_file}", "--scores", "ahon_ln",
+                  "--fractions", "0,0.5", "--random-seeds", "0", "--batch-size", "4", "--n-boot", "50",
+                  "--no-progress", "--out", str(out)]) == 0
+    row = pd.read_csv(out / "summary.csv").query("score_fn == 'ahon_ln' and fraction == 0.5").iloc[0]
+    point = json.loads(next(p for p in (out / "points").glob("*.json")
+                            if json.loads(p.read_text())["config"]["ablation"] == row.spec).read_text())
+    capsys.readouterr()
+    res = tmp_path / "res.jsonl"
+    assert _main(["evaluate", str(model_dir), "--task", f"file:{task_file}", "--ablate", "score:ahon_ln@50%",
+                  "--batch-size", "4", "--quiet", "--out", str(res)]) == 0
+    printed = capsys.readouterr().out
+    assert f"threshold {row.spec.split('@')[1]} " in printed, printed  # spec = score:ahon_ln@<repr(tau)>
+    assert f"zeroed {row.pct_zeroed:.2f}% of heads ({row.spec})" in printed, printed
+    got = [json.loads(x) for x in res.read_text().splitlines()]
+    assert [q["pred"] for q in got] == [q["pred"] for q in point["questions"]]
+
+
+@pytest.mark.parametrize("spec,msg", [("score:ahon_ln@150%", r"\[0, 100\]"), ("score:ahon_ln@ten%", "percentage"),
+                                      ("score:nope@10%", "unknown score")])
+def test_cli_evaluate_bad_percentage(tiny_model_dir, task_file, tmp_path, capsys, spec, msg):
+    out = tmp_path / "res.jsonl"
+    assert _main(["evaluate", str(tiny_model_dir("llama")), "--task", f"file:{task_file}", "--ablate", spec,
+                  "--quiet", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(msg, err[0]), err
+    assert not out.exists()
+
+
 # --- points stored in parts ---------------------------------------------------------------
 
 

@@ -1,5 +1,10 @@
 """``lens-heads evaluate MODEL --task TASK``: accuracy as lm-evaluation-harness scores it,
-optionally with heads ablated; per-question results to JSONL."""
+optionally with heads ablated; per-question results to JSONL.
+
+``--ablate score:ID@P%`` zeroes, per input, the heads whose score crosses the threshold that
+takes P % of the pooled unablated scores on the evaluated inputs themselves: the same point a
+sweep (``lens-heads sweep``, same ``--limit`` / ``--seed`` / ``--n-shot``) measures at P %.
+"""
 
 from __future__ import annotations
 
@@ -16,7 +21,8 @@ def register(sub) -> None:
                    help="evaluate a seeded sample of N items, stratified by subject (MMLU) or gold label")
     p.add_argument("--seed", type=int, default=1234, help="seed for --limit and few-shot sampling (default 1234)")
     p.add_argument("--ablate", default=None,
-                   help="static:L.H,L.H | score:ID@THRESHOLD | random:P@SEED | none")
+                   help="static:L.H,L.H | score:ID@THRESHOLD | score:ID@P%% (threshold taking P%% of "
+                        "the heads, set on these inputs unablated) | random:P@SEED | none")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--out", default=None, help="write per-question results here (JSONL, atomic)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
@@ -30,16 +36,29 @@ def run(args) -> int:
     from lens_heads.errors import LensHeadsError
     from lens_heads.evaluate import evaluate_task
     from lens_heads.models import load_model
+    from lens_heads.scores import resolve_score_ids
+    from lens_heads.thresholds import parse_percent_spec
 
     if args.out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
         raise LensHeadsError(f"--out {args.out}: folder does not exist")
+    percent = parse_percent_spec(args.ablate) if args.ablate is not None else None
+    if percent is not None:
+        resolve_score_ids([percent[0]])
     task = load_task(args.task)  # bad task specs fail before the model loads
     model = load_model(args.model, dtype=args.dtype, device=args.device)
-    ablation = None
-    if args.ablate is not None:
+    ablation, spec = None, args.ablate
+    if percent is not None:
+        from lens_heads.evaluate import task_inputs
+        from lens_heads.thresholds import calibrated_spec
+
+        inputs = task_inputs(model, task, args.n_shot, args.limit, args.seed)
+        spec, tau = calibrated_spec(model, inputs, *percent, progress=not args.quiet)  # batch 8, as the sweep
+        print(f"{args.ablate.strip()}: threshold {tau!r} from the unablated scores of the {len(inputs)} "
+              f"evaluated inputs" if tau is not None else f"{args.ablate.strip()}: nothing to zero")
+    if spec is not None:
         from lens_heads.ablation import parse_ablation
 
-        ablation = parse_ablation(args.ablate, model.geometry)
+        ablation = parse_ablation(spec, model.geometry)
     res = evaluate_task(model, task, n_shot=args.n_shot, limit=args.limit, seed=args.seed,
                         ablation=ablation, batch_size=args.batch_size, progress=not args.quiet)
     line = f"{res.task} {res.n_shot}-shot  n={len(res.questions)}  " + "  ".join(
