@@ -45,6 +45,7 @@ from common import Run, base_parser, check_positive, markdown_table, model_label
     split_list, write_csv  # noqa: E402
 
 from lens_heads import load_model  # noqa: E402
+from lens_heads.models import check_device  # noqa: E402
 from lens_heads.atomic import atomic_write_text  # noqa: E402
 from lens_heads.data import load_texts, tokenize_texts  # noqa: E402
 from lens_heads.diagnose import CLASSES, diagnose, format_band  # noqa: E402
@@ -86,6 +87,7 @@ def parse_args(argv):
     p.add_argument("--bloom-lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args(argv)
+    args.device = check_device(args.device)  # before any folder is made
     check_positive(args, "diag_n", "diag_len", "n_train_docs", "n_eval", "eval_len", "steps", "passes", "chunk_len",
                    "grad_accum", "bloom_layers", "bloom_heads", "bloom_d", "bloom_vocab", "bloom_train_docs",
                    "bloom_seq", "bloom_batch", "bloom_steps", "batch_size")

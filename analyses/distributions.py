@@ -46,6 +46,7 @@ from common import Run, base_parser, check_positive, markdown_table, model_label
     split_list, write_csv, write_figure  # noqa: E402
 
 from lens_heads import load_model  # noqa: E402
+from lens_heads.models import check_device  # noqa: E402
 from lens_heads.data import load_task, load_texts, tokenize_texts  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
 from lens_heads.evaluate import task_inputs  # noqa: E402
@@ -69,6 +70,7 @@ def parse_args(argv):
     p.add_argument("--scores", default="paper", help="score functions (default: the paper's 12)")
     p.add_argument("--n-boot", type=int, default=200, help="bootstrap resamples of inputs for the ratios")
     args = p.parse_args(argv)
+    args.device = check_device(args.device)  # before any folder is made
     check_positive(args, "n_inputs", "max_len", "task_limit", "batch_size", "n_boot")
     args.models = split_list(args.models, "models")
     args.score_ids = resolve_score_ids(args.scores)

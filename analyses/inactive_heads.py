@@ -43,6 +43,7 @@ from common import Run, base_parser, check_positive, markdown_table, model_label
     split_list, split_tasks, write_csv, write_figure  # noqa: E402
 
 from lens_heads import load_model  # noqa: E402
+from lens_heads.models import check_device  # noqa: E402
 from lens_heads.curves import bootstrap_indices, max_within, normalised_auc, percentile_interval  # noqa: E402
 from lens_heads.data import load_task  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
@@ -91,6 +92,7 @@ def parse_args(argv):
                    help="compare the bfloat16 pipeline with the float32 one on a subset (slow where bf16 is emulated)")
     p.add_argument("--check-dtype-limit", type=int, default=200)
     args = p.parse_args(argv)
+    args.device = check_device(args.device)  # before any folder is made
     check_positive(args, "batch_size", "n_boot", "limit", "sweep_limit", "limit_piqa", "limit_winogrande", "limit_mmlu",
                    "check_dtype_limit")
     if args.seeds < 0:

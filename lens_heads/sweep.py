@@ -278,7 +278,8 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
             return None
         if stored is None:
             inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed)
-            computed = compute_thresholds(model, inputs, cfg.score_ids, cfg.fractions, cfg.threshold_batch_size)
+            computed = compute_thresholds(model, inputs, cfg.score_ids, cfg.fractions, cfg.threshold_batch_size,
+                                          progress=progress)
             stored = {"thresholds": {sid: {repr(p): t for p, t in d.items()} for sid, d in computed.items()},
                       "n_inputs": len(inputs)}
             store.put("thresholds", tcfg, stored)

@@ -163,6 +163,21 @@ def test_unknown_dtype(tiny_model_dir):
         load_model(str(tiny_model_dir("llama")), dtype="float8")
 
 
+def test_device_is_checked_before_anything_loads(tiny_model_dir, capsys):
+    from lens_heads.cli import main
+    from lens_heads.models import check_device
+
+    assert check_device("cpu") == "cpu"
+    with pytest.raises(LensHeadsError, match="unknown device 'gpu'"):
+        check_device("gpu")
+    if not torch.cuda.is_available():
+        with pytest.raises(LensHeadsError, match="requested but"):
+            load_model(str(tiny_model_dir("llama")), device="cuda")
+        assert main(["info", str(tiny_model_dir("llama")), "--device", "cuda:0"]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "use --device cpu" in err[0], err
+
+
 def test_directory_without_config(tmp_path):
     with pytest.raises(LensHeadsError, match="without config.json"):
         load_model(str(tmp_path))

@@ -43,6 +43,24 @@ def native_bf16(device: str = "cpu") -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+def check_device(device: str | torch.device) -> str:
+    """``device`` as a string, if torch can use it here; one clear error otherwise."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise LensHeadsError(f"unknown device {device!r}; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            why = "this torch build has no CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
+            raise LensHeadsError(f"device {str(device)!r} requested but {why} (torch {torch.__version__}); "
+                                 f"use --device cpu, or install a CUDA build of torch")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise LensHeadsError(f"device {str(device)!r}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise LensHeadsError(f"device {str(device)!r} requested but MPS is not available here")
+    return str(device)
+
+
 def resolve_dtype(dtype: str | torch.dtype, device: str = "cpu") -> torch.dtype:
     """A torch dtype from a name; ``"auto"`` is bfloat16 where it runs natively, else float32."""
     if isinstance(dtype, torch.dtype):
@@ -250,6 +268,7 @@ def boot(model, tokenizer, source: ModelSource, dtype, device) -> LoadedModel:
 
 def load_model(spec, dtype: str | torch.dtype = "float32", device: str = "cpu") -> LoadedModel:
     """Load ``spec`` (zoo name, .gguf, HF directory or hub id) onto the TransformerLens bridge."""
+    device = check_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     source = resolve_source(spec)
     model, tokenizer = load_hf(source, torch_dtype, device)
