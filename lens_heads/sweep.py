@@ -49,6 +49,7 @@ import numpy as np
 
 from lens_heads.curves import bootstrap_indices, max_within, normalised_auc, percentile_interval
 from lens_heads.errors import LensHeadsError
+from lens_heads.models.load import model_digest
 from lens_heads.atomic import atomic_write_csv
 from lens_heads.store import ResultStore
 from lens_heads.thresholds import DEFAULT_FRACTIONS, check_fraction, score_ablation_spec
@@ -110,30 +111,6 @@ class SweepResult:
 
 # -----------------------------------------------------------------------------
 # Identity of what is evaluated
-
-
-_DIGESTS: dict[str, str] = {}
-
-
-def model_digest(model) -> str:
-    """sha256 of the weights' source: the GGUF digest, else the model folder's weight files,
-    else the spec itself (hub ids: the hub revision is not pinned)."""
-    src = model.source
-    if src.digest:
-        return src.digest
-    folder = Path(src.path)
-    if not folder.is_dir():
-        return f"spec:{src.spec}"
-    if src.path not in _DIGESTS:
-        h = hashlib.sha256()
-        for p in sorted(folder.iterdir()):
-            if p.is_file() and (p.suffix in (".safetensors", ".bin") or p.name == "config.json"):
-                h.update(p.name.encode() + b"\0")
-                with open(p, "rb") as f:
-                    for chunk in iter(lambda: f.read(1 << 20), b""):
-                        h.update(chunk)
-        _DIGESTS[src.path] = h.hexdigest()
-    return _DIGESTS[src.path]
 
 
 def task_fingerprint(task) -> str:

@@ -8,6 +8,7 @@ bridge's ``hook_pattern`` sees real attention probabilities.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import logging
 import os
@@ -264,6 +265,30 @@ def boot(model, tokenizer, source: ModelSource, dtype, device) -> LoadedModel:
     probe = tokenizer("a")["input_ids"]
     prepends = tokenizer.bos_token_id is not None and len(probe) > 0 and probe[0] == tokenizer.bos_token_id
     return LoadedModel(bridge, tokenizer, geometry, source, dtype, device, prepends)
+
+
+_DIGESTS: dict[str, str] = {}
+
+
+def model_digest(model) -> str:
+    """sha256 of the weights' source: the GGUF digest, else the model folder's weight files,
+    else the spec itself (hub ids: the hub revision is not pinned)."""
+    src = model.source
+    if src.digest:
+        return src.digest
+    folder = Path(src.path)
+    if not folder.is_dir():
+        return f"spec:{src.spec}"
+    if src.path not in _DIGESTS:
+        h = hashlib.sha256()
+        for p in sorted(folder.iterdir()):
+            if p.is_file() and (p.suffix in (".safetensors", ".bin") or p.name == "config.json"):
+                h.update(p.name.encode() + b"\0")
+                with open(p, "rb") as f:
+                    for chunk in iter(lambda: f.read(1 << 20), b""):
+                        h.update(chunk)
+        _DIGESTS[src.path] = h.hexdigest()
+    return _DIGESTS[src.path]
 
 
 def load_model(spec, dtype: str | torch.dtype = "float32", device: str = "cpu") -> LoadedModel:

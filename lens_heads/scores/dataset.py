@@ -19,6 +19,7 @@ from lens_heads.atomic import atomic_write_all
 from lens_heads.data import iter_batches, tokenize_texts
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import run_with_hooks
+from lens_heads.models.load import model_digest
 from lens_heads.scores.collector import ScoreCollector
 from lens_heads.scores.functions import SCORES, resolve_score_ids
 
@@ -288,7 +289,7 @@ def score_metadata(model, seqs: Sequence[Tensor], max_len: int | None, data: str
         tokens.update(b"|")
     return {
         "model": model.source.spec,
-        "model_digest": model.source.digest or _folder_digest(model.source.path),
+        "model_digest": model_digest(model),
         "architecture": model.geometry.arch.name,
         "dtype": str(model.dtype).removeprefix("torch."),
         "data": data,
@@ -297,20 +298,3 @@ def score_metadata(model, seqs: Sequence[Tensor], max_len: int | None, data: str
         "n_tokens": int(sum(len(s) for s in seqs)),
         "versions": versions,
     }
-
-
-def _folder_digest(path: str) -> str | None:
-    """sha256 over a local HF folder's weight files (None for hub ids)."""
-    folder = Path(path)
-    if not folder.is_dir():
-        return None
-    files = sorted(p for p in folder.iterdir() if p.suffix in (".safetensors", ".bin"))
-    if not files:
-        return None
-    h = hashlib.sha256()
-    for p in files:
-        h.update(p.name.encode())
-        with open(p, "rb") as f:
-            for chunk in iter(lambda: f.read(1 << 20), b""):
-                h.update(chunk)
-    return h.hexdigest()
