@@ -17,7 +17,6 @@ import html
 import io
 import math
 import os
-import platform
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -43,6 +42,7 @@ from lens_heads.viz import (
     sweep_curves,
 )
 from lens_heads.atomic import atomic_write_text
+from lens_heads.provenance import package_versions
 
 KEY_SCORE = "ahon_ln"  # the paper's most often best function: picks the heads to show
 SINK_CLASSES = ("dead", "bos_sink")
@@ -392,18 +392,6 @@ code { background: #eef2f6; padding: 1px 4px; border-radius: 3px; }
 """
 
 
-def versions() -> dict[str, str]:
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for pkg in VERSION_PACKAGES:
-        try:
-            out[pkg] = version(pkg.replace("_", "-"))
-        except PackageNotFoundError:
-            out[pkg] = "-"
-    return out
-
-
 def render_page(title: str, meta: dict[str, str], sections: list[Section], with_bundle: bool) -> str:
     nav = "".join(f'<a href="#{s.anchor}">{html.escape(s.title)}</a>' for s in sections if s.anchor)
     meta_rows = "".join(f"<tr><td>{html.escape(k)}</td><td>{html.escape(v)}</td></tr>" for k, v in meta.items())
@@ -541,7 +529,7 @@ def build_report(cfg: ReportConfig, model=None, texts: list[str] | None = None) 
     n_views = sections[-1].body.count("CircuitsVis.render(")
 
     wall = time.time() - t0
-    v = versions()
+    v = {k: val or "-" for k, val in package_versions(VERSION_PACKAGES).items()}
     meta = {
         "model": f"{model.name} ({g.arch.name}, {g.n_layers} layers x {g.n_heads} heads, {g.n_kv_heads} KV heads)",
         "data": f"{cfg.data}: {len(inputs)} inputs, up to {cfg.max_len} tokens",

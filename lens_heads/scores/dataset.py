@@ -20,6 +20,7 @@ from lens_heads.data import iter_batches, tokenize_texts
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import run_with_hooks
 from lens_heads.models.load import model_digest
+from lens_heads.provenance import package_versions
 from lens_heads.scores.collector import ScoreCollector
 from lens_heads.scores.functions import SCORES, resolve_score_ids
 
@@ -275,14 +276,6 @@ def score_heads(
 
 
 def score_metadata(model, seqs: Sequence[Tensor], max_len: int | None, data: str | None) -> dict:
-    from importlib.metadata import PackageNotFoundError, version
-
-    versions = {}
-    for pkg in ("lens_heads", "torch", "transformers", "transformer_lens"):
-        try:
-            versions[pkg] = version(pkg.replace("_", "-"))
-        except PackageNotFoundError:
-            versions[pkg] = None
     tokens = hashlib.sha256()
     for s in seqs:
         tokens.update(s.to(torch.int64).numpy().tobytes())
@@ -296,5 +289,5 @@ def score_metadata(model, seqs: Sequence[Tensor], max_len: int | None, data: str
         "max_len": max_len,
         "tokens_sha256": tokens.hexdigest(),
         "n_tokens": int(sum(len(s) for s in seqs)),
-        "versions": versions,
+        "versions": package_versions(),
     }
