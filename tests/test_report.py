@@ -206,6 +206,47 @@ def test_cli_report(tiny_model_dir, inputs, tmp_path, capsys):
     assert "3 inputs, up to 24 tokens" in page and page.count("var CircuitsVis=") == 1
 
 
+def test_cli_demo_end_to_end(tiny_model_dir, tiny_model, tmp_path, capsys):
+    """The README's demo command, shrunk to a tiny model: every stage writes its file, and the
+    scores and the sweep's baseline equal what the API computes on the same shipped data."""
+    from lens_heads.cli import main
+    from lens_heads.cli.demo import C4_SAMPLE, DEMO_DATA, piqa_sample_spec
+    from lens_heads.data import load_texts, tokenize_texts
+    from lens_heads.evaluate import evaluate_task
+    from lens_heads.scores import score_heads
+
+    model_dir, out = str(tiny_model_dir(ARCH)), tmp_path / "demo"  # ALiBi: no 256-token cap on PIQA's answers
+    assert main(["demo", "--model", "nosuchmodel", "--out", str(out)]) == 2
+    assert not out.exists(), "a bad --model leaves no output folder"
+    capsys.readouterr()
+    args = ["demo", "--model", model_dir, "--out", str(out), "--dtype", "float32", "--n-inputs", "3", "--max-len", "32",
+            "--limit", "4", "--fractions", "0,0.5", "--random-seeds", "1"]
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert "[5/5" in printed and "report.html" in printed
+    for name in ("scores.csv", "diagnosis.csv", "sweep/summary.csv", "sweep/within_1pt.csv", "report.html"):
+        assert (out / name).is_file(), name
+
+    model = tiny_model(ARCH)
+    texts = load_texts(str(DEMO_DATA / C4_SAMPLE), n=3)
+    direct = score_heads(model, tokenize_texts(model.tokenizer, texts, 32), "all", progress=False).to_frame()
+    written = pd.read_csv(out / "scores.csv")
+    assert len(written) == len(direct) == 15 * model.geometry.n_layers * model.geometry.n_heads
+    np.testing.assert_allclose(written["value"], direct["value"], rtol=1e-5, equal_nan=True)
+
+    summary = pd.read_csv(out / "sweep" / "summary.csv")
+    base = evaluate_task(model, piqa_sample_spec(), limit=4, progress=False)
+    assert summary.loc[summary.spec == "none", "accuracy"].iloc[0] == pytest.approx(base.metrics["acc"])
+    assert set(summary.score_fn) == {"ahon_ln", "awft", "random"}
+    page = (out / "report.html").read_text()
+    assert "3 inputs, up to 32 tokens" in page and page.count("var CircuitsVis=") == 1
+
+    points = {q.name: q.stat().st_mtime_ns for q in (out / "sweep" / "points").glob("*.json")}
+    assert main(args) == 0  # a rerun resumes: the sweep's points are read back, not recomputed
+    assert {q.name: q.stat().st_mtime_ns for q in (out / "sweep" / "points").glob("*.json")} == points
+    assert pd.read_csv(out / "sweep" / "summary.csv").equals(summary)
+
+
 # --- the browser ----------------------------------------------------------------------------
 
 def chromium() -> str:

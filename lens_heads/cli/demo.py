@@ -68,10 +68,10 @@ def run(args) -> int:
                       limit=args.limit)
     cfg.validate()
     task = load_task(task_spec)
-    out.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
 
     model = load_model(args.model, dtype=args.dtype, device=args.device)
+    out.mkdir(parents=True, exist_ok=True)  # only once the model loaded: a bad --model leaves no folder
     _stage(1, f"loaded {args.model} ({str(model.dtype).removeprefix('torch.')})", t0)
     g = model.geometry
     print(f"        {g.arch.name}: {g.n_layers} layers x {g.n_heads} heads ({g.n_kv_heads} KV heads)")
