@@ -232,6 +232,7 @@ def test_cli_demo_end_to_end(tiny_model_dir, tiny_model, tmp_path, capsys):
     direct = score_heads(model, tokenize_texts(model.tokenizer, texts, 32), "all", progress=False).to_frame()
     written = pd.read_csv(out / "scores.csv")
     assert len(written) == len(direct) == 15 * model.geometry.n_layers * model.geometry.n_heads
+    assert json.loads((out / "scores.csv.meta.json").read_text())["max_len"] == 32
     np.testing.assert_allclose(written["value"], direct["value"], rtol=1e-5, equal_nan=True)
 
     summary = pd.read_csv(out / "sweep" / "summary.csv")

@@ -79,7 +79,7 @@ def run(args) -> int:
     inputs = tokenize_texts(model.tokenizer, texts, args.max_len)
 
     _stage(2, f"scoring {g.n_layers * g.n_heads} heads on {len(inputs)} C4 texts x <= {args.max_len} tokens", t0)
-    scores = score_heads(model, inputs, "all", data="demo c4 sample")
+    scores = score_heads(model, inputs, "all", max_len=args.max_len, data="demo c4 sample")
     scores.save(out / "scores.csv")
     quiet = scores.to_frame().query("score_fn == 'ahon_ln'").nsmallest(5, "value")
     print("        quietest heads by ahon_ln: "
