@@ -296,6 +296,10 @@ def parse_ablation(spec: str, geometry) -> Ablation:
         if kind == "score":
             if not at or not left.strip():
                 raise LensHeadsError(f"bad ablation {spec!r}: write score:ID@THRESHOLD, e.g. score:ahon_ln@0.41")
+            if right.strip().endswith("%"):
+                raise LensHeadsError(f"bad ablation {spec!r}: a percentage needs a threshold calibrated on inputs "
+                                     f"(thresholds.calibrated_spec); 'lens-heads evaluate' accepts score:ID@P%, "
+                                     f"a sweep takes --scores ID --fractions P/100")
             return ScoreAblation(left.strip(), _number(right, "threshold", spec), geometry)
         p = _number(left, "probability", spec)
         seed = _number(right, "seed", spec, int) if at else 0

@@ -260,6 +260,7 @@ def test_cli_resume_after_sigkill_equals_uninterrupted_run(tiny_model_dir, task_
 @pytest.mark.parametrize("case,msg", [
     ("unknown_task", "Unknown task"),
     ("bad_ablate", "LAYER.HEAD"),
+    ("percent_ablate", "--fractions"),
     ("head_range", "out of range"),
     ("fraction", r"in \[0, 1\]"),
     ("empty_task", "empty"),
@@ -271,6 +272,8 @@ def test_cli_bad_input(tiny_model_dir, task_file, tmp_path, capsys, case, msg):
         args[args.index("--task") + 1] = "no-such-task"
     elif case == "bad_ablate":
         args += ["--ablate", "static:1"]
+    elif case == "percent_ablate":
+        args += ["--ablate", "score:ahon_ln@10%"]
     elif case == "head_range":
         args += ["--ablate", "static:0.1,5.0"]
     elif case == "fraction":
