@@ -52,7 +52,7 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.models.load import model_digest
 from lens_heads.atomic import atomic_write_csv
 from lens_heads.store import ResultStore
-from lens_heads.thresholds import DEFAULT_FRACTIONS, check_fraction, score_ablation_spec
+from lens_heads.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fraction, score_ablation_spec
 
 RANDOM = "random"
 BASELINE = "baseline"  # score_fn of the unablated point when no curve supplies it
@@ -72,7 +72,7 @@ class SweepConfig:
     n_boot: int = 1000
     boot_seed: int = 0
     tol: float = 0.01  # one accuracy point
-    threshold_batch_size: int = 8
+    threshold_batch_size: int = SCORING_BATCH
     chunk_questions: int | None = 250  # questions per stored part of a point (None: one part); not in the key
 
     def validate(self) -> None:

@@ -32,6 +32,7 @@ from torch import Tensor
 from lens_heads.errors import LensHeadsError
 
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
+SCORING_BATCH = 8  # inputs per scoring forward; sweeps and evaluate's P% share it, so they get equal thresholds
 
 
 def check_fraction(p: float) -> float:
@@ -87,7 +88,8 @@ def thresholds_from_scores(
 
 
 def compute_thresholds(model, inputs: list[Tensor], score_ids: Sequence[str], fractions: Sequence[float],
-                       batch_size: int = 8, *, progress: bool = True) -> dict[str, dict[float, float | None]]:
+                       batch_size: int = SCORING_BATCH, *,
+                       progress: bool = True) -> dict[str, dict[float, float | None]]:
     """Score ``inputs`` (unablated) and return thresholds per score id and target fraction."""
     from lens_heads.scores import SCORES, score_heads
 
@@ -125,7 +127,7 @@ def parse_percent_spec(spec: str) -> tuple[str, float] | None:
 
 
 def calibrated_spec(model, inputs: list[Tensor], score_id: str, fraction: float,
-                    batch_size: int = 8, *, progress: bool = True) -> tuple[str, float | None]:
+                    batch_size: int = SCORING_BATCH, *, progress: bool = True) -> tuple[str, float | None]:
     """(spec, tau): the per-input ablation that zeroes ``fraction`` of the pooled unablated
     scores of ``score_id`` on ``inputs``."""
     taus = compute_thresholds(model, inputs, [score_id], [fraction], batch_size, progress=progress)

@@ -52,7 +52,7 @@ def run(args) -> int:
         from lens_heads.thresholds import calibrated_spec
 
         inputs = task_inputs(model, task, args.n_shot, args.limit, args.seed)
-        spec, tau = calibrated_spec(model, inputs, *percent, progress=not args.quiet)  # batch 8, as the sweep
+        spec, tau = calibrated_spec(model, inputs, *percent, progress=not args.quiet)  # batched as a sweep's
         print(f"{args.ablate.strip()}: threshold {tau!r} from the unablated scores of the {len(inputs)} "
               f"evaluated inputs" if tau is not None else f"{args.ablate.strip()}: nothing to zero")
     if spec is not None:
