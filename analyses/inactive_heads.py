@@ -365,7 +365,8 @@ def main(argv=None) -> int:
         write_csv(pd.DataFrame(base_rows), out / "baseline.csv")
         if table_rows:
             write_csv(pd.DataFrame(table_rows), out / "table2.csv")
-            write_csv(pd.DataFrame(auc_rows).sort_values(["model", "task", "rank_by_auc"]), out / "auc_ranking.csv")
+            aucs = pd.DataFrame(auc_rows).astype({"rank_by_auc": "Int64"})  # blank: tied score, no curve
+            write_csv(aucs.sort_values(["model", "task", "rank_by_auc"]), out / "auc_ranking.csv")
         if static_rows:
             write_csv(pd.DataFrame(static_rows), out / "static_ahon_ln.csv")
             write_csv(pd.DataFrame(static_within), out / "static_within_1pt.csv")
@@ -401,7 +402,7 @@ def main(argv=None) -> int:
                 missing.append(f"{label} / {tname}: sweep")
                 continue
             keep = ["score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max",
-                    "max_pct_measured", "base_accuracy"]
+                    "max_pct_measured", "crossing_gap_pct", "n_ablated_points", "note", "base_accuracy"]
             for r in result.within[keep].to_dict("records"):
                 table_rows.append({"model": label, "task": tname, **r,
                                    "n_questions": len(result.records["none"]["questions"]),
@@ -409,7 +410,7 @@ def main(argv=None) -> int:
                                    "signal": b["signal"]})
             for r in result.within[["score_fn", "auc", "auc_ci_low", "auc_ci_high", "auc_range_pct",
                                     "rank_by_auc"]].to_dict("records"):
-                auc_rows.append({"model": label, "task": tname, **r, "rank_by_auc": int(r["rank_by_auc"])})
+                auc_rows.append({"model": label, "task": tname, **r, "rank_by_auc": r["rank_by_auc"]})
             x_max = float(result.within["auc_range_pct"].iloc[0])
             points, within = static_curve(result, statics, args, x_max)
             per_input = result.within.set_index("score_fn")
@@ -444,6 +445,16 @@ def main(argv=None) -> int:
     return 0
 
 
+def _within_cell(r, wide_gap: float) -> str:
+    """One Table 2 cell: value [CI] (random: the seed range), † for a crossing in a wide gap."""
+    if isinstance(r.note, str) and r.note:
+        return "n/a (ties)"
+    gap = " †" if r.crossing_gap_pct > wide_gap else ""
+    if r.score_fn == RANDOM:
+        return f"{r.max_pct_zeroed_within_1pt:.1f} (seeds {r.seed_min:.1f}-{r.seed_max:.1f}){gap}"
+    return f"{r.max_pct_zeroed_within_1pt:.1f} [{r.ci_low:.1f}, {r.ci_high:.1f}]{gap}"
+
+
 def summary_sections(args, base, table2, aucs, static_within, comparison, claims, dtype_rows, dtypes,
                      missing=()):
     def size(s):
@@ -472,15 +483,17 @@ def summary_sections(args, base, table2, aucs, static_within, comparison, claims
            "was computed (from the store)." if len(base) else "No baseline measured yet.")
         + ("\n\nNot measured yet: " + "; ".join(missing) + "." if missing else ""))
     if len(table2):
-        cell = table2.assign(cell=[f"{r.max_pct_zeroed_within_1pt:.1f} [{r.ci_low:.1f}, {r.ci_high:.1f}]"
-                                   if r.score_fn != RANDOM else
-                                   f"{r.max_pct_zeroed_within_1pt:.1f} (seeds {r.seed_min:.1f}-{r.seed_max:.1f})"
-                                   for r in table2.itertuples()])
+        steps = np.diff(sorted(args.fractions))
+        wide_gap = 2 * 100 * float(steps.min()) if len(steps) else math.inf  # twice the sweep's step, in %
+        cell = table2.assign(cell=[_within_cell(r, wide_gap) for r in table2.itertuples()])
         wide = cell.pivot_table(index="score_fn", columns=["model", "task"], values="cell", aggfunc="first", sort=False)
         wide.columns = [f"{m} / {t}" for m, t in wide.columns]
         yield "(c) % of heads zeroed within 1 point (per-input ablation, 95% paired bootstrap CI)", (
             "Largest % of (input, layer, head) units zeroed with accuracy >= baseline - 1 point (last crossing of "
-            "the interpolated curve; a value equal to the largest measured % is a lower bound).\n\n"
+            "the interpolated curve; a value equal to the largest measured % is a lower bound). "
+            f"†: the crossing lies between measured points more than {wide_gap:g} points of % zeroed apart "
+            "(crossing_gap_pct in table2.csv), so it is mostly interpolation. n/a (ties): the score ties across "
+            "heads, every target fraction got the same threshold and the sweep has one point, not a curve.\n\n"
             + markdown_table(wide.reset_index(), 1))
         top = aucs.sort_values(["model", "task", "rank_by_auc"]).groupby(["model", "task"]).head(3)
         yield "(c) Ranking by normalised AUC (top 3 per pair; full list in auc_ranking.csv)", markdown_table(

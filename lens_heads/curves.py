@@ -8,6 +8,9 @@ and joined by straight lines.
   >= base - tol -- the *last* crossing of the level base - tol. A curve that dips below and
   comes back counts up to where it leaves for the last time. If the curve never falls
   below the level, the value is the largest measured x (it is a lower bound then).
+* ``crossing_gap(x, y, base, tol)``: how far apart the two measured points are between which
+  that crossing was interpolated (0 for a lower bound). A crossing inside a wide gap -- a
+  score whose ties make one threshold jump from 0 to most heads -- is a guess, not a measurement.
 * ``normalised_auc(x, y, base, x_max)``: trapezoid area of the interpolated curve over
   [0, x_max] divided by base * x_max. 1.0 = no loss anywhere in range; the curve is taken
   as flat (its last value) beyond its last point when x_max is past it. Sweeps use one
@@ -32,18 +35,28 @@ def _sorted_curve(x: Sequence[float], y: Sequence[float]) -> tuple[np.ndarray, n
     return x[order], y[order]
 
 
-def max_within(x: Sequence[float], y: Sequence[float], base: float, tol: float = 1.0) -> float:
-    """Largest x with interpolated y(x) >= base - tol (last crossing); see module docstring."""
+def _last_crossing(x: Sequence[float], y: Sequence[float], base: float, tol: float) -> tuple[float, float]:
+    """(x at the last crossing of base - tol, width of the measured interval it lies in)."""
     xs, ys = _sorted_curve(x, y)
     level = base - tol
     ok = ys >= level
     if not ok.any():
-        return math.nan  # even the least-ablated point is below the level
+        return math.nan, math.nan  # even the least-ablated point is below the level
     i = int(np.flatnonzero(ok)[-1])  # last point on or above the level
     if i == len(xs) - 1:
-        return float(xs[i])
+        return float(xs[i]), 0.0
     x0, x1, y0, y1 = xs[i], xs[i + 1], ys[i], ys[i + 1]  # y0 >= level > y1
-    return float(x0 + (y0 - level) / (y0 - y1) * (x1 - x0))
+    return float(x0 + (y0 - level) / (y0 - y1) * (x1 - x0)), float(x1 - x0)
+
+
+def max_within(x: Sequence[float], y: Sequence[float], base: float, tol: float = 1.0) -> float:
+    """Largest x with interpolated y(x) >= base - tol (last crossing); see module docstring."""
+    return _last_crossing(x, y, base, tol)[0]
+
+
+def crossing_gap(x: Sequence[float], y: Sequence[float], base: float, tol: float = 1.0) -> float:
+    """Distance between the measured points that bracket ``max_within``'s crossing (0: lower bound)."""
+    return _last_crossing(x, y, base, tol)[1]
 
 
 def normalised_auc(x: Sequence[float], y: Sequence[float], base: float, x_max: float) -> float:

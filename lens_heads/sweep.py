@@ -33,7 +33,13 @@ Statistics (all on accuracy as a fraction in [0, 1]; "1 point" = ``tol`` = 0.01)
   [0, R], R = the smallest of the curves' largest measured % zeroed; both with bootstrap
   intervals (the whole curve is recomputed on each resample of the questions);
 * ``random``: its curve is the mean over seeds at each fraction (mean % zeroed, mean
-  accuracy); ``seed_min``/``seed_max`` give the range of the per-seed within-1-point values.
+  accuracy); ``seed_min``/``seed_max`` give the range of the per-seed within-1-point values;
+* ``crossing_gap_pct``: the distance between the measured points that bracket the crossing
+  (0 when the value is a lower bound); the wider it is, the more the value is interpolation;
+* a score function whose thresholds coincide for every target fraction (its values tie across
+  heads, e.g. a layer-normalised value norm with one KV head per layer, identically 1) has one
+  ablated point, not a curve: its within-1-point value and AUC are NaN, ``note`` says why, and
+  it is left out of the common AUC range and the ranking.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ from typing import Sequence
 
 import numpy as np
 
-from lens_heads.curves import bootstrap_indices, max_within, normalised_auc, percentile_interval
+from lens_heads.curves import bootstrap_indices, crossing_gap, max_within, normalised_auc, percentile_interval
 from lens_heads.errors import LensHeadsError
 from lens_heads.models.load import model_digest
 from lens_heads.atomic import atomic_write_csv
@@ -308,6 +314,12 @@ def _correct_matrix(specs: Sequence[str], records: dict[str, dict]) -> np.ndarra
     return np.asarray(rows, dtype=float)
 
 
+def _tied(points: Sequence[SweepPoint], score_fn: str) -> bool:
+    """True when several target fractions > 0 of ``score_fn`` all got the same threshold."""
+    taus = [p.threshold for p in points if p.score_fn == score_fn and p.fraction > 0]
+    return len(taus) > 1 and len(set(taus)) == 1
+
+
 def tables(points: Sequence[SweepPoint], records: dict[str, dict], cfg: SweepConfig):
     """(summary, within_1pt) DataFrames from stored point records (pure: no model needed)."""
     import pandas as pd
@@ -361,14 +373,21 @@ def tables(points: Sequence[SweepPoint], records: dict[str, dict], cfg: SweepCon
         curves[RANDOM] = (np.array(xs), np.array(ys), np.stack(bs))
 
     base = acc["none"]
-    x_max = min((c[0].max() for c in curves.values()), default=math.nan)
+    tied = {sid for sid in cfg.score_ids if _tied(points, sid)}
+    x_max = min((c[0].max() for name, c in curves.items() if name not in tied), default=math.nan)
+    nan_boot = [math.nan] * len(b0)
     rows = []
     for name, (x, y, yb) in curves.items():
-        w = max_within(x, y, base, cfg.tol)
-        wb = [max_within(x, yb[:, b], b0[b], cfg.tol) for b in range(yb.shape[1])]
-        a = normalised_auc(x, y, base, x_max)
-        ab = [normalised_auc(x, yb[:, b], b0[b], x_max) for b in range(yb.shape[1])]
+        ok = name not in tied
+        w = max_within(x, y, base, cfg.tol) if ok else math.nan
+        wb = [max_within(x, yb[:, b], b0[b], cfg.tol) for b in range(yb.shape[1])] if ok else nan_boot
+        a = normalised_auc(x, y, base, x_max) if ok else math.nan
+        ab = [normalised_auc(x, yb[:, b], b0[b], x_max) for b in range(yb.shape[1])] if ok else nan_boot
         row = {"score_fn": name, "max_pct_zeroed_within_1pt": w,
+               "crossing_gap_pct": crossing_gap(x, y, base, cfg.tol) if ok else math.nan,
+               "n_ablated_points": int(np.sum(x > 0)) if name == RANDOM else
+               len({p.spec for p in points if p.score_fn == name and p.spec != "none"}),
+               "note": "" if ok else "ties: one threshold for every fraction, so no curve",
                "ci_low": percentile_interval(np.array(wb))[0], "ci_high": percentile_interval(np.array(wb))[1],
                "auc": a, "auc_ci_low": percentile_interval(np.array(ab))[0],
                "auc_ci_high": percentile_interval(np.array(ab))[1], "auc_range_pct": x_max,

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from lens_heads.curves import bootstrap_indices, max_within, normalised_auc
+from lens_heads.curves import bootstrap_indices, crossing_gap, max_within, normalised_auc
 from lens_heads.errors import LensHeadsError
 from lens_heads.atomic import atomic_write_text
 from lens_heads.store import ResultStore, config_key
@@ -46,6 +46,13 @@ def test_max_within_edge_cases():
     assert max_within([10, 0, 5], [40, 50, 49.5], 50) == pytest.approx(5 + 0.5 / 9.5 * 5)  # unsorted input
     assert math.isnan(max_within([0, 10], [48, 47], 50))  # the least ablated point is already below
     assert max_within([0, 0.05], [0.5, 0.48], base=0.5, tol=0.01) == pytest.approx(0.025)  # fractions, tol 0.01
+
+
+def test_crossing_gap_is_the_width_of_the_bracketing_interval():
+    assert crossing_gap([0, 5, 10], [50, 49.5, 47.5], base=50, tol=1) == pytest.approx(5)
+    assert crossing_gap([0, 100], [50, 25], base=50, tol=1) == pytest.approx(100)  # a jump: pure interpolation
+    assert crossing_gap([0, 10, 20], [50, 49.8, 49.1], 50) == 0  # lower bound: nothing interpolated
+    assert math.isnan(crossing_gap([0, 10], [48, 47], 50))
 
 
 def test_normalised_auc():
@@ -170,6 +177,30 @@ def test_tables_bootstrap_is_paired_and_matches_a_naive_loop():
     s = within.set_index("score_fn").loc["s"]
     assert s.auc_range_pct == pytest.approx(10.0)  # the common range: min over curves of max x
     assert s.auc == pytest.approx(normalised_auc([0, 10], [base.mean(), worse.mean()], base.mean(), 10.0))
+
+
+def test_a_score_tied_across_heads_gives_no_curve():
+    # "flat" ties everywhere: every fraction got the same threshold, whose one point zeroes 100 %;
+    # interpolating (0, base) -> (100, chance) would invent a crossing near 2 %
+    n = 40
+    base = np.arange(n) % 4 != 0  # 75 %
+    half = np.arange(n) % 2 == 0  # 50 %
+    records = {"none": _record(base, 0.0), "score:flat@1.0": _record(half, 1.0),
+               "score:s@0.5": _record(base, 0.1), "score:s@0.4": _record(half, 0.2)}
+    pts = [SweepPoint("flat", 0.0, "none"), SweepPoint("flat", 0.1, "score:flat@1.0", None, 1.0),
+           SweepPoint("flat", 0.2, "score:flat@1.0", None, 1.0),
+           SweepPoint("s", 0.0, "none"), SweepPoint("s", 0.1, "score:s@0.5", None, 0.5),
+           SweepPoint("s", 0.2, "score:s@0.4", None, 0.4)]
+    cfg = SweepConfig(task="t", score_ids=["flat", "s"], fractions=[0.0, 0.1, 0.2], random_seeds=[], n_boot=50)
+    _, within = tables(pts, records, cfg)
+    w = within.set_index("score_fn")
+    flat, s = w.loc["flat"], w.loc["s"]
+    assert math.isnan(flat.max_pct_zeroed_within_1pt) and math.isnan(flat.auc) and math.isnan(flat.ci_low)
+    assert "ties" in flat.note and flat.n_ablated_points == 1 and pd.isna(flat.rank_by_auc)
+    assert s.note == "" and s.n_ablated_points == 2 and s.rank_by_auc == 1
+    assert s.auc_range_pct == pytest.approx(20.0)  # the tied curve's 100 % does not set the common range
+    assert s.max_pct_zeroed_within_1pt == pytest.approx(10 + 0.01 / 0.25 * 10)  # level 0.74 on 0.75 -> 0.50
+    assert s.crossing_gap_pct == pytest.approx(10.0)
 
 
 def test_extra_ablations_alone_still_get_a_baseline():

@@ -71,6 +71,9 @@ def run(args) -> int:
     base = result.summary.loc[result.summary["spec"] == "none", "accuracy"].iloc[0]
     print(f"baseline accuracy {base:.4f} on {result.summary['n_questions'].iloc[0]} questions")
     for _, row in w.iterrows():
+        if row["note"]:
+            print(f"  {row['score_fn']:<12} {row['note']}")
+            continue
         print(f"  {row['score_fn']:<12} within 1 point up to {row['max_pct_zeroed_within_1pt']:6.2f} % zeroed "
               f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]  AUC {row['auc']:.4f}")
     print(f"wrote {args.out}/summary.csv and {args.out}/within_1pt.csv")
