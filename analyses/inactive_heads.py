@@ -299,7 +299,7 @@ def curve_figure(result, points: pd.DataFrame, within: dict, sid: str, title: st
     static = pd.concat([pd.DataFrame([{"fraction": 0.0, "pct_zeroed": 0.0, "accuracy": base}]),
                         points[["fraction", "pct_zeroed", "accuracy"]]]).assign(score_fn=f"static {sid}")
     summary = pd.concat([per_input, static], ignore_index=True)
-    marks = pd.concat([result.within[["score_fn", "max_pct_zeroed_within_1pt"]],
+    marks = pd.concat([result.within[["score_fn", "max_pct_zeroed_within_1pt", "note"]],
                        pd.DataFrame([{"score_fn": f"static {sid}",
                                       "max_pct_zeroed_within_1pt": within["static_max_pct_within_1pt"]}])])
     return sweep_curves(summary, marks, base=base, title=f"{title}: accuracy as heads are zeroed")

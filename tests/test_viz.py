@@ -204,6 +204,21 @@ def test_sweep_curves_pair_raw_and_ln_by_colour():
     assert len(colours) == 7  # 7 families, 7 distinct colours
 
 
+def test_sweep_curves_leave_out_a_score_that_ties_across_heads():
+    summary = pd.DataFrame([{"score_fn": f, "fraction": p, "pct_zeroed": x, "accuracy": y}
+                            for f, pts in {"ahon_ln": [(0.0, 0, 0.7), (0.1, 10, 0.69)],
+                                           "ftvvn_ln": [(0.0, 0, 0.7), (0.1, 100, 0.52)]}.items()
+                            for p, x, y in pts])
+    within = pd.DataFrame([{"score_fn": "ahon_ln", "max_pct_zeroed_within_1pt": 10.0, "note": float("nan")},
+                           {"score_fn": "ftvvn_ln", "max_pct_zeroed_within_1pt": float("nan"),
+                            "note": "ties: one threshold for every fraction, so no curve"}])
+    ax = sweep_curves(summary, within).axes[0]
+    lines = {ln.get_label(): ln for ln in ax.get_lines()}
+    assert len(lines["ahon_ln (10.0 %)"].get_xdata()) == 2
+    assert len(lines["ftvvn_ln: ties across heads, no curve"].get_xdata()) == 0  # named, not drawn
+    assert ax.get_xlim()[1] < 50  # the tied point at 100 % does not stretch the axis
+
+
 def test_read_sweep_bad_input(tmp_path):
     with pytest.raises(LensHeadsError, match="no sweep summary"):
         read_sweep(tmp_path)

@@ -142,9 +142,11 @@ def sweep_curves(summary: pd.DataFrame, within: pd.DataFrame | None = None,
     _require(summary, ["score_fn", "fraction", "pct_zeroed", "accuracy"], "sweep summary")
     base = base_accuracy(summary) if base is None else float(base)
     one_point = 1.0 if summary["accuracy"].max() > 1.0 else 0.01  # accuracy in % or in [0, 1]
-    labels = {}
+    labels, tied = {}, set()
     if within is not None and {"score_fn", "max_pct_zeroed_within_1pt"} <= set(within.columns):
         labels = {r.score_fn: f" ({r.max_pct_zeroed_within_1pt:.1f} %)" for r in within.itertuples()}
+        if "note" in within.columns:  # a score tied across heads has one point, not a curve (sweep.tables)
+            tied = {r.score_fn for r in within.itertuples() if isinstance(r.note, str) and r.note}
 
     fig = Figure(figsize=(9.5, 5.0), layout="constrained")
     ax = fig.add_subplot()
@@ -153,6 +155,9 @@ def sweep_curves(summary: pd.DataFrame, within: pd.DataFrame | None = None,
     families = list(dict.fromkeys(f.removesuffix("_ln") for f in fns))
     palette = matplotlib.colormaps["tab10" if len(families) <= 10 else "tab20"]
     for fn in fns:
+        if fn in tied:
+            ax.plot([], [], ls="none", label=f"{fn}: ties across heads, no curve")
+            continue
         rows = summary[summary["score_fn"] == fn].sort_values("pct_zeroed")
         ax.plot(rows["pct_zeroed"], rows["accuracy"], marker="o", ms=3.5, lw=1.6, label=fn + labels.get(fn, ""),
                 color=palette(families.index(fn.removesuffix("_ln"))), ls="-." if fn.endswith("_ln") else "-")
