@@ -47,7 +47,7 @@ from lens_heads.provenance import package_versions
 KEY_SCORE = "ahon_ln"  # the paper's most often best function: picks the heads to show
 SINK_CLASSES = ("dead", "bos_sink")
 WITHIN_COLUMNS = ("score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "auc", "auc_ci_low", "auc_ci_high",
-                  "rank_by_auc", "seed_min", "seed_max")
+                  "rank_by_auc", "seed_min", "seed_max", "note")
 VERSION_PACKAGES = ("lens_heads", "torch", "transformer_lens", "transformers", "circuitsvis", "matplotlib",
                     "pandas", "numpy")
 
@@ -229,27 +229,34 @@ def run_sweep(cfg: ReportConfig, model) -> tuple[pd.DataFrame, pd.DataFrame | No
 
 
 def within_from_summary(summary: pd.DataFrame) -> pd.DataFrame | None:
-    """within-1-point and AUC per function from a summary (when the sweep folder lacks the table)."""
-    try:
-        from lens_heads.curves import max_within, normalised_auc
-    except ImportError:
-        return None
+    """within-1-point and AUC per function from a summary (when the sweep folder lacks the table);
+    a score tied across heads gets no values, as in ``sweep.tables``."""
+    from lens_heads.curves import max_within, normalised_auc
+    from lens_heads.sweep import thresholds_tie
     from lens_heads.viz import base_accuracy, random_baseline
 
     base = base_accuracy(summary)
     if not np.isfinite(base):
         return None
     tol = 1.0 if summary["accuracy"].max() > 1.0 else 0.01
-    curves = {fn: (rows["pct_zeroed"].to_numpy(float), rows["accuracy"].to_numpy(float))
-              for fn, rows in summary.groupby("score_fn", sort=False) if fn not in ("random", "none")}
+    curves, tied = {}, set()
+    for fn, rows in summary.groupby("score_fn", sort=False):
+        if fn in ("random", "none"):
+            continue
+        if "threshold" in rows and thresholds_tie(rows.loc[rows["fraction"] > 0, "threshold"].dropna()):
+            tied.add(fn)
+        curves[fn] = (rows["pct_zeroed"].to_numpy(float), rows["accuracy"].to_numpy(float))
     rnd = random_baseline(summary)
     if not rnd.empty:
         curves["random"] = (rnd["pct_zeroed"].to_numpy(float), rnd["accuracy"].to_numpy(float))
     if not curves:
         return None
-    x_max = min(float(x.max()) for x, _ in curves.values())
-    rows = [dict(score_fn=fn, max_pct_zeroed_within_1pt=max_within(np.r_[0.0, x], np.r_[base, y], base, tol),
-                 auc=normalised_auc(np.r_[0.0, x], np.r_[base, y], base, x_max)) for fn, (x, y) in curves.items()]
+    x_max = min((float(x.max()) for fn, (x, _) in curves.items() if fn not in tied), default=math.nan)
+    rows = [dict(score_fn=fn, max_pct_zeroed_within_1pt=math.nan, auc=math.nan,
+                 note="ties: one threshold for every fraction, so no curve") if fn in tied else
+            dict(score_fn=fn, max_pct_zeroed_within_1pt=max_within(np.r_[0.0, x], np.r_[base, y], base, tol),
+                 auc=normalised_auc(np.r_[0.0, x], np.r_[base, y], base, x_max), note="")
+            for fn, (x, y) in curves.items()]
     return pd.DataFrame(rows)
 
 

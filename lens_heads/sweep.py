@@ -314,10 +314,15 @@ def _correct_matrix(specs: Sequence[str], records: dict[str, dict]) -> np.ndarra
     return np.asarray(rows, dtype=float)
 
 
-def _tied(points: Sequence[SweepPoint], score_fn: str) -> bool:
-    """True when several target fractions > 0 of ``score_fn`` all got the same threshold."""
-    taus = [p.threshold for p in points if p.score_fn == score_fn and p.fraction > 0]
+def thresholds_tie(taus: Sequence[float]) -> bool:
+    """True when several target fractions > 0 all got the same threshold: the score ties
+    across heads and its sweep has one ablated point, not a curve."""
+    taus = [float(t) for t in taus]
     return len(taus) > 1 and len(set(taus)) == 1
+
+
+def _tied(points: Sequence[SweepPoint], score_fn: str) -> bool:
+    return thresholds_tie([p.threshold for p in points if p.score_fn == score_fn and p.fraction > 0])
 
 
 def tables(points: Sequence[SweepPoint], records: dict[str, dict], cfg: SweepConfig):
