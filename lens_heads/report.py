@@ -232,7 +232,7 @@ def within_from_summary(summary: pd.DataFrame) -> pd.DataFrame | None:
     """within-1-point and AUC per function from a summary (when the sweep folder lacks the table);
     a score tied across heads gets no values, as in ``sweep.tables``."""
     from lens_heads.curves import max_within, normalised_auc
-    from lens_heads.sweep import thresholds_tie
+    from lens_heads.sweep import TIED_NOTE, thresholds_tie
     from lens_heads.viz import base_accuracy, random_baseline
 
     base = base_accuracy(summary)
@@ -253,7 +253,7 @@ def within_from_summary(summary: pd.DataFrame) -> pd.DataFrame | None:
         return None
     x_max = min((float(x.max()) for fn, (x, _) in curves.items() if fn not in tied), default=math.nan)
     rows = [dict(score_fn=fn, max_pct_zeroed_within_1pt=math.nan, auc=math.nan,
-                 note="ties: one threshold for every fraction, so no curve") if fn in tied else
+                 note=TIED_NOTE) if fn in tied else
             dict(score_fn=fn, max_pct_zeroed_within_1pt=max_within(np.r_[0.0, x], np.r_[base, y], base, tol),
                  auc=normalised_auc(np.r_[0.0, x], np.r_[base, y], base, x_max), note="")
             for fn, (x, y) in curves.items()]

@@ -62,6 +62,7 @@ from lens_heads.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fracti
 
 RANDOM = "random"
 BASELINE = "baseline"  # score_fn of the unablated point when no curve supplies it
+TIED_NOTE = "ties: one threshold for every fraction, so no curve"
 
 
 @dataclass
@@ -392,7 +393,7 @@ def tables(points: Sequence[SweepPoint], records: dict[str, dict], cfg: SweepCon
                "crossing_gap_pct": crossing_gap(x, y, base, cfg.tol) if ok else math.nan,
                "n_ablated_points": int(np.sum(x > 0)) if name == RANDOM else
                len({p.spec for p in points if p.score_fn == name and p.spec != "none"}),
-               "note": "" if ok else "ties: one threshold for every fraction, so no curve",
+               "note": "" if ok else TIED_NOTE,
                "ci_low": percentile_interval(np.array(wb))[0], "ci_high": percentile_interval(np.array(wb))[1],
                "auc": a, "auc_ci_low": percentile_interval(np.array(ab))[0],
                "auc_ci_high": percentile_interval(np.array(ab))[1], "auc_range_pct": x_max,
