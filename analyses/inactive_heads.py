@@ -359,6 +359,7 @@ def main(argv=None) -> int:
     names = {spec: task.name for spec, task in tasks.items()}
     base_rows, table_rows, auc_rows, static_rows, static_within, dtype_rows = [], [], [], [], [], []
     missing = []  # with --from-store: what the store does not hold yet
+    running = []  # with --from-store: the complete curves of sweeps the store holds in part
     dtypes = {}
 
     def write_tables():
@@ -399,7 +400,13 @@ def main(argv=None) -> int:
                                   extra_ablations=[s["spec"] for s in statics], n_boot=args.n_boot)
                 result = run_sweep(model, cfg, store_dir, task=task, progress=True, compute=not args.from_store)
             if result is None:
-                missing.append(f"{label} / {tname}: sweep")
+                part = None if statics is None else run_sweep(model, cfg, store_dir, task=task, progress=False,
+                                                              compute=False, partial=True)
+                stored = f" ({part.n_stored} of {part.n_points} points stored)" if part is not None else ""
+                missing.append(f"{label} / {tname}: sweep{stored}")
+                if part is not None and len(part.within):
+                    running.append(part.within.assign(model=label, task=tname, points_stored=part.n_stored,
+                                                      points_planned=part.n_points))
                 continue
             keep = ["score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max",
                     "max_pct_measured", "crossing_gap_pct", "n_ablated_points", "note", "base_accuracy"]
@@ -440,7 +447,7 @@ def main(argv=None) -> int:
     write_csv(comparison, out / "paper_comparison.csv")
     run.write_summary("Inactive heads: Table 2 (% of heads zeroed within 1 accuracy point)",
                       summary_sections(args, base, table2, pd.DataFrame(auc_rows), pd.DataFrame(static_within),
-                                       comparison, claims, dtype_rows, dtypes, missing))
+                                       comparison, claims, dtype_rows, dtypes, missing, running))
     print(f"wrote {out} in {run.elapsed():.0f} s", flush=True)
     return 0
 
@@ -456,7 +463,7 @@ def _within_cell(r, wide_gap: float) -> str:
 
 
 def summary_sections(args, base, table2, aucs, static_within, comparison, claims, dtype_rows, dtypes,
-                     missing=()):
+                     missing=(), running=()):
     def size(s):
         n, m = task_limit(args, s), sweep_limit(args, s)
         return f"{'all' if n is None else n}" + (f" (sweeps: {m})" if m != n else "")
@@ -517,6 +524,16 @@ def summary_sections(args, base, table2, aucs, static_within, comparison, claims
             + markdown_table(static_within, 3, ["model", "task", "static_max_pct_within_1pt", "static_ci_low",
                                                 "static_ci_high", "per_input_max_pct_within_1pt", "static_auc",
                                                 "per_input_auc"]))
+    if running:
+        yield "(f) Sweeps still running: their complete curves so far", (
+            "From the result store of sweeps not finished yet (a sweep computes the baseline, then random heads, "
+            "then one function's curve after another). These within-1-point values are final; these pairs are in "
+            "none of the tables above, and their AUCs are left out because the common AUC range depends on the "
+            "curves still missing.\n\n"
+            + markdown_table(pd.concat(running, ignore_index=True), 1,
+                             ["model", "task", "points_stored", "points_planned", "score_fn",
+                              "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max",
+                              "crossing_gap_pct", "n_ablated_points", "base_accuracy", "note"]))
     if sum(len(d) for d in dtype_rows):
         yield "bfloat16 vs float32 check", markdown_table(pd.concat(dtype_rows, ignore_index=True), 4)
 

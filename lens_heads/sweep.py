@@ -11,8 +11,10 @@ Plan:
 1. the unablated baseline (spec ``none``) -- every curve's point at fraction 0;
 2. thresholds per score function from the pooled per-input scores of the task's unablated
    request sequences (``thresholds.compute_thresholds`` on ``evaluate.task_inputs``);
-3. ``score:ID@tau`` for each function x fraction > 0, ``random:p@s`` for each seed x fraction
-   > 0, and any fixed ``extra_ablations`` (e.g. ``static:...``).
+3. ``random:p@s`` for each seed x fraction > 0, ``score:ID@tau`` for each function x fraction
+   > 0, and any fixed ``extra_ablations`` (e.g. ``static:...``), evaluated in that order
+   (``compute_order``: the random reference first, then each function's curve whole), so a
+   sweep stopped part-way can already be tabulated (``run_sweep(..., partial=True)``).
 
 Every point is evaluated with ``evaluate.evaluate_task(..., ablation=...)`` and stored as one
 JSON file in a ``ResultStore`` (``DIR/points/<hash>.json``), keyed by a hash of what
@@ -47,7 +49,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -114,6 +116,12 @@ class SweepResult:
     within: object  # pandas DataFrame
     thresholds: dict[str, dict[float, float | None]]
     records: dict[str, dict]  # spec -> stored point record
+    n_points: int = 0  # distinct points the sweep plans
+    n_stored: int = 0  # of which the store holds (== n_points unless partial)
+
+    @property
+    def complete(self) -> bool:
+        return self.n_stored == self.n_points
 
 
 # -----------------------------------------------------------------------------
@@ -168,6 +176,15 @@ def plan_points(cfg: SweepConfig, thresholds: dict[str, dict[float, float | None
     for spec in cfg.extra_ablations:
         pts.append(SweepPoint(spec, math.nan, spec))
     return pts
+
+
+def compute_order(points: Sequence[SweepPoint]) -> list[str]:
+    """Distinct specs in the order they are evaluated: the baseline (every curve's origin), the
+    random-heads curves (what every function is compared with), then each function's curve
+    whole before the next one, then the extra ablations. A sweep stopped part-way thus holds
+    its reference and complete curves, which ``run_sweep(..., partial=True)`` can tabulate."""
+    rank = lambda p: (0 if p.spec == "none" else 1 if p.score_fn == RANDOM else 3 if math.isnan(p.fraction) else 2)  # noqa: E731
+    return list(dict.fromkeys(p.spec for p in sorted(points, key=rank)))  # stable within a rank
 
 
 def _point_record(result) -> dict:
@@ -235,10 +252,14 @@ def _merge_parts(parts: list[dict], limit: int | None) -> dict:
 
 
 def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True,
-              compute: bool = True) -> SweepResult | None:
+              compute: bool = True, partial: bool = False) -> SweepResult | None:
     """Run (or resume) a sweep, writing points under ``out_dir`` and the two CSV tables.
 
-    ``compute=False`` only reads the store: None (and nothing written) when it lacks anything."""
+    ``compute=False`` only reads the store: None (and nothing written) when it lacks anything.
+    ``compute=False, partial=True`` tabulates what a sweep still running (or stopped) holds:
+    the curves whose every point is stored (``partial_config``), nothing written; None
+    without the thresholds or the baseline. Its within-1-point values are final, its AUCs
+    are not (their common range depends on the curves still missing)."""
     from tqdm.auto import tqdm
 
     from lens_heads.ablation import parse_ablation
@@ -270,10 +291,17 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
         thresholds = {sid: {float(p): t for p, t in d.items()} for sid, d in stored["thresholds"].items()}
 
     points = plan_points(cfg, thresholds)
-    todo = list(dict.fromkeys(p.spec for p in points))  # baseline first: it is every curve's origin
+    todo = compute_order(points)
     point_cfg = lambda spec: {**base, "kind": "point", "ablation": spec}  # noqa: E731
-    if not compute and not all(store.path("points", point_cfg(spec)).is_file() for spec in todo):
-        return None
+    stored = {spec for spec in todo if store.path("points", point_cfg(spec)).is_file()}
+    if not compute and len(stored) < len(todo):
+        if not partial or "none" not in stored:
+            return None
+        part_cfg = partial_config(cfg, points, stored)
+        part_points = [p for p in plan_points(part_cfg, thresholds) if p.spec in stored]
+        records = {spec: store.get("points", point_cfg(spec)) for spec in dict.fromkeys(p.spec for p in part_points)}
+        summary, within = tables(part_points, records, part_cfg)
+        return SweepResult(summary, within, thresholds, records, n_points=len(todo), n_stored=len(stored))
     records: dict[str, dict] = {}
     bar = tqdm(total=len(todo), desc="sweep points", unit="point", disable=not progress)
     try:
@@ -296,7 +324,19 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
     out = Path(out_dir)
     atomic_write_csv(summary, out / "summary.csv", make_parents=True)
     atomic_write_csv(within, out / "within_1pt.csv", make_parents=True)
-    return SweepResult(summary, within, thresholds, records)
+    return SweepResult(summary, within, thresholds, records, n_points=len(todo), n_stored=len(todo))
+
+
+def partial_config(cfg: SweepConfig, points: Sequence[SweepPoint], stored: set[str]) -> SweepConfig:
+    """``cfg`` narrowed to what ``stored`` (specs) completes: the score functions and random
+    seeds whose every point is stored, and the stored extra ablations."""
+
+    def whole(keep) -> bool:
+        return all(p.spec in stored for p in points if keep(p))
+
+    return replace(cfg, score_ids=[sid for sid in cfg.score_ids if whole(lambda p: p.score_fn == sid)],
+                   random_seeds=[s for s in cfg.random_seeds if whole(lambda p: p.score_fn == RANDOM and p.seed == s)],
+                   extra_ablations=[e for e in cfg.extra_ablations if e in stored])
 
 
 # -----------------------------------------------------------------------------

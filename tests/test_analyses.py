@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shutil
 import sys
 from pathlib import Path
 
@@ -112,6 +113,24 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     assert {p.name: p.read_text() for p in out.glob("*.csv")} == before
     text = (out / "summary.md").read_text()
     assert f"Not measured yet: {mod.model_label(str(other))} / mc: baseline." in text and "--from-store" in text
+
+    # --from-store on a sweep still running (one awft point missing): the complete curves, in a section
+    # of their own, with the finished sweep's values; the pair is in no table and is listed as partial
+    part_out = tmp_path / "partial"
+    shutil.copytree(out / "store", part_out / "store")
+    n_points_sweep = len(list((part_out / "store").rglob("points/*.json")))
+    awft = [f for f in (part_out / "store").rglob("points/*.json")
+            if json.loads(f.read_text())["config"]["ablation"].startswith("score:awft@")]
+    assert len(awft) == 1
+    awft[0].unlink()
+    assert mod.main([*argv[:-1], str(part_out), "--from-store"]) == 0
+    text = (part_out / "summary.md").read_text()
+    assert f"{label} / mc: sweep ({n_points_sweep - 1} of {n_points_sweep} points stored)" in text
+    running = text.split("(f) Sweeps still running")[1].split("\n## ")[0]
+    rows = {r.split("|")[5].strip(): r for r in running.splitlines() if r.startswith(f"| {label} ")}
+    assert set(rows) == {"ahon_ln", "random"}
+    assert f"| {t2i.loc['ahon_ln', 'max_pct_zeroed_within_1pt']:.1f} |" in rows["ahon_ln"]
+    assert not (part_out / "table2.csv").exists() and (part_out / "baseline.csv").exists()
 
     # --sweep-limit: the signal decision on 6 questions, the sweep on a stratified 4 with its own baseline
     out3 = tmp_path / "out3"

@@ -400,3 +400,60 @@ def test_parts_merge_to_the_one_shot_point_and_resume(tiny_model, task_file, tmp
         assert b["eval_config"]["n_questions"] == len(TASK_ROWS)
     assert parts.records["static:0.1,1.2"]["zeroed_fraction"] == pytest.approx(2 / 8)
     pd.testing.assert_frame_equal(whole.summary, parts.summary)
+
+
+# --- a sweep still running: compute order and partial tables ------------------------------
+
+
+def test_compute_order_puts_the_reference_first_and_curves_whole():
+    from lens_heads.sweep import compute_order
+
+    cfg = SweepConfig(task="piqa", score_ids=["awft", "aeqd"], fractions=[0.0, 0.1, 0.2], random_seeds=[0, 1],
+                      extra_ablations=["static:0.1"])
+    th = {"awft": {0.0: None, 0.1: 0.3, 0.2: 0.4}, "aeqd": {0.0: None, 0.1: 0.5, 0.2: 0.6}}
+    assert compute_order(plan_points(cfg, th)) == [
+        "none", "random:0.1@0", "random:0.2@0", "random:0.1@1", "random:0.2@1",
+        "score:awft@0.3", "score:awft@0.4", "score:aeqd@0.5", "score:aeqd@0.6", "static:0.1"]
+
+
+def test_partial_tables_hold_the_complete_curves_with_their_final_values(tiny_model, task_file, tmp_path):
+    """A store missing one point of a function and one of a random seed tabulates the other
+    curves exactly as the finished sweep does, writes nothing, and says how much is stored."""
+    from lens_heads.curves import max_within
+    from lens_heads.data import load_task
+    from lens_heads.store import ResultStore
+    from lens_heads.sweep import base_config, run_sweep
+
+    model, task = tiny_model("llama"), load_task(f"file:{task_file}")
+    cfg = lambda: SweepConfig(task=f"file:{task_file}", score_ids=["ahon_ln", "awft"], fractions=[0.0, 0.25, 0.5],  # noqa: E731
+                              random_seeds=[0, 1], batch_size=4, n_boot=100, extra_ablations=["static:0.1,1.2"])
+    out = tmp_path / "sweep"
+    full = run_sweep(model, cfg(), out, task=task, progress=False)
+    assert full.complete and full.n_points == full.n_stored == 1 + 2 * 2 + 2 * 2 + 1
+
+    store, base = ResultStore(out), base_config(model, task, cfg())
+    awft_spec = full.summary.query("score_fn == 'awft' and fraction == 0.5").spec.iloc[0]
+    for spec in (awft_spec, "random:0.25@1"):
+        store.path("points", {**base, "kind": "point", "ablation": spec}).unlink()
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+
+    assert run_sweep(model, cfg(), out, task=task, progress=False, compute=False) is None
+    part = run_sweep(model, cfg(), out, task=task, progress=False, compute=False, partial=True)
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before  # nothing written
+    assert not part.complete and (part.n_points, part.n_stored) == (full.n_points, full.n_points - 2)
+    assert set(part.within.score_fn) == {"ahon_ln", "random"}
+    assert set(part.summary.score_fn) == {"ahon_ln", "random", "static:0.1,1.2"}
+
+    cols = ["max_pct_zeroed_within_1pt", "ci_low", "ci_high", "crossing_gap_pct", "base_accuracy"]
+    f, p = full.within.set_index("score_fn"), part.within.set_index("score_fn")
+    assert np.allclose(f.loc["ahon_ln", cols].astype(float), p.loc["ahon_ln", cols].astype(float), equal_nan=True)
+    seed0 = full.summary.query("score_fn == 'random' and seed == 0").sort_values("fraction")
+    assert p.loc["random", "n_seeds"] == 1
+    assert p.loc["random", "max_pct_zeroed_within_1pt"] == pytest.approx(
+        max_within(seed0.pct_zeroed.to_numpy(), seed0.accuracy.to_numpy(), float(seed0.accuracy.iloc[0]), 0.01))
+    shared = ["spec", "pct_zeroed", "accuracy", "delta", "delta_ci_low", "delta_ci_high"]
+    pd.testing.assert_frame_equal(full.summary.query("score_fn == 'ahon_ln'")[shared].reset_index(drop=True),
+                                  part.summary.query("score_fn == 'ahon_ln'")[shared].reset_index(drop=True))
+
+    store.path("points", {**base, "kind": "point", "ablation": "none"}).unlink()
+    assert run_sweep(model, cfg(), out, task=task, progress=False, compute=False, partial=True) is None
