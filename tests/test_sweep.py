@@ -295,6 +295,7 @@ def test_cli_resume_after_sigkill_equals_uninterrupted_run(tiny_model_dir, task_
     ("head_range", "out of range"),
     ("fraction", r"in \[0, 1\]"),
     ("empty_task", "empty"),
+    ("status_nothing_stored", "holds no baseline"),
 ])
 def test_cli_bad_input(tiny_model_dir, task_file, tmp_path, capsys, case, msg):
     out = tmp_path / "out"
@@ -313,6 +314,8 @@ def test_cli_bad_input(tiny_model_dir, task_file, tmp_path, capsys, case, msg):
         empty = tmp_path / "empty.jsonl"
         empty.write_text("")
         args[args.index("--task") + 1] = f"file:{empty}"
+    elif case == "status_nothing_stored":
+        args += ["--status"]
     capsys.readouterr()
     assert _main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -457,3 +460,32 @@ def test_partial_tables_hold_the_complete_curves_with_their_final_values(tiny_mo
 
     store.path("points", {**base, "kind": "point", "ablation": "none"}).unlink()
     assert run_sweep(model, cfg(), out, task=task, progress=False, compute=False, partial=True) is None
+
+
+def test_cli_status_shows_a_stopped_sweeps_complete_curves(tiny_model_dir, task_file, tmp_path, capsys):
+    """sweep --status on a store missing one random point: the counts, the function's final value
+    as the finished run printed it, random left out, no AUC; it computes and writes nothing."""
+    model_dir, out = tiny_model_dir("llama"), tmp_path / "out"
+    assert _main(_args(model_dir, task_file, out)) == 0
+    full = capsys.readouterr().out
+    ahon_line = next(line for line in full.splitlines() if line.strip().startswith("ahon_ln"))
+    rnd = [f for f in (out / "points").glob("*.json") if json.loads(f.read_text())["config"]["ablation"] == "random:0.5@2"]
+    assert len(rnd) == 1
+    rnd[0].unlink()
+    before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
+
+    assert _main(_args(model_dir, task_file, out, "--status")) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0] == "5 of 6 points stored" and shown[1] == full.splitlines()[0]  # baseline line
+    ahon = next(line for line in shown if line.strip().startswith("ahon_ln"))
+    assert ahon == ahon_line.split("  AUC")[0]
+    # random: seed 2 is incomplete, so the curve is the mean of seeds 0 and 1
+    from lens_heads.curves import max_within
+
+    summ = pd.read_csv(out / "summary.csv")
+    two = summ[(summ.score_fn == "random") & (summ.fraction == 0.5) & summ.seed.isin([0, 1])]
+    base = float(summ.loc[summ.spec == "none", "accuracy"].iloc[0])
+    w = max_within(np.array([0.0, two.pct_zeroed.mean()]), np.array([base, two.accuracy.mean()]), base, 0.01)
+    rnd_line = next(line for line in shown if line.strip().startswith("random"))
+    assert f"up to {w:6.2f} % zeroed" in rnd_line and "AUC" not in rnd_line
+    assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before

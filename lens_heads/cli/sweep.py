@@ -35,6 +35,9 @@ def register(sub) -> None:
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--out", required=True, help="output folder (created; reused to resume)")
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--status", action="store_true",
+                   help="compute nothing: print what --out already holds for this sweep (while it runs "
+                        "elsewhere, or after it stopped): points stored, the complete curves' values")
     p.set_defaults(func=run)
 
 
@@ -66,15 +69,25 @@ def run(args) -> int:
     for spec in cfg.extra_ablations:
         parse_ablation(spec, model.geometry)
 
-    result = run_sweep(model, cfg, args.out, task=task, progress=not args.no_progress)
-    w = result.within
+    if args.status:
+        result = run_sweep(model, cfg, args.out, task=task, progress=False, compute=False, partial=True)
+        if result is None:
+            raise LensHeadsError(f"{args.out} holds no baseline (or no thresholds) of this sweep yet: "
+                                 "nothing to show (same model, task and settings as the run?)")
+        print(f"{result.n_stored} of {result.n_points} points stored")
+    else:
+        result = run_sweep(model, cfg, args.out, task=task, progress=not args.no_progress)
     base = result.summary.loc[result.summary["spec"] == "none", "accuracy"].iloc[0]
     print(f"baseline accuracy {base:.4f} on {result.summary['n_questions'].iloc[0]} questions")
-    for _, row in w.iterrows():
+    if not result.complete:
+        print("complete curves so far (within-1-point values are final; AUCs wait for every curve):")
+    for _, row in result.within.iterrows():
         if row["note"]:
             print(f"  {row['score_fn']:<12} {row['note']}")
             continue
+        auc = f"  AUC {row['auc']:.4f}" if result.complete else ""
         print(f"  {row['score_fn']:<12} within 1 point up to {row['max_pct_zeroed_within_1pt']:6.2f} % zeroed "
-              f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]  AUC {row['auc']:.4f}")
-    print(f"wrote {args.out}/summary.csv and {args.out}/within_1pt.csv")
+              f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]{auc}")
+    if result.complete:
+        print(f"wrote {args.out}/summary.csv and {args.out}/within_1pt.csv")
     return 0
