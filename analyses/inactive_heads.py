@@ -48,7 +48,7 @@ from lens_heads.curves import bootstrap_indices, max_within, normalised_auc, per
 from lens_heads.data import load_task  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
 from lens_heads.evaluate import select_records, task_inputs  # noqa: E402
-from lens_heads.scores import SCORES, resolve_score_ids, score_heads  # noqa: E402
+from lens_heads.scores import SCORES, least_active, resolve_score_ids, score_heads  # noqa: E402
 from lens_heads.store import ResultStore  # noqa: E402
 from lens_heads.sweep import RANDOM, SweepConfig, base_config, run_sweep  # noqa: E402
 from lens_heads.thresholds import parse_fractions  # noqa: E402
@@ -159,15 +159,10 @@ def static_specs(model, task, spec: str, limit, args, store_dir: Path) -> list[d
         hs = score_heads(model, inputs, [sid], batch_size=args.batch_size, progress=False)
         rec = {"mean": hs.mean[sid].tolist(), "n_inputs": hs.n}
         store.put("static_scores", key, rec)
-    mean = np.array(rec["mean"], dtype=float)  # [layer, head]
-    n_layers, n_heads = mean.shape
-    sign = 1.0 if SCORES[sid].inactive_when == "low" else -1.0
-    heads = [(L, h) for L in range(n_layers) for h in range(n_heads)]
-    key = lambda lh: (sign * mean[lh] if np.isfinite(mean[lh]) else math.inf, lh)  # noqa: E731
-    order = sorted(heads, key=key)  # least active first; undefined (NaN) scores last
+    order = least_active(np.array(rec["mean"], dtype=float), SCORES[sid].inactive_when)  # NaN scores last
     out = []
     for p in args.fractions:
-        k = math.ceil(p * len(heads) - 1e-9)
+        k = math.ceil(p * len(order) - 1e-9)
         if k == 0:
             continue
         chosen = sorted(order[:k])

@@ -364,3 +364,17 @@ def test_cli_score_csv_matches_api(tiny_model_dir, tiny_model, tmp_path, capsys)
     code, err = _cli(capsys, "score", str(tiny_model_dir("llama")), "--data", str(data), "--max-len", "1000",
                      "--out", str(tmp_path / "z.csv"))  # tiny llama: 256 positions
     assert code == 2 and "context" in err and not (tmp_path / "z.csv").exists()
+
+
+def test_least_active_orders_by_direction_with_ties_and_undefined_last():
+    from lens_heads.scores import least_active
+
+    mean = torch.tensor([[0.3, float("nan"), 0.1], [0.1, 0.7, 0.2]], dtype=torch.float64)
+    assert least_active(mean, "low") == [(0, 2), (1, 0), (1, 2), (0, 0), (1, 1), (0, 1)]  # tie 0.1: layer 0 first
+    assert least_active(mean, "high") == [(1, 1), (0, 0), (1, 2), (0, 2), (1, 0), (0, 1)]
+    with pytest.raises(LensHeadsError, match="inactive_when"):
+        least_active(mean, "quiet")
+    hs = HeadScores(score_ids=["ahon_ln", "awft"], mean={"ahon_ln": mean, "awft": mean},
+                    std={}, count={}, n=3)
+    assert hs.least_active("ahon_ln", k=2) == [(0, 2), (1, 0)]  # AHON(LN): low is inactive
+    assert hs.least_active("awft", k=2) == [(1, 1), (0, 0)]  # AWFT: high is inactive

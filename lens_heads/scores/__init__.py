@@ -45,6 +45,7 @@ from lens_heads.scores.collector import ScoreCollector, ZTransform
 from lens_heads.scores.dataset import (
     HeadScores,
     context_length,
+    least_active,
     prepare_inputs,
     score_heads,
     score_metadata,
@@ -53,5 +54,5 @@ from lens_heads.scores.dataset import (
 __all__ = [
     "PAPER_SCORES", "SCORES", "Acts", "BatchGeometry", "ScoreFn", "base", "derived", "layer_normalised",
     "register_score", "resolve_score_ids", "ScoreCollector", "ZTransform",
-    "HeadScores", "context_length", "prepare_inputs", "score_heads", "score_metadata",
+    "HeadScores", "context_length", "least_active", "prepare_inputs", "score_heads", "score_metadata",
 ]

@@ -28,6 +28,22 @@ from lens_heads.scores.functions import SCORES, resolve_score_ids
 # Dataset-level scores
 
 
+def least_active(mean, inactive_when: str) -> list[tuple[int, int]]:
+    """Every head of a dataset-level score ``mean`` [layer, head], least active first:
+    ascending values for ``inactive_when="low"``, descending for ``"high"``, ties broken by
+    (layer, head), heads whose score is undefined (NaN) last. The order static pruning by a
+    score uses: its first k heads are the k to zero."""
+    import math
+
+    if inactive_when not in ("low", "high"):
+        raise LensHeadsError(f"inactive_when must be 'low' or 'high', got {inactive_when!r}")
+    values = torch.as_tensor(mean, dtype=torch.float64)
+    sign = 1.0 if inactive_when == "low" else -1.0
+    heads = [(L, h) for L in range(values.shape[0]) for h in range(values.shape[1])]
+    key = lambda lh: (sign * float(values[lh]) if math.isfinite(float(values[lh])) else math.inf, lh)  # noqa: E731
+    return sorted(heads, key=key)
+
+
 class _Moments:
     """Running per-entry count / mean / M2 in float64 over the defined (non-NaN) values
     (Chan et al. batch merge). A score is NaN where it is undefined, e.g. ``aeqd_ln`` on a
@@ -90,6 +106,10 @@ class HeadScores:
 
     def inactive_when(self, score_id: str) -> str:
         return SCORES[score_id].inactive_when
+
+    def least_active(self, score_id: str, k: int | None = None) -> list[tuple[int, int]]:
+        """The ``k`` (default all) least active heads by this function's mean (see ``least_active``)."""
+        return least_active(self.mean[score_id], self.inactive_when(score_id))[:k]
 
     def to_frame(self):
         """Tidy frame: layer, head, score_fn, value (= dataset mean), std, n (= count)."""
