@@ -401,7 +401,8 @@ def main(argv=None) -> int:
                 missing.append(f"{label} / {tname}: sweep{stored}")
                 if part is not None and len(part.within):
                     running.append(part.within.assign(model=label, task=tname, points_stored=part.n_stored,
-                                                      points_planned=part.n_points))
+                                                      points_planned=part.n_points,
+                                                      base_pct=100 * part.within["base_accuracy"]))
                 continue
             keep = ["score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max",
                     "max_pct_measured", "crossing_gap_pct", "n_ablated_points", "note", "base_accuracy"]
@@ -528,7 +529,7 @@ def summary_sections(args, base, table2, aucs, static_within, comparison, claims
             + markdown_table(pd.concat(running, ignore_index=True), 1,
                              ["model", "task", "points_stored", "points_planned", "score_fn",
                               "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max",
-                              "crossing_gap_pct", "n_ablated_points", "base_accuracy", "note"]))
+                              "crossing_gap_pct", "n_ablated_points", "base_pct", "note"]))
     if sum(len(d) for d in dtype_rows):
         yield "bfloat16 vs float32 check", markdown_table(pd.concat(dtype_rows, ignore_index=True), 4)
 
