@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,8 +34,6 @@ def least_active(mean, inactive_when: str) -> list[tuple[int, int]]:
     ascending values for ``inactive_when="low"``, descending for ``"high"``, ties broken by
     (layer, head), heads whose score is undefined (NaN) last. The order static pruning by a
     score uses: its first k heads are the k to zero."""
-    import math
-
     if inactive_when not in ("low", "high"):
         raise LensHeadsError(f"inactive_when must be 'low' or 'high', got {inactive_when!r}")
     values = torch.as_tensor(mean, dtype=torch.float64)
