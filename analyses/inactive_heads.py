@@ -12,7 +12,9 @@ For every (model, task):
     The rule is applied to the measured numbers; no pair is assumed to have signal.
 (b) on pairs with signal: per-input threshold sweeps for the 12 paper score functions and
     random heads (3 seeds) at 0-30 % in steps of 5 (``lens_heads.sweep.run_sweep``: every
-    point is stored atomically under OUT/store/<model>__<task>/ and a rerun resumes);
+    point is stored atomically under OUT/store/<model>__<task>/ and a rerun resumes), and the
+    rule of (a) once more on the sweep's own questions (a --sweep-limit subset can lose the
+    signal of the whole set; its Table 2 values are then marked as noise);
 (c) "% zeroed within 1 point" with paired bootstrap intervals, and the ranking of the
     functions by normalised area under the accuracy curve;
 (d) the Qwen2.5-0.5B MMLU row of the paper beside ours (``--paper-model``; note that the zoo
@@ -21,7 +23,7 @@ For every (model, task):
     (``score_heads``), the k lowest zeroed on every input, k = ceil(p x layers x heads) for the
     same fractions p; evaluated through the same store (``extra_ablations``).
 
-Outputs (OUT): baseline.csv, table2.csv, auc_ranking.csv, static_ahon_ln.csv, static_within_1pt.csv,
+Outputs (OUT): baseline.csv, sweep_baseline.csv, table2.csv, auc_ranking.csv, static_ahon_ln.csv, static_within_1pt.csv,
 figures/curves_<model>__<task>.png, paper_comparison.csv, paper_claims.csv, summary.md; with --check-dtype,
 dtype_check.csv (the bf16 pipeline vs the fp32 one, unablated and per-input AHON(LN) at 10 %, on
 --check-dtype-limit questions, stored like every point).
@@ -127,17 +129,22 @@ def baseline(model, task, spec: str, limit, args, store_dir: Path) -> dict | Non
     if result is None:
         return None
     rec = result.records["none"]
+    return {**accuracy_stats(task, rec, limit, args, cfg), "n_total": len(task.records),
+            "acc_norm": rec["metrics"].get("acc_norm", math.nan),
+            "eval_seconds": float(rec["eval_config"].get("seconds", math.nan))}
+
+
+def accuracy_stats(task, rec: dict, limit, args, cfg: SweepConfig) -> dict:
+    """Accuracy of a stored unablated point with its bootstrap SE/CI, chance on the same
+    questions, z = (accuracy - chance) / SE and the signal decision (``--signal-se``)."""
     correct = np.array([float(q["correct"]) for q in rec["questions"]])
     boot = correct[bootstrap_indices(len(correct), args.n_boot, cfg.boot_seed)].mean(1)
-    records = select_records(task, limit, cfg.seed)
-    chance = float(np.mean([1.0 / len(r.choices) for r in records]))
+    chance = float(np.mean([1.0 / len(r.choices) for r in select_records(task, limit, cfg.seed)]))
     acc, se = float(rec["metrics"]["acc"]), float(boot.std(ddof=1))
     lo, hi = percentile_interval(boot)
     return {"accuracy": acc, "boot_se": se, "ci_low": lo, "ci_high": hi, "chance": chance,
             "z": (acc - chance) / se if se > 0 else math.inf * np.sign(acc - chance),
-            "signal": bool(acc - chance > args.signal_se * se), "n_questions": len(correct),
-            "n_total": len(task.records), "acc_norm": rec["metrics"].get("acc_norm", math.nan),
-            "eval_seconds": float(rec["eval_config"].get("seconds", math.nan))}
+            "signal": bool(acc - chance > args.signal_se * se), "n_questions": len(correct)}
 
 
 # -----------------------------------------------------------------------------
@@ -353,12 +360,15 @@ def main(argv=None) -> int:
     run = Run.start(out, args.device, __file__, argv)
     names = {spec: task.name for spec, task in tasks.items()}
     base_rows, table_rows, auc_rows, static_rows, static_within, dtype_rows = [], [], [], [], [], []
+    sweep_base = []  # (b) the baseline on each sweep's own questions, finished or running
     missing = []  # with --from-store: what the store does not hold yet
     running = []  # with --from-store: the complete curves of sweeps the store holds in part
     dtypes = {}
 
     def write_tables():
         write_csv(pd.DataFrame(base_rows), out / "baseline.csv")
+        if sweep_base:
+            write_csv(pd.DataFrame(sweep_base), out / "sweep_baseline.csv")
         if table_rows:
             write_csv(pd.DataFrame(table_rows), out / "table2.csv")
             aucs = pd.DataFrame(auc_rows).astype({"rank_by_auc": "Int64"})  # blank: tied score, no curve
@@ -394,9 +404,15 @@ def main(argv=None) -> int:
                                   random_seeds=list(range(args.seeds)), limit=limit, batch_size=args.batch_size,
                                   extra_ablations=[s["spec"] for s in statics], n_boot=args.n_boot)
                 result = run_sweep(model, cfg, store_dir, task=task, progress=True, compute=not args.from_store)
+            part = result
             if result is None:
                 part = None if statics is None else run_sweep(model, cfg, store_dir, task=task, progress=False,
                                                               compute=False, partial=True)
+            if part is not None and "none" in part.records:
+                sweep_base.append({"model": label, "task": tname, "sweep": "running" if result is None else "done",
+                                   **accuracy_stats(task, part.records["none"], limit, args, cfg)})
+                write_tables()
+            if result is None:
                 stored = f" ({part.n_stored} of {part.n_points} points stored)" if part is not None else ""
                 missing.append(f"{label} / {tname}: sweep{stored}")
                 if part is not None and len(part.within):
@@ -410,7 +426,8 @@ def main(argv=None) -> int:
                 table_rows.append({"model": label, "task": tname, **r,
                                    "n_questions": len(result.records["none"]["questions"]),
                                    "lower_bound": bool(r["max_pct_zeroed_within_1pt"] >= r["max_pct_measured"]),
-                                   "signal": b["signal"]})
+                                   "signal": b["signal"], "sweep_z": sweep_base[-1]["z"],
+                                   "sweep_signal": sweep_base[-1]["signal"]})
             for r in result.within[["score_fn", "auc", "auc_ci_low", "auc_ci_high", "auc_range_pct",
                                     "rank_by_auc"]].to_dict("records"):
                 auc_rows.append({"model": label, "task": tname, **r, "rank_by_auc": r["rank_by_auc"]})
@@ -443,7 +460,8 @@ def main(argv=None) -> int:
     write_csv(comparison, out / "paper_comparison.csv")
     run.write_summary("Inactive heads: Table 2 (% of heads zeroed within 1 accuracy point)",
                       summary_sections(args, base, table2, pd.DataFrame(auc_rows), pd.DataFrame(static_within),
-                                       comparison, claims, dtype_rows, dtypes, missing, running))
+                                       comparison, claims, dtype_rows, dtypes, missing, running,
+                                       pd.DataFrame(sweep_base)))
     print(f"wrote {out} in {run.elapsed():.0f} s", flush=True)
     return 0
 
@@ -459,7 +477,7 @@ def _within_cell(r, wide_gap: float) -> str:
 
 
 def summary_sections(args, base, table2, aucs, static_within, comparison, claims, dtype_rows, dtypes,
-                     missing=(), running=()):
+                     missing=(), running=(), sweep_base=None):
     def size(s):
         n, m = task_limit(args, s), sweep_limit(args, s)
         return f"{'all' if n is None else n}" + (f" (sweeps: {m})" if m != n else "")
@@ -485,18 +503,27 @@ def summary_sections(args, base, table2, aucs, static_within, comparison, claims
                            "signal", "eval_min"]) + "\n\neval_min: wall minutes of the unablated evaluation when it "
            "was computed (from the store)." if len(base) else "No baseline measured yet.")
         + ("\n\nNot measured yet: " + "; ".join(missing) + "." if missing else ""))
+    if sweep_base is not None and len(sweep_base):
+        yield "(b) Signal on each sweep's own questions", (
+            "A sweep on a subset (--sweep-limit) has its own baseline; the rule of (a) applied to it says whether "
+            "those questions can show a 1-point drop at all. Where they cannot (signal False), the pair's "
+            "within-1-point values below are marked ‡: they measure noise around chance, not tolerance to "
+            "zeroing.\n\n" + markdown_table(sweep_base, 4, ["model", "task", "sweep", "n_questions", "accuracy",
+                                                         "boot_se", "ci_low", "ci_high", "chance", "z", "signal"]))
     if len(table2):
         steps = np.diff(sorted(args.fractions))
         wide_gap = 2 * 100 * float(steps.min()) if len(steps) else math.inf  # twice the sweep's step, in %
         cell = table2.assign(cell=[_within_cell(r, wide_gap) for r in table2.itertuples()])
         wide = cell.pivot_table(index="score_fn", columns=["model", "task"], values="cell", aggfunc="first", sort=False)
-        wide.columns = [f"{m} / {t}" for m, t in wide.columns]
+        noise = set(map(tuple, table2.loc[~table2["sweep_signal"].astype(bool), ["model", "task"]].values))
+        wide.columns = [f"{m} / {t}" + (" ‡" if (m, t) in noise else "") for m, t in wide.columns]
         yield "(c) % of heads zeroed within 1 point (per-input ablation, 95% paired bootstrap CI)", (
             "Largest % of (input, layer, head) units zeroed with accuracy >= baseline - 1 point (last crossing of "
             "the interpolated curve; a value equal to the largest measured % is a lower bound). "
             f"†: the crossing lies between measured points more than {wide_gap:g} points of % zeroed apart "
             "(crossing_gap_pct in table2.csv), so it is mostly interpolation. n/a (ties): the score ties across "
-            "heads, every target fraction got the same threshold and the sweep has one point, not a curve.\n\n"
+            "heads, every target fraction got the same threshold and the sweep has one point, not a curve. "
+            "‡: no signal on the sweep's own questions (section (b)).\n\n"
             + markdown_table(wide.reset_index(), 1))
         top = aucs.sort_values(["model", "task", "rank_by_auc"]).groupby(["model", "task"]).head(3)
         yield "(c) Ranking by normalised AUC (top 3 per pair; full list in auc_ranking.csv)", markdown_table(

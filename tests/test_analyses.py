@@ -131,6 +131,7 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     assert set(rows) == {"ahon_ln", "random"}
     assert f"| {t2i.loc['ahon_ln', 'max_pct_zeroed_within_1pt']:.1f} |" in rows["ahon_ln"]
     assert not (part_out / "table2.csv").exists() and (part_out / "baseline.csv").exists()
+    assert pd.read_csv(part_out / "sweep_baseline.csv").sweep.tolist() == ["running"]
 
     # --sweep-limit: the signal decision on 6 questions, the sweep on a stratified 4 with its own baseline
     out3 = tmp_path / "out3"
@@ -138,6 +139,18 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     t3 = pd.read_csv(out3 / "table2.csv")
     assert (t3.n_questions == 4).all() and pd.read_csv(out3 / "baseline.csv").n_questions.iloc[0] == 6
     assert t3.base_accuracy.iloc[0] == pytest.approx(evaluate_task(model, task, limit=4, progress=False).metrics["acc"])
+    # (b) the rule of (a) on the sweep's own 4 questions: its own accuracy, SE and decision, and a
+    # column marked as noise in (c) exactly when those questions carry no signal
+    sb = pd.read_csv(out3 / "sweep_baseline.csv").iloc[0]
+    assert sb.n_questions == 4 and sb.sweep == "done" and sb.accuracy == pytest.approx(t3.base_accuracy.iloc[0])
+    correct4 = np.array([q.correct for q in evaluate_task(model, task, limit=4, progress=False).questions], float)
+    assert 0 <= sb.boot_se <= 2 * correct4.std() / math.sqrt(4) + 1e-9
+    assert bool(sb.signal) == (sb.accuracy - sb.chance > 2 * sb.boot_se) and (t3.sweep_signal == sb.signal).all()
+    header = [ln for ln in (out3 / "summary.md").read_text().split("(c) % of heads")[1].splitlines()
+              if ln.startswith("| score_fn")][0]
+    assert ("‡" in header) == (not sb.signal)
+    full = pd.read_csv(out / "sweep_baseline.csv").iloc[0]  # a sweep on all 6: the same numbers as (a)
+    assert (full.accuracy, full.boot_se, bool(full.signal)) == (row.accuracy, row.boot_se, bool(row.signal))
 
     # without --sweep-all a pair without signal gets its baseline and decision only
     if not row.signal:
