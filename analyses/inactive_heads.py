@@ -73,6 +73,9 @@ def parse_args(argv):
     p.add_argument("--sweep-limit", type=int, default=None,
                    help="cap on the questions of the sweeps (a stratified subset; its own baseline): the signal "
                         "decision uses the --limit-* questions, the sweeps at most this many (default: no cap)")
+    for t in ("piqa", "winogrande", "mmlu"):
+        p.add_argument(f"--sweep-limit-{t}", type=int, default=None,
+                       help=f"cap on the questions of the {t} sweeps, in place of --sweep-limit")
     p.add_argument("--scores", default="paper", help="score functions to sweep (default: the paper's 12)")
     p.add_argument("--fractions", default="0,0.05,0.1,0.15,0.2,0.25,0.3")
     p.add_argument("--seeds", type=int, default=3, help="random-head seeds (default 3)")
@@ -96,7 +99,7 @@ def parse_args(argv):
     args = p.parse_args(argv)
     args.device = check_device(args.device)  # before any folder is made
     check_positive(args, "batch_size", "n_boot", "limit", "sweep_limit", "limit_piqa", "limit_winogrande", "limit_mmlu",
-                   "check_dtype_limit")
+                   "sweep_limit_piqa", "sweep_limit_winogrande", "sweep_limit_mmlu", "check_dtype_limit")
     if args.seeds < 0:
         raise LensHeadsError(f"--seeds must be >= 0, got {args.seeds}")
     args.models = split_list(args.models, "models")
@@ -112,7 +115,8 @@ def task_limit(args, spec: str) -> int | None:
 
 
 def sweep_limit(args, spec: str) -> int | None:
-    caps = [x for x in (task_limit(args, spec), args.sweep_limit) if x is not None]
+    own = getattr(args, f"sweep_limit_{spec}", None) if spec in ("piqa", "winogrande", "mmlu") else None
+    caps = [x for x in (task_limit(args, spec), args.sweep_limit if own is None else own) if x is not None]
     return min(caps) if caps else None
 
 
@@ -220,12 +224,19 @@ def _verdict(paper: float, lo: float, hi: float) -> str:
     return "disagrees: paper " + ("higher" if paper > hi else "lower") + " than our 95% CI"
 
 
-def paper_comparison(table2: pd.DataFrame, base: pd.DataFrame, claims: pd.DataFrame, args) -> pd.DataFrame:
+def paper_comparison(table2: pd.DataFrame, base: pd.DataFrame, claims: pd.DataFrame, args,
+                     running: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The paper's row beside ours. While the pair's sweep is still running, its complete
+    curves stand in (``running``: section (f)), and the 'best function' is the best so far."""
     label, task = model_label(args.paper_model), args.paper_task
-    if table2.empty:  # no pair was swept (none carried signal)
-        table2 = pd.DataFrame(columns=["model", "task", "score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high",
-                                       "seed_min", "seed_max"])
+    cols = ["model", "task", "score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max"]
+    table2 = table2 if len(table2) else pd.DataFrame(columns=cols)  # no pair was swept (none carried signal)
     t = table2[(table2["model"] == label) & (table2["task"] == task)].set_index("score_fn")
+    so_far = ""
+    if not len(t) and running is not None and len(running):
+        t = running[(running["model"] == label) & (running["task"] == task)].set_index("score_fn")
+        if len(t):
+            so_far = f" (sweep running: {t['points_stored'].iloc[0]} of {t['points_planned'].iloc[0]} points)"
     b = base[(base["model"] == label) & (base["task"] == task)] if len(base) else base
     rows = []
     if len(b):
@@ -246,7 +257,8 @@ def paper_comparison(table2: pd.DataFrame, base: pd.DataFrame, claims: pd.DataFr
             best = funcs["max_pct_zeroed_within_1pt"].idxmax()
             r = funcs.loc[best]
             same = "same function" if best == PAPER_ROW["best_fn"] else f"paper's best is {PAPER_ROW['best_fn']}"
-            rows.append({"quantity": f"best function ({best}) % within 1 pt", "paper": PAPER_ROW["best"],
+            rows.append({"quantity": f"best function ({best}) % within 1 pt" + (", of those measured" if so_far else ""),
+                         "paper": PAPER_ROW["best"],
                          "ours": r.max_pct_zeroed_within_1pt, "ours_ci_low": r.ci_low, "ours_ci_high": r.ci_high,
                          "verdict": _verdict(PAPER_ROW["best"], r.ci_low, r.ci_high) + f"; {same}"})
         if RANDOM in t.index:
@@ -265,7 +277,10 @@ def paper_comparison(table2: pd.DataFrame, base: pd.DataFrame, claims: pd.DataFr
                      "ours": f"{ours_awft:.1f} vs {ours_best:.1f}", "ours_ci_low": math.nan, "ours_ci_high": math.nan,
                      "verdict": ("agrees" if (ours_best > ours_awft) == claim else "disagrees")
                                 + " on the direction (best non-AWFT > AWFT)"})
-    return pd.DataFrame(rows, columns=["quantity", "paper", "ours", "ours_ci_low", "ours_ci_high", "verdict"])
+    out = pd.DataFrame(rows, columns=["quantity", "paper", "ours", "ours_ci_low", "ours_ci_high", "verdict"])
+    if so_far:
+        out.loc[~out["quantity"].str.startswith(("base accuracy", "mean over")), "verdict"] += so_far
+    return out
 
 
 def paper_claims(table2: pd.DataFrame) -> pd.DataFrame:
@@ -456,7 +471,7 @@ def main(argv=None) -> int:
     claims = paper_claims(table2)
     if len(claims):
         write_csv(claims, out / "paper_claims.csv")
-    comparison = paper_comparison(table2, base, claims, args)
+    comparison = paper_comparison(table2, base, claims, args, pd.concat(running, ignore_index=True) if running else None)
     write_csv(comparison, out / "paper_comparison.csv")
     run.write_summary("Inactive heads: Table 2 (% of heads zeroed within 1 accuracy point)",
                       summary_sections(args, base, table2, pd.DataFrame(auc_rows), pd.DataFrame(static_within),

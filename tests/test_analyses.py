@@ -132,6 +132,13 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     assert f"| {t2i.loc['ahon_ln', 'max_pct_zeroed_within_1pt']:.1f} |" in rows["ahon_ln"]
     assert not (part_out / "table2.csv").exists() and (part_out / "baseline.csv").exists()
     assert pd.read_csv(part_out / "sweep_baseline.csv").sweep.tolist() == ["running"]
+    # the paper row takes the running sweep's complete curves (ahon_ln, random), each verdict saying so
+    pc = pd.read_csv(part_out / "paper_comparison.csv").set_index("quantity")
+    assert "awft % zeroed within 1 pt" not in pc.index
+    assert float(pc.loc["ahon_ln % zeroed within 1 pt", "ours"]) == pytest.approx(t2i.loc["ahon_ln", "max_pct_zeroed_within_1pt"])
+    assert pc.loc["ahon_ln % zeroed within 1 pt", "verdict"].endswith(
+        f"(sweep running: {n_points_sweep - 1} of {n_points_sweep} points)")
+    assert "best function (ahon_ln) % within 1 pt, of those measured" in pc.index
 
     # --sweep-limit: the signal decision on 6 questions, the sweep on a stratified 4 with its own baseline
     out3 = tmp_path / "out3"
@@ -307,3 +314,15 @@ def test_inactive_heads_dtype_check(tmp_path, tiny_model_dir):
     assert mod.main(argv + ["--from-store"]) == 0
     assert (out / "dtype_check.csv").read_text() == before and len(list((out / "store").rglob("*.json"))) == n_files
     assert "bfloat16 vs float32 check" in (out / "summary.md").read_text()
+
+
+def test_inactive_heads_sweep_limits():
+    """--sweep-limit caps every task's sweep; --sweep-limit-TASK replaces it for that task; the
+    --limit-TASK of the baseline caps both."""
+    mod = script("inactive_heads")
+    args = mod.parse_args(["--limit-mmlu", "2000", "--limit-piqa", "100", "--sweep-limit", "200",
+                           "--sweep-limit-mmlu", "500"])
+    assert [mod.sweep_limit(args, t) for t in ("mmlu", "piqa", "winogrande")] == [500, 100, 200]
+    assert mod.sweep_limit(mod.parse_args(["--sweep-limit-winogrande", "300"]), "winogrande") == 300
+    with pytest.raises(Exception, match="--sweep-limit-mmlu must be >= 1"):
+        mod.parse_args(["--sweep-limit-mmlu", "0"])
