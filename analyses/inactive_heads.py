@@ -433,7 +433,8 @@ def main(argv=None) -> int:
                 if part is not None and len(part.within):
                     running.append(part.within.assign(model=label, task=tname, points_stored=part.n_stored,
                                                       points_planned=part.n_points,
-                                                      base_pct=100 * part.within["base_accuracy"]))
+                                                      base_pct=100 * part.within["base_accuracy"],
+                                                      sweep_signal=sweep_base[-1]["signal"]))
                 continue
             keep = ["score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max",
                     "max_pct_measured", "crossing_gap_pct", "n_ablated_points", "note", "base_accuracy"]
@@ -567,11 +568,11 @@ def summary_sections(args, base, table2, aucs, static_within, comparison, claims
             "From the result store of sweeps not finished yet (a sweep computes the baseline, then random heads, "
             "then one function's curve after another). These within-1-point values are final; these pairs are in "
             "none of the tables above, and their AUCs are left out because the common AUC range depends on the "
-            "curves still missing.\n\n"
+            "curves still missing. sweep_signal False: no signal on the sweep's own questions (section (b)).\n\n"
             + markdown_table(pd.concat(running, ignore_index=True), 1,
                              ["model", "task", "points_stored", "points_planned", "score_fn",
                               "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max",
-                              "crossing_gap_pct", "n_ablated_points", "base_pct", "note"]))
+                              "crossing_gap_pct", "n_ablated_points", "base_pct", "sweep_signal", "note"]))
     if sum(len(d) for d in dtype_rows):
         yield "bfloat16 vs float32 check", markdown_table(pd.concat(dtype_rows, ignore_index=True), 4)
 

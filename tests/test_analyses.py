@@ -130,6 +130,8 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     rows = {r.split("|")[5].strip(): r for r in running.splitlines() if r.startswith(f"| {label} ")}
     assert set(rows) == {"ahon_ln", "random"}
     assert f"| {t2i.loc['ahon_ln', 'max_pct_zeroed_within_1pt']:.1f} |" in rows["ahon_ln"]
+    sweep_sig = bool(pd.read_csv(part_out / "sweep_baseline.csv").signal.iloc[0])
+    assert all(r.split("|")[-3].strip() == str(sweep_sig) for r in rows.values())  # the sweep_signal column
     assert not (part_out / "table2.csv").exists() and (part_out / "baseline.csv").exists()
     assert pd.read_csv(part_out / "sweep_baseline.csv").sweep.tolist() == ["running"]
     # the paper row takes the running sweep's complete curves (ahon_ln, random), each verdict saying so
