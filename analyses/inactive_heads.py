@@ -423,9 +423,11 @@ def main(argv=None) -> int:
             if result is None:
                 part = None if statics is None else run_sweep(model, cfg, store_dir, task=task, progress=False,
                                                               compute=False, partial=True)
+            sweep_stats = None  # the rule of (a) on the sweep's own questions, once its baseline is stored
             if part is not None and "none" in part.records:
+                sweep_stats = accuracy_stats(task, part.records["none"], limit, args, cfg)
                 sweep_base.append({"model": label, "task": tname, "sweep": "running" if result is None else "done",
-                                   **accuracy_stats(task, part.records["none"], limit, args, cfg)})
+                                   **sweep_stats})
                 write_tables()
             if result is None:
                 stored = f" ({part.n_stored} of {part.n_points} points stored)" if part is not None else ""
@@ -434,7 +436,7 @@ def main(argv=None) -> int:
                     running.append(part.within.assign(model=label, task=tname, points_stored=part.n_stored,
                                                       points_planned=part.n_points,
                                                       base_pct=100 * part.within["base_accuracy"],
-                                                      sweep_signal=sweep_base[-1]["signal"]))
+                                                      sweep_signal=sweep_stats["signal"]))
                 continue
             keep = ["score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max",
                     "max_pct_measured", "crossing_gap_pct", "n_ablated_points", "note", "base_accuracy"]
@@ -442,8 +444,8 @@ def main(argv=None) -> int:
                 table_rows.append({"model": label, "task": tname, **r,
                                    "n_questions": len(result.records["none"]["questions"]),
                                    "lower_bound": bool(r["max_pct_zeroed_within_1pt"] >= r["max_pct_measured"]),
-                                   "signal": b["signal"], "sweep_z": sweep_base[-1]["z"],
-                                   "sweep_signal": sweep_base[-1]["signal"]})
+                                   "signal": b["signal"], "sweep_z": sweep_stats["z"],
+                                   "sweep_signal": sweep_stats["signal"]})
             for r in result.within[["score_fn", "auc", "auc_ci_low", "auc_ci_high", "auc_range_pct",
                                     "rank_by_auc"]].to_dict("records"):
                 auc_rows.append({"model": label, "task": tname, **r, "rank_by_auc": r["rank_by_auc"]})
