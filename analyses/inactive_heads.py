@@ -152,6 +152,45 @@ def accuracy_stats(task, rec: dict, limit, args, cfg: SweepConfig) -> dict:
 
 
 # -----------------------------------------------------------------------------
+# Rows of earlier runs
+
+PAIR_TABLES = ("baseline", "sweep_baseline", "table2", "auc_ranking", "static_ahon_ln", "static_within_1pt",
+               "dtype_check")  # OUT/<name>.csv, one or more rows per (model, task)
+
+
+def earlier_tables(out: Path) -> dict[str, pd.DataFrame]:
+    """The per-(model, task) tables an earlier run left in OUT (empty frames where there is none).
+
+    A run covering some pairs, or whose store lacks a pair (a fresh checkout has the tables but
+    not the git-ignored stores that measured them), keeps the other pairs' rows instead of
+    dropping them; ``with_earlier`` merges, and the summary names what was carried over."""
+    frames = {}
+    for name in PAIR_TABLES:
+        path = out / f"{name}.csv"
+        frames[name] = (pd.read_csv(path, float_precision="round_trip") if path.is_file()
+                        else pd.DataFrame(columns=["model", "task"]))
+    return frames
+
+
+def pairs_of(frame: pd.DataFrame) -> set[tuple[str, str]]:
+    return set(zip(frame["model"], frame["task"])) if len(frame) else set()
+
+
+def with_earlier(new: pd.DataFrame, old: pd.DataFrame) -> pd.DataFrame:
+    """The earlier rows of the (model, task) pairs that ``new`` does not hold, then ``new``."""
+    have = pairs_of(new)
+    keep = old[[(m, t) not in have for m, t in zip(old["model"], old["task"])]] if len(old) else old
+    if not len(keep):
+        return new.reset_index(drop=True)
+    return keep.reset_index(drop=True) if not len(new) else pd.concat([keep, new], ignore_index=True)
+
+
+def earlier_row(frame: pd.DataFrame, model: str, task: str) -> dict | None:
+    rows = frame[(frame["model"] == model) & (frame["task"] == task)] if len(frame) else frame
+    return rows.iloc[0].to_dict() if len(rows) else None
+
+
+# -----------------------------------------------------------------------------
 # (e) static ablation by a dataset-level score
 
 
@@ -372,25 +411,32 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     tasks = {spec: load_task(spec) for spec in args.tasks}  # a bad task fails before any file or model work
     out = out_folder(args.out)
+    earlier = earlier_tables(out)  # before this run writes any of them
     run = Run.start(out, args.device, __file__, argv)
     names = {spec: task.name for spec, task in tasks.items()}
     base_rows, table_rows, auc_rows, static_rows, static_within, dtype_rows = [], [], [], [], [], []
     sweep_base = []  # (b) the baseline on each sweep's own questions, finished or running
     missing = []  # with --from-store: what the store does not hold yet
     running = []  # with --from-store: the complete curves of sweeps the store holds in part
+    carried = []  # pairs whose baseline or sweep rows come from the tables of an earlier run
     dtypes = {}
 
+    def tables() -> dict[str, pd.DataFrame]:
+        """This run's rows, plus the earlier rows of every pair it has none for."""
+        rows = {"baseline": base_rows, "sweep_baseline": sweep_base, "table2": table_rows, "auc_ranking": auc_rows,
+                "static_ahon_ln": static_rows, "static_within_1pt": static_within}
+        frames = {k: with_earlier(pd.DataFrame(v), earlier[k]) for k, v in rows.items()}
+        frames["dtype_check"] = with_earlier(pd.concat([pd.DataFrame(), *dtype_rows], ignore_index=True),
+                                             earlier["dtype_check"])
+        if len(frames["auc_ranking"]):  # blank rank: tied score, no curve
+            frames["auc_ranking"] = frames["auc_ranking"].astype({"rank_by_auc": "Int64"}).sort_values(
+                ["model", "task", "rank_by_auc"], ignore_index=True)
+        return frames
+
     def write_tables():
-        write_csv(pd.DataFrame(base_rows), out / "baseline.csv")
-        if sweep_base:
-            write_csv(pd.DataFrame(sweep_base), out / "sweep_baseline.csv")
-        if table_rows:
-            write_csv(pd.DataFrame(table_rows), out / "table2.csv")
-            aucs = pd.DataFrame(auc_rows).astype({"rank_by_auc": "Int64"})  # blank: tied score, no curve
-            write_csv(aucs.sort_values(["model", "task", "rank_by_auc"]), out / "auc_ranking.csv")
-        if static_rows:
-            write_csv(pd.DataFrame(static_rows), out / "static_ahon_ln.csv")
-            write_csv(pd.DataFrame(static_within), out / "static_within_1pt.csv")
+        for name, frame in tables().items():
+            if len(frame) or name == "baseline":
+                write_csv(frame, out / f"{name}.csv")
 
     for spec_m in args.models:
         label = model_label(spec_m)
@@ -402,6 +448,8 @@ def main(argv=None) -> int:
             tname, limit = names[spec_t], task_limit(args, spec_t)
             store_dir = out / "store" / f"{label}__{tname}"
             b = baseline(model, task, spec_t, limit, args, store_dir)
+            if b is None and (b := earlier_row(earlier["baseline"], label, tname)) is not None:
+                carried.append(f"{label} / {tname}: baseline ({b['n_questions']} questions)")
             if b is None:
                 missing.append(f"{label} / {tname}: baseline")
                 print(f"  {tname}: not in the store", flush=True)
@@ -429,6 +477,10 @@ def main(argv=None) -> int:
                 sweep_base.append({"model": label, "task": tname, "sweep": "running" if result is None else "done",
                                    **sweep_stats})
                 write_tables()
+            if result is None and part is None and (label, tname) in pairs_of(earlier["table2"]):
+                n = earlier_row(earlier["table2"], label, tname)["n_questions"]
+                carried.append(f"{label} / {tname}: sweep ({n} questions)")
+                continue
             if result is None:
                 stored = f" ({part.n_stored} of {part.n_points} points stored)" if part is not None else ""
                 missing.append(f"{label} / {tname}: sweep{stored}")
@@ -464,22 +516,24 @@ def main(argv=None) -> int:
             write_tables()
         if args.check_dtype:
             dtype_rows.append(check_dtype(spec_m, model, {names[s]: t for s, t in tasks.items()}, args, out))
-            if sum(len(d) for d in dtype_rows):
-                write_csv(pd.concat(dtype_rows, ignore_index=True), out / "dtype_check.csv")
+            write_tables()
         del model
         gc.collect()
 
-    base = pd.DataFrame(base_rows)
-    table2 = pd.DataFrame(table_rows)
+    write_tables()
+    t = tables()
+    base, table2 = t["baseline"], t["table2"]
+    others = sorted(pairs_of(base) - {(model_label(m), names[s]) for m in args.models for s in args.tasks})
+    carried += [f"{m} / {k}: not in this run" for m, k in others]
     claims = paper_claims(table2)
     if len(claims):
         write_csv(claims, out / "paper_claims.csv")
     comparison = paper_comparison(table2, base, claims, args, pd.concat(running, ignore_index=True) if running else None)
     write_csv(comparison, out / "paper_comparison.csv")
     run.write_summary("Inactive heads: Table 2 (% of heads zeroed within 1 accuracy point)",
-                      summary_sections(args, base, table2, pd.DataFrame(auc_rows), pd.DataFrame(static_within),
-                                       comparison, claims, dtype_rows, dtypes, missing, running,
-                                       pd.DataFrame(sweep_base)))
+                      summary_sections(args, base, table2, t["auc_ranking"], t["static_within_1pt"],
+                                       comparison, claims, [t["dtype_check"]], dtypes, missing, running,
+                                       t["sweep_baseline"], carried))
     print(f"wrote {out} in {run.elapsed():.0f} s", flush=True)
     return 0
 
@@ -495,7 +549,7 @@ def _within_cell(r, wide_gap: float) -> str:
 
 
 def summary_sections(args, base, table2, aucs, static_within, comparison, claims, dtype_rows, dtypes,
-                     missing=(), running=(), sweep_base=None):
+                     missing=(), running=(), sweep_base=None, carried=()):
     def size(s):
         n, m = task_limit(args, s), sweep_limit(args, s)
         return f"{'all' if n is None else n}" + (f" (sweeps: {m})" if m != n else "")
@@ -520,7 +574,10 @@ def summary_sections(args, base, table2, aucs, static_within, comparison, claims
                           ["model", "task", "n_questions", "accuracy", "boot_se", "ci_low", "ci_high", "chance", "z",
                            "signal", "eval_min"]) + "\n\neval_min: wall minutes of the unablated evaluation when it "
            "was computed (from the store)." if len(base) else "No baseline measured yet.")
-        + ("\n\nNot measured yet: " + "; ".join(missing) + "." if missing else ""))
+        + ("\n\nNot measured yet: " + "; ".join(missing) + "." if missing else "")
+        + ("\n\nCarried over from the tables of earlier runs (this run's store does not hold them, or it did "
+           "not cover the pair; their sizes are the ones measured then): " + "; ".join(carried) + "."
+           if carried else ""))
     if sweep_base is not None and len(sweep_base):
         yield "(b) Signal on each sweep's own questions", (
             "A sweep on a subset (--sweep-limit) has its own baseline; the rule of (a) applied to it says whether "

@@ -169,6 +169,25 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
         assert not (out2 / "table2.csv").exists() and (out2 / "paper_comparison.csv").exists()
         assert pd.read_csv(out2 / "baseline.csv").accuracy.iloc[0] == row.accuracy
 
+    # a fresh checkout holds the tables but not the git-ignored store: --from-store keeps every pair's
+    # rows (named as carried over, not as unmeasured), and a run of another pair keeps them beside its own
+    fresh = tmp_path / "fresh"
+    shutil.copytree(out, fresh, ignore=shutil.ignore_patterns("store"))
+    assert mod.main([*argv[:-1], str(fresh), "--from-store"]) == 0
+    assert {p.name: p.read_text() for p in fresh.glob("*.csv")} == {p.name: p.read_text() for p in out.glob("*.csv")}
+    text = (fresh / "summary.md").read_text()
+    assert "Carried over from the tables of earlier runs" in text and "Not measured yet" not in text
+    assert f"{label} / mc: baseline (6 questions); {label} / mc: sweep (6 questions)" in text
+    assert "| ahon_ln |" in text.split("(c) % of heads")[1]  # the carried sweep is in Table 2
+    other_label = mod.model_label(str(other))
+    argv_other = ["--models", str(other), *argv[2:-1], str(fresh), "--paper-model", str(other)]
+    assert mod.main(argv_other) == 0
+    merged = pd.read_csv(fresh / "table2.csv")
+    assert set(merged.model) == {label, other_label}
+    pd.testing.assert_frame_equal(merged[merged.model == label].reset_index(drop=True), t2)
+    assert pd.read_csv(fresh / "baseline.csv").model.tolist() == [label, other_label]
+    assert f"{label} / mc: not in this run" in (fresh / "summary.md").read_text()
+
 
 def test_distributions_wasserstein(tmp_path, tiny_model_dir, tiny_model):
     from scipy.stats import wasserstein_distance
