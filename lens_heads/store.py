@@ -2,7 +2,7 @@
 
 A result is keyed by a hash of the configuration that produced it (a JSON-able dict:
 model digest, task fingerprint, n_shot, limit, seed, dtype, ablation spec, package
-version, ...). Each result is one small JSON file::
+version, ...). Each result is one small, compact JSON file::
 
     DIR/points/<hash>.json        one sweep point (per-question results)
     DIR/thresholds/<hash>.json    score thresholds for a model x task
@@ -57,7 +57,8 @@ class ResultStore:
     def put(self, kind: str, config: dict[str, Any], record: dict[str, Any]) -> Path:
         """Store ``record`` (the config is saved inside it) atomically; returns the file path."""
         path = self.path(kind, config)
-        atomic_write_text(path, json.dumps({**record, "config": config}, indent=1, default=str), make_parents=True)
+        text = json.dumps({**record, "config": config}, separators=(",", ":"), default=str)  # compact: committed
+        atomic_write_text(path, text, make_parents=True)
         return path
 
     def discard(self, kind: str, config: dict[str, Any]) -> None:
