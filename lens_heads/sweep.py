@@ -160,6 +160,15 @@ def threshold_config(base: dict, cfg: SweepConfig) -> dict:
             "fractions": sorted(float(p) for p in cfg.fractions)}
 
 
+def put_thresholds(store: ResultStore, base: dict, cfg: SweepConfig, computed: dict, n_inputs: int) -> dict:
+    """Store a sweep's thresholds ({score_id: {fraction: tau}}), from its own scoring pass or from a
+    caller's pass over the same inputs (``task_inputs`` of the sweep, ``cfg.threshold_batch_size``)."""
+    stored = {"thresholds": {sid: {repr(p): t for p, t in d.items()} for sid, d in computed.items()},
+              "n_inputs": n_inputs}
+    store.put("thresholds", threshold_config(base, cfg), stored)
+    return stored
+
+
 def plan_points(cfg: SweepConfig, thresholds: dict[str, dict[float, float | None]]) -> list[SweepPoint]:
     """Every point of the sweep, baseline rows included (fraction 0 -> spec "none")."""
     pts: list[SweepPoint] = []
@@ -285,9 +294,7 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
             inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed)
             computed = compute_thresholds(model, inputs, cfg.score_ids, cfg.fractions, cfg.threshold_batch_size,
                                           progress=progress)
-            stored = {"thresholds": {sid: {repr(p): t for p, t in d.items()} for sid, d in computed.items()},
-                      "n_inputs": len(inputs)}
-            store.put("thresholds", tcfg, stored)
+            stored = put_thresholds(store, base, cfg, computed, len(inputs))
         thresholds = {sid: {float(p): t for p, t in d.items()} for sid, d in stored["thresholds"].items()}
 
     points = plan_points(cfg, thresholds)

@@ -91,7 +91,7 @@ def compute_thresholds(model, inputs: list[Tensor], score_ids: Sequence[str], fr
                        batch_size: int = SCORING_BATCH, *,
                        progress: bool = True) -> dict[str, dict[float, float | None]]:
     """Score ``inputs`` (unablated) and return thresholds per score id and target fraction."""
-    from lens_heads.scores import SCORES, score_heads
+    from lens_heads.scores import score_heads
 
     for p in fractions:
         check_fraction(p)
@@ -99,6 +99,13 @@ def compute_thresholds(model, inputs: list[Tensor], score_ids: Sequence[str], fr
         raise LensHeadsError("no inputs to compute score thresholds from")
     hs = score_heads(model, inputs, scores=list(score_ids), batch_size=batch_size, keep_per_input=True,
                      progress=progress)
+    return thresholds_of(hs, score_ids, fractions)
+
+
+def thresholds_of(hs, score_ids: Sequence[str], fractions: Sequence[float]) -> dict[str, dict[float, float | None]]:
+    """Thresholds from the per-input scores of a ``score_heads(..., keep_per_input=True)`` pass."""
+    from lens_heads.scores import SCORES
+
     return thresholds_from_scores({sid: hs.per_input[sid] for sid in score_ids},
                                   {sid: SCORES[sid].inactive_when for sid in score_ids}, fractions)
 

@@ -84,6 +84,12 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     assert static.accuracy.iloc[0] == pytest.approx(zeroed.metrics["acc"])
     assert (pd.read_csv(out / "static_within_1pt.csv").static_max_pct_within_1pt >= 0).all()
     assert (out / "figures" / f"curves_{label}__mc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the static ranking's scoring pass also stored the sweep's thresholds: those of compute_thresholds
+    from lens_heads.thresholds import compute_thresholds
+    [stored] = [json.loads(f.read_text()) for f in (out / "store").rglob("thresholds/*.json")]
+    ref_tau = compute_thresholds(model, task_inputs(model, task, None, 6), ["ahon_ln", "awft"], [0.0, 0.25],
+                                 progress=False)
+    assert stored["thresholds"] == {s: {repr(p): t for p, t in d.items()} for s, d in ref_tau.items()}
 
     # (d) the paper row: verdicts follow from the interval
     cmp = pd.read_csv(out / "paper_comparison.csv")
