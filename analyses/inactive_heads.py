@@ -23,6 +23,11 @@ For every (model, task):
     (``score_heads``), the k lowest zeroed on every input, k = ceil(p x layers x heads) for the
     same fractions p; evaluated through the same store (``extra_ablations``).
 
+Resuming: points come from the store first. A pair whose store is gone (stores are big and, but
+for this script's, git-ignored) while OUT's tables hold its baseline or its sweep on as many
+questions is not recomputed: those rows are carried over and the summary says so. The tables
+keep the rows of pairs a run does not cover, so runs of single pairs add up.
+
 Outputs (OUT): baseline.csv, sweep_baseline.csv, table2.csv, auc_ranking.csv, static_ahon_ln.csv, static_within_1pt.csv,
 figures/curves_<model>__<task>.png, paper_comparison.csv, paper_claims.csv, summary.md; with --check-dtype,
 dtype_check.csv (the bf16 pipeline vs the fp32 one, unablated and per-input AHON(LN) at 10 %, on
@@ -125,12 +130,12 @@ def sweep_limit(args, spec: str) -> int | None:
 # (a) baseline and the signal rule
 
 
-def baseline(model, task, spec: str, limit, args, store_dir: Path) -> dict | None:
+def baseline(model, task, spec: str, limit, args, store_dir: Path, compute: bool) -> dict | None:
     """Unablated accuracy (stored in the pair's sweep store), bootstrap SE/CI, chance, signal;
-    None with --from-store when the store lacks it."""
+    None when the store lacks it and ``compute`` is False."""
     cfg = SweepConfig(task=spec, score_ids=[], fractions=[0.0], random_seeds=[0], limit=limit,
                       batch_size=args.batch_size, n_boot=args.n_boot)
-    result = run_sweep(model, cfg, store_dir, task=task, progress=False, compute=not args.from_store)
+    result = run_sweep(model, cfg, store_dir, task=task, progress=False, compute=compute)
     if result is None:
         return None
     rec = result.records["none"]
@@ -168,8 +173,7 @@ def earlier_tables(out: Path) -> dict[str, pd.DataFrame]:
     frames = {}
     for name in PAIR_TABLES:
         path = out / f"{name}.csv"
-        frames[name] = (pd.read_csv(path, float_precision="round_trip") if path.is_file()
-                        else pd.DataFrame(columns=["model", "task"]))
+        frames[name] = pd.read_csv(path) if path.is_file() else pd.DataFrame(columns=["model", "task"])
     return frames
 
 
@@ -186,18 +190,35 @@ def with_earlier(new: pd.DataFrame, old: pd.DataFrame) -> pd.DataFrame:
     return keep.reset_index(drop=True) if not len(new) else pd.concat([keep, new], ignore_index=True)
 
 
-def earlier_row(frame: pd.DataFrame, model: str, task: str) -> dict | None:
-    rows = frame[(frame["model"] == model) & (frame["task"] == task)] if len(frame) else frame
+def earlier_row(frame: pd.DataFrame, model: str, task: str, n_questions: int) -> dict | None:
+    """An earlier run's first row for the pair, if it was measured on ``n_questions`` questions."""
+    if not len(frame):
+        return None
+    rows = frame[(frame["model"] == model) & (frame["task"] == task) & (frame["n_questions"] == n_questions)]
     return rows.iloc[0].to_dict() if len(rows) else None
+
+
+def earlier_sweep(table2: pd.DataFrame, model: str, task: str, n_questions: int, cfg: SweepConfig) -> bool:
+    """Whether an earlier run's Table 2 holds this pair's sweep on as many questions, with every
+    function of ``cfg`` (and random heads when it has seeds)."""
+    if not len(table2):
+        return False
+    rows = table2[(table2["model"] == model) & (table2["task"] == task) & (table2["n_questions"] == n_questions)]
+    wanted = set(cfg.score_ids) | ({RANDOM} if cfg.random_seeds else set())
+    return bool(len(rows)) and wanted <= set(rows["score_fn"])
+
+
+def n_questions(task, limit) -> int:
+    return len(select_records(task, limit, SweepConfig.seed))
 
 
 # -----------------------------------------------------------------------------
 # (e) static ablation by a dataset-level score
 
 
-def static_specs(model, task, sweep: SweepConfig, args, store_dir: Path) -> list[dict] | None:
+def static_specs(model, task, sweep: SweepConfig, args, store_dir: Path, compute: bool) -> list[dict] | None:
     """One static head set per fraction > 0: the k least active heads by the dataset-level score
-    (None with --from-store when the store lacks the scores).
+    (None when the store lacks the scores and ``compute`` is False).
 
     The scoring pass that ranks the heads also stores the thresholds of ``sweep`` (same inputs,
     same batches): one pass instead of two, each ~45 min on Qwen's 500 MMLU 5-shot prompts here."""
@@ -206,7 +227,7 @@ def static_specs(model, task, sweep: SweepConfig, args, store_dir: Path) -> list
     key = {**base_config(model, task, cfg), "kind": "static_scores", "score": sid}
     store = ResultStore(store_dir)
     rec = store.get("static_scores", key)
-    if rec is None and args.from_store:
+    if rec is None and not compute:
         return None
     if rec is None:
         inputs = task_inputs(model, task, sweep.n_shot, sweep.limit, sweep.seed)
@@ -456,9 +477,12 @@ def main(argv=None) -> int:
         for spec_t, task in tasks.items():
             tname, limit = names[spec_t], task_limit(args, spec_t)
             store_dir = out / "store" / f"{label}__{tname}"
-            b = baseline(model, task, spec_t, limit, args, store_dir)
-            if b is None and (b := earlier_row(earlier["baseline"], label, tname)) is not None:
+            # the store's, else an earlier run's on as many questions (not recomputed), else computed
+            b = baseline(model, task, spec_t, limit, args, store_dir, compute=False)
+            if b is None and (b := earlier_row(earlier["baseline"], label, tname, n_questions(task, limit))):
                 carried.append(f"{label} / {tname}: baseline ({b['n_questions']} questions)")
+            if b is None and not args.from_store:
+                b = baseline(model, task, spec_t, limit, args, store_dir, compute=True)
             if b is None:
                 missing.append(f"{label} / {tname}: baseline")
                 print(f"  {tname}: not in the store", flush=True)
@@ -473,10 +497,18 @@ def main(argv=None) -> int:
             cfg = SweepConfig(task=spec_t, score_ids=args.score_ids, fractions=args.fractions,
                               random_seeds=list(range(args.seeds)), limit=limit, batch_size=args.batch_size,
                               n_boot=args.n_boot)
-            statics, result = static_specs(model, task, cfg, args, store_dir), None
+            # the store's complete sweep, else an earlier run's rows for it (not recomputed), else computed
+            statics, result = static_specs(model, task, cfg, args, store_dir, compute=False), None
             if statics is not None:
                 cfg = replace(cfg, extra_ablations=[s["spec"] for s in statics])
-                result = run_sweep(model, cfg, store_dir, task=task, progress=True, compute=not args.from_store)
+                result = run_sweep(model, cfg, store_dir, task=task, progress=False, compute=False)
+            if result is None and earlier_sweep(earlier["table2"], label, tname, n_questions(task, limit), cfg):
+                carried.append(f"{label} / {tname}: sweep ({n_questions(task, limit)} questions)")
+                continue
+            if result is None and not args.from_store:
+                statics = static_specs(model, task, cfg, args, store_dir, compute=True)
+                cfg = replace(cfg, extra_ablations=[s["spec"] for s in statics])
+                result = run_sweep(model, cfg, store_dir, task=task, progress=True)
             part = result
             if result is None:
                 part = None if statics is None else run_sweep(model, cfg, store_dir, task=task, progress=False,
@@ -487,10 +519,6 @@ def main(argv=None) -> int:
                 sweep_base.append({"model": label, "task": tname, "sweep": "running" if result is None else "done",
                                    **sweep_stats})
                 write_tables()
-            if result is None and part is None and (label, tname) in pairs_of(earlier["table2"]):
-                n = earlier_row(earlier["table2"], label, tname)["n_questions"]
-                carried.append(f"{label} / {tname}: sweep ({n} questions)")
-                continue
             if result is None:
                 stored = f" ({part.n_stored} of {part.n_points} points stored)" if part is not None else ""
                 missing.append(f"{label} / {tname}: sweep{stored}")

@@ -185,6 +185,14 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     assert "Carried over from the tables of earlier runs" in text and "Not measured yet" not in text
     assert f"{label} / mc: baseline (6 questions); {label} / mc: sweep (6 questions)" in text
     assert "| ahon_ln |" in text.split("(c) % of heads")[1]  # the carried sweep is in Table 2
+    assert mod.main([*argv[:-1], str(fresh)]) == 0  # computing: what the tables hold at this size is not redone
+    assert not list(fresh.rglob("*.json"))
+    assert {p.name: p.read_text() for p in fresh.glob("*.csv")} == {p.name: p.read_text() for p in out.glob("*.csv")}
+    assert mod.main([*argv[:-1], str(fresh), "--sweep-limit", "4"]) == 0  # other sizes are measured, not carried
+    assert (pd.read_csv(fresh / "table2.csv").n_questions == 4).all() and list(fresh.rglob("points/*.json"))
+    assert pd.read_csv(fresh / "baseline.csv").n_questions.tolist() == [6]
+    shutil.rmtree(fresh)
+    shutil.copytree(out, fresh, ignore=shutil.ignore_patterns("store"))
     other_label = mod.model_label(str(other))
     argv_other = ["--models", str(other), *argv[2:-1], str(fresh), "--paper-model", str(other)]
     assert mod.main(argv_other) == 0
