@@ -182,12 +182,15 @@ def pairs_of(frame: pd.DataFrame) -> set[tuple[str, str]]:
 
 
 def with_earlier(new: pd.DataFrame, old: pd.DataFrame) -> pd.DataFrame:
-    """The earlier rows of the (model, task) pairs that ``new`` does not hold, then ``new``."""
-    have = pairs_of(new)
-    keep = old[[(m, t) not in have for m, t in zip(old["model"], old["task"])]] if len(old) else old
-    if not len(keep):
-        return new.reset_index(drop=True)
-    return keep.reset_index(drop=True) if not len(new) else pd.concat([keep, new], ignore_index=True)
+    """``old`` with each pair's rows replaced by ``new``'s where it has them, then ``new``'s other pairs."""
+    if not len(old) or not len(new):
+        return (new if len(new) else old).reset_index(drop=True)
+    key = lambda f: list(zip(f["model"], f["task"]))  # noqa: E731
+    have, pieces = pairs_of(new), []
+    for pair in dict.fromkeys(key(old) + key(new)):  # the earlier order, then the pairs new here
+        src = new if pair in have else old
+        pieces.append(src[[k == pair for k in key(src)]])
+    return pd.concat(pieces, ignore_index=True)
 
 
 def earlier_row(frame: pd.DataFrame, model: str, task: str, n_questions: int) -> dict | None:

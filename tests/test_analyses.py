@@ -201,6 +201,8 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     pd.testing.assert_frame_equal(merged[merged.model == label].reset_index(drop=True), t2)
     assert pd.read_csv(fresh / "baseline.csv").model.tolist() == [label, other_label]
     assert f"{label} / mc: not in this run" in (fresh / "summary.md").read_text()
+    assert mod.main([*argv[:-1], str(fresh)]) == 0  # a pair's rows are replaced where they stood
+    assert pd.read_csv(fresh / "baseline.csv").model.tolist() == [label, other_label]
 
 
 def test_distributions_wasserstein(tmp_path, tiny_model_dir, tiny_model):
