@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import gc
 import math
-from dataclasses import replace
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -224,7 +224,7 @@ def static_specs(model, task, sweep: SweepConfig, args, store_dir: Path, compute
     (None when the store lacks the scores and ``compute`` is False).
 
     The scoring pass that ranks the heads also stores the thresholds of ``sweep`` (same inputs,
-    same batches): one pass instead of two, each ~45 min on Qwen's 500 MMLU 5-shot prompts here."""
+    same batches): one pass instead of two, each ~2 h on Qwen's 500 MMLU 5-shot prompts here."""
     sid = resolve_score_ids(args.static_score)[0]
     cfg = SweepConfig(task=sweep.task, score_ids=[], limit=sweep.limit)
     key = {**base_config(model, task, cfg), "kind": "static_scores", "score": sid}
