@@ -193,20 +193,22 @@ def with_earlier(new: pd.DataFrame, old: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(pieces, ignore_index=True)
 
 
-def earlier_row(frame: pd.DataFrame, model: str, task: str, n_questions: int) -> dict | None:
-    """An earlier run's first row for the pair, if it was measured on ``n_questions`` questions."""
+def earlier_rows(frame: pd.DataFrame, model: str, task: str, n_questions: int) -> pd.DataFrame:
+    """An earlier run's rows for the pair, if they were measured on ``n_questions`` questions."""
     if not len(frame):
-        return None
-    rows = frame[(frame["model"] == model) & (frame["task"] == task) & (frame["n_questions"] == n_questions)]
+        return frame
+    return frame[(frame["model"] == model) & (frame["task"] == task) & (frame["n_questions"] == n_questions)]
+
+
+def earlier_row(frame: pd.DataFrame, model: str, task: str, n_questions: int) -> dict | None:
+    rows = earlier_rows(frame, model, task, n_questions)
     return rows.iloc[0].to_dict() if len(rows) else None
 
 
 def earlier_sweep(table2: pd.DataFrame, model: str, task: str, n_questions: int, cfg: SweepConfig) -> bool:
     """Whether an earlier run's Table 2 holds this pair's sweep on as many questions, with every
     function of ``cfg`` (and random heads when it has seeds)."""
-    if not len(table2):
-        return False
-    rows = table2[(table2["model"] == model) & (table2["task"] == task) & (table2["n_questions"] == n_questions)]
+    rows = earlier_rows(table2, model, task, n_questions)
     wanted = set(cfg.score_ids) | ({RANDOM} if cfg.random_seeds else set())
     return bool(len(rows)) and wanted <= set(rows["score_fn"])
 
@@ -505,12 +507,13 @@ def main(argv=None) -> int:
             if statics is not None:
                 cfg = replace(cfg, extra_ablations=[s["spec"] for s in statics])
                 result = run_sweep(model, cfg, store_dir, task=task, progress=False, compute=False)
-            if result is None and earlier_sweep(earlier["table2"], label, tname, n_questions(task, limit), cfg):
-                carried.append(f"{label} / {tname}: sweep ({n_questions(task, limit)} questions)")
+            if result is None and earlier_sweep(earlier["table2"], label, tname, n := n_questions(task, limit), cfg):
+                carried.append(f"{label} / {tname}: sweep ({n} questions)")
                 continue
             if result is None and not args.from_store:
-                statics = static_specs(model, task, cfg, args, store_dir, compute=True)
-                cfg = replace(cfg, extra_ablations=[s["spec"] for s in statics])
+                if statics is None:
+                    statics = static_specs(model, task, cfg, args, store_dir, compute=True)
+                    cfg = replace(cfg, extra_ablations=[s["spec"] for s in statics])
                 result = run_sweep(model, cfg, store_dir, task=task, progress=True)
             part = result
             if result is None:
