@@ -21,7 +21,11 @@ For every (model, task):
     holds Qwen2.5-*Coder*-0.5B, not the paper's base model), agreement judged from our intervals;
 (e) STATIC ablation: heads ranked by their dataset-level AHON(LN) on the task's own inputs
     (``score_heads``), the k lowest zeroed on every input, k = ceil(p x layers x heads) for the
-    same fractions p; evaluated through the same store (``extra_ablations``).
+    same fractions p; evaluated through the same store (``extra_ablations``);
+(g) every stored point of every sweep, finished or running, against the baseline and against
+    random heads at the same target fraction, paired over questions, with the questions it
+    would need for a paired SE of half a point. ``--first`` puts chosen points right after the
+    baseline, so a sweep that cannot finish where it runs measures those first.
 
 Resuming: points come from the store first. A pair whose store is gone (stores are big and, but
 for this script's, git-ignored) while OUT's tables hold its baseline or its sweep on as many
@@ -29,6 +33,7 @@ questions is not recomputed: those rows are carried over and the summary says so
 keep the rows of pairs a run does not cover, so runs of single pairs add up.
 
 Outputs (OUT): baseline.csv, sweep_baseline.csv, table2.csv, auc_ranking.csv, static_ahon_ln.csv, static_within_1pt.csv,
+points.csv (every stored point against the baseline and random heads at the same fraction, section (g)),
 figures/curves_<model>__<task>.png, paper_comparison.csv, paper_claims.csv, summary.md; with --check-dtype,
 dtype_check.csv (the bf16 pipeline vs the fp32 one, unablated and per-input AHON(LN) at 10 %, on
 --check-dtype-limit questions, stored like every point).
@@ -52,13 +57,14 @@ from common import Run, base_parser, check_positive, markdown_table, model_label
 
 from lens_heads import load_model  # noqa: E402
 from lens_heads.models import check_device  # noqa: E402
-from lens_heads.curves import bootstrap_indices, max_within, normalised_auc, percentile_interval  # noqa: E402
+from lens_heads.curves import bootstrap_indices, max_within, normalised_auc, paired_difference, \
+    percentile_interval  # noqa: E402
 from lens_heads.data import load_task  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
 from lens_heads.evaluate import select_records, task_inputs  # noqa: E402
 from lens_heads.scores import SCORES, least_active, resolve_score_ids, score_heads  # noqa: E402
 from lens_heads.store import ResultStore  # noqa: E402
-from lens_heads.sweep import RANDOM, SweepConfig, base_config, put_thresholds, run_sweep, threshold_config  # noqa: E402
+from lens_heads.sweep import RANDOM, SweepConfig, base_config, put_thresholds, run_sweep, stored_thresholds  # noqa: E402
 from lens_heads.thresholds import parse_fractions, thresholds_of  # noqa: E402
 from lens_heads.viz.figures import sweep_curves  # noqa: E402
 
@@ -85,6 +91,10 @@ def parse_args(argv):
     p.add_argument("--scores", default="paper", help="score functions to sweep (default: the paper's 12)")
     p.add_argument("--fractions", default="0,0.05,0.1,0.15,0.2,0.25,0.3")
     p.add_argument("--seeds", type=int, default=3, help="random-head seeds (default 3)")
+    p.add_argument("--first", default="",
+                   help="comma list of sweep points to evaluate right after the baseline, before the rest of the "
+                        "sweep (ID@FRACTION, random@FRACTION@SEED; e.g. ahon_ln@0.1,random@0.1@0): for a sweep "
+                        "that cannot finish here, the points that answer the question at hand come first")
     p.add_argument("--static-score", default="ahon_ln", help="dataset-level score for the static ablation")
     p.add_argument("--signal-se", type=float, default=2.0,
                    help="a pair carries signal when accuracy - chance > this many bootstrap SEs (default 2)")
@@ -112,6 +122,7 @@ def parse_args(argv):
     args.tasks = split_tasks(args.tasks)
     args.score_ids = resolve_score_ids(args.scores)
     args.fractions = sorted({0.0, *parse_fractions(args.fractions)})
+    args.first = [f.strip() for f in args.first.split(",") if f.strip()]
     resolve_score_ids(args.static_score)
     return args
 
@@ -161,7 +172,7 @@ def accuracy_stats(task, rec: dict, limit, args, cfg: SweepConfig) -> dict:
 # Rows of earlier runs
 
 PAIR_TABLES = ("baseline", "sweep_baseline", "table2", "auc_ranking", "static_ahon_ln", "static_within_1pt",
-               "dtype_check")  # OUT/<name>.csv, one or more rows per (model, task)
+               "points", "dtype_check")  # OUT/<name>.csv, one or more rows per (model, task)
 
 
 def earlier_tables(out: Path) -> dict[str, pd.DataFrame]:
@@ -237,7 +248,7 @@ def static_specs(model, task, sweep: SweepConfig, args, store_dir: Path, compute
     if rec is None:
         inputs = task_inputs(model, task, sweep.n_shot, sweep.limit, sweep.seed)
         base = base_config(model, task, sweep)
-        todo = sweep.score_ids if store.get("thresholds", threshold_config(base, sweep)) is None else []
+        todo = sweep.score_ids if stored_thresholds(store, base, sweep) is None else []
         hs = score_heads(model, inputs, list(dict.fromkeys([*todo, sid])), batch_size=sweep.threshold_batch_size,
                          keep_per_input=bool(todo), progress=True)
         if todo:
@@ -284,6 +295,63 @@ def static_curve(result, statics: list[dict], args, x_max: float) -> tuple[pd.Da
               "static_auc_ci_low": percentile_interval(ab)[0], "static_auc_ci_high": percentile_interval(ab)[1],
               "auc_range_pct": x_max}
     return points, within
+
+
+# -----------------------------------------------------------------------------
+# (g) every stored point, against the baseline and against random heads at the same fraction
+
+SE_GOAL = 0.005  # half a point: the paired SE at which a 1-point drop is two SEs
+
+
+def paper_within(score_fn: str, pct: float) -> str:
+    """What the paper's Qwen2.5-0.5B MMLU row implies at ``pct`` % zeroed for ``score_fn``."""
+    if score_fn == RANDOM:
+        return "beyond" if pct > PAPER_RANDOM[1] else "within" if pct <= PAPER_RANDOM[0] else ""
+    value = PAPER_ROW["best"] if score_fn == PAPER_ROW["best_fn"] else PAPER_ROW.get(score_fn)
+    return "" if value is None else "within" if pct <= value else "beyond"
+
+
+def _one_point_verdict(lo: float, hi: float) -> str:
+    return ("within 1 pt (CI above -1)" if lo >= -1 else "loses > 1 pt (CI below -1)" if hi < -1
+            else "undecided (CI spans -1)")
+
+
+def point_rows(result, label: str, tname: str, args, paper_pair: bool) -> list[dict]:
+    """One row per stored ablated point of a sweep (finished or not): its accuracy change against
+    the baseline and against random heads at the same target fraction (the mean over the seeds
+    stored there), both paired over the questions (percentile intervals, in points), and how many
+    questions the change to the baseline would need for a paired SE of half a point (SE ~ 1/sqrt(n)).
+    On the paper's pair, ``paper`` says what its Qwen2.5-0.5B row implies at the realised %
+    ("within": inside its within-1-point range)."""
+    recs = result.records
+    ref = [q["doc_id"] for q in recs["none"]["questions"]]
+
+    def correct(spec: str) -> np.ndarray:
+        by_id = {q["doc_id"]: float(q["correct"]) for q in recs[spec]["questions"]}
+        return np.array([by_id[d] for d in ref])
+
+    idx = bootstrap_indices(len(ref), args.n_boot, 0)
+    base = correct("none")
+    pts = result.summary[result.summary["fraction"] > 0]
+    rows = []
+    for r in pts.itertuples():
+        c = correct(r.spec)
+        d = paired_difference(c, base, idx)
+        row = {"model": label, "task": tname, "score_fn": r.score_fn, "fraction": r.fraction, "seed": r.seed,
+               "pct_zeroed": r.pct_zeroed, "accuracy_pct": 100 * r.accuracy, "delta_pt": 100 * d["delta"],
+               "delta_ci_low": 100 * d["ci_low"], "delta_ci_high": 100 * d["ci_high"], "delta_se_pt": 100 * d["se"],
+               "verdict": _one_point_verdict(100 * d["ci_low"], 100 * d["ci_high"]),
+               "questions_for_se_half_point": math.ceil(len(ref) * (d["se"] / SE_GOAL) ** 2),
+               "vs_random_pt": math.nan, "vs_random_ci_low": math.nan, "vs_random_ci_high": math.nan,
+               "random_seeds_here": 0, "paper": paper_within(r.score_fn, r.pct_zeroed) if paper_pair else "",
+               "n_questions": len(ref)}
+        rand = pts[(pts["score_fn"] == RANDOM) & (pts["fraction"] == r.fraction)]
+        if r.score_fn != RANDOM and len(rand):
+            v = paired_difference(c, np.mean([correct(x) for x in rand["spec"]], axis=0), idx)
+            row.update(vs_random_pt=100 * v["delta"], vs_random_ci_low=100 * v["ci_low"],
+                       vs_random_ci_high=100 * v["ci_high"], random_seeds_here=len(rand))
+        rows.append(row)
+    return rows
 
 
 # -----------------------------------------------------------------------------
@@ -453,16 +521,19 @@ def main(argv=None) -> int:
     sweep_base = []  # (b) the baseline on each sweep's own questions, finished or running
     missing = []  # with --from-store: what the store does not hold yet
     running = []  # with --from-store: the complete curves of sweeps the store holds in part
+    point_table = []  # (g) every stored point of every sweep, finished or running
     carried = []  # pairs whose baseline or sweep rows come from the tables of an earlier run
     dtypes = {}
 
     def tables() -> dict[str, pd.DataFrame]:
         """This run's rows, plus the earlier rows of every pair it has none for."""
         rows = {"baseline": base_rows, "sweep_baseline": sweep_base, "table2": table_rows, "auc_ranking": auc_rows,
-                "static_ahon_ln": static_rows, "static_within_1pt": static_within}
+                "static_ahon_ln": static_rows, "static_within_1pt": static_within, "points": point_table}
         frames = {k: with_earlier(pd.DataFrame(v), earlier[k]) for k, v in rows.items()}
         frames["dtype_check"] = with_earlier(pd.concat([pd.DataFrame(), *dtype_rows], ignore_index=True),
                                              earlier["dtype_check"])
+        if len(frames["points"]):  # blank seed: not a random-heads point
+            frames["points"] = frames["points"].astype({"seed": "Int64"})
         if len(frames["auc_ranking"]):  # blank rank: tied score, no curve
             frames["auc_ranking"] = frames["auc_ranking"].astype({"rank_by_auc": "Int64"}).sort_values(
                 ["model", "task", "rank_by_auc"], ignore_index=True)
@@ -501,7 +572,7 @@ def main(argv=None) -> int:
             limit = sweep_limit(args, spec_t)
             cfg = SweepConfig(task=spec_t, score_ids=args.score_ids, fractions=args.fractions,
                               random_seeds=list(range(args.seeds)), limit=limit, batch_size=args.batch_size,
-                              n_boot=args.n_boot)
+                              n_boot=args.n_boot, first=args.first)
             # the store's complete sweep, else an earlier run's rows for it (not recomputed), else computed
             statics, result = static_specs(model, task, cfg, args, store_dir, compute=False), None
             if statics is not None:
@@ -524,6 +595,9 @@ def main(argv=None) -> int:
                 sweep_stats = accuracy_stats(task, part.records["none"], limit, args, cfg)
                 sweep_base.append({"model": label, "task": tname, "sweep": "running" if result is None else "done",
                                    **sweep_stats})
+                paper_pair = (label, tname) == (model_label(args.paper_model), args.paper_task)
+                point_table.extend({**r, "sweep": "running" if result is None else "done"}
+                                   for r in point_rows(part, label, tname, args, paper_pair))
                 write_tables()
             if result is None:
                 stored = f" ({part.n_stored} of {part.n_points} points stored)" if part is not None else ""
@@ -577,7 +651,7 @@ def main(argv=None) -> int:
     run.write_summary("Inactive heads: Table 2 (% of heads zeroed within 1 accuracy point)",
                       summary_sections(args, base, table2, t["auc_ranking"], t["static_within_1pt"],
                                        comparison, claims, [t["dtype_check"]], dtypes, missing, running,
-                                       t["sweep_baseline"], carried))
+                                       t["sweep_baseline"], carried, t["points"]))
     print(f"wrote {out} in {run.elapsed():.0f} s", flush=True)
     return 0
 
@@ -593,7 +667,7 @@ def _within_cell(r, wide_gap: float) -> str:
 
 
 def summary_sections(args, base, table2, aucs, static_within, comparison, claims, dtype_rows, dtypes,
-                     missing=(), running=(), sweep_base=None, carried=()):
+                     missing=(), running=(), sweep_base=None, carried=(), points=None):
     def size(s):
         n, m = task_limit(args, s), sweep_limit(args, s)
         return f"{'all' if n is None else n}" + (f" (sweeps: {m})" if m != n else "")
@@ -676,6 +750,23 @@ def summary_sections(args, base, table2, aucs, static_within, comparison, claims
                              ["model", "task", "points_stored", "points_planned", "score_fn",
                               "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max",
                               "crossing_gap_pct", "n_ablated_points", "base_pct", "sweep_signal", "note"]))
+    live = points[points["sweep"] == "running"] if points is not None and len(points) else None
+    if live is not None and len(live):
+        yield "(g) Sweeps still running: every point stored so far", (
+            "Each stored ablated point of a sweep not finished yet, curves complete or not: accuracy change against "
+            "the unablated baseline and against random heads at the same target fraction (mean over the seeds "
+            "stored there; blank where none is), in points, paired over the same questions (95% percentile "
+            "intervals). verdict: whether the interval lies above or below the 1-point line or spans it. "
+            "q_for_se_0.5: questions this point would need for a paired SE of half a point, the precision at "
+            "which a 1-point drop is two SEs. paper: what the paper's Qwen2.5-0.5B row implies at the realised "
+            "% zeroed (within: inside its within-1-point range; random heads: beyond 1.9 %). target_pct: the "
+            "fraction the threshold was set for; pct_zeroed: what it zeroed. points.csv has "
+            "every point of every sweep, finished ones too.\n\n"
+            + markdown_table(live.rename(columns={"questions_for_se_half_point": "q_for_se_0.5"})
+                             .assign(target_pct=100 * live["fraction"]), 1,
+                             ["model", "task", "score_fn", "target_pct", "seed", "pct_zeroed", "accuracy_pct",
+                              "delta_pt", "delta_ci_low", "delta_ci_high", "verdict", "vs_random_pt",
+                              "vs_random_ci_low", "vs_random_ci_high", "q_for_se_0.5", "paper"]))
     if sum(len(d) for d in dtype_rows):
         yield "bfloat16 vs float32 check", markdown_table(pd.concat(dtype_rows, ignore_index=True), 4)
 

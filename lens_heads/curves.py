@@ -17,6 +17,8 @@ and joined by straight lines.
   common x_max for all curves (the smallest of their largest measured x) so areas compare.
 * ``bootstrap_indices(n, n_boot, seed)``: one seeded [n_boot, n] matrix of question indices,
   drawn once and reused for every point, so intervals of differences are paired.
+* ``paired_difference(a, b, idx)``: mean(a) - mean(b) over the same questions, with its
+  percentile interval and standard error on those resamples.
 """
 
 from __future__ import annotations
@@ -84,3 +86,17 @@ def percentile_interval(samples: np.ndarray, level: float = 0.95) -> tuple[float
         return math.nan, math.nan
     a = (1 - level) / 2
     return float(np.quantile(s, a)), float(np.quantile(s, 1 - a))
+
+
+def paired_difference(a: Sequence[float], b: Sequence[float], idx: np.ndarray,
+                      level: float = 0.95) -> dict[str, float]:
+    """``mean(a) - mean(b)`` for per-question values aligned on the same questions (0/1
+    correctness, or a mean over seeds), with the percentile interval and the standard error
+    over the resamples ``idx`` ([n_boot, n] from ``bootstrap_indices``)."""
+    a, b = np.asarray(a, dtype=float), np.asarray(b, dtype=float)
+    if a.shape != b.shape or a.ndim != 1 or a.size == 0 or idx.shape[-1] != a.size:
+        raise ValueError("paired_difference needs two equal-length vectors and resamples of that length")
+    d = a - b
+    boot = d[idx].mean(axis=1)
+    lo, hi = percentile_interval(boot, level)
+    return {"delta": float(d.mean()), "ci_low": lo, "ci_high": hi, "se": float(boot.std(ddof=1))}

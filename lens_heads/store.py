@@ -19,7 +19,7 @@ import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from lens_heads.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
@@ -64,6 +64,15 @@ class ResultStore:
     def discard(self, kind: str, config: dict[str, Any]) -> None:
         """Remove the record for ``config`` if there is one (intermediate results once merged)."""
         self.path(kind, config).unlink(missing_ok=True)
+
+    def records(self, kind: str) -> Iterator[dict]:
+        """Every stored record of ``kind`` (each with its ``config``), in key order."""
+        for key in self.keys(kind):
+            path = self.root / kind / f"{key}.json"
+            try:
+                yield json.loads(path.read_text(encoding="utf-8"))
+            except (OSError, json.JSONDecodeError) as exc:
+                raise LensHeadsError(f"corrupt result file {path}: {exc}; delete it to recompute") from None
 
     def keys(self, kind: str) -> list[str]:
         folder = self.root / kind

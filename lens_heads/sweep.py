@@ -15,6 +15,9 @@ Plan:
    > 0, and any fixed ``extra_ablations`` (e.g. ``static:...``), evaluated in that order
    (``compute_order``: the random reference first, then each function's curve whole), so a
    sweep stopped part-way can already be tabulated (``run_sweep(..., partial=True)``).
+   ``first`` names points to evaluate right after the baseline (``point_label``:
+   ``ahon_ln@0.1``, ``random@0.1@0``), for a sweep that cannot finish where it runs: the
+   points that answer the question at hand are then stored before the rest.
 
 Every point is evaluated with ``evaluate.evaluate_task(..., ablation=...)`` and stored as one
 JSON file in a ``ResultStore`` (``DIR/points/<hash>.json``), keyed by a hash of what
@@ -83,6 +86,7 @@ class SweepConfig:
     tol: float = 0.01  # one accuracy point
     threshold_batch_size: int = SCORING_BATCH
     chunk_questions: int | None = 250  # questions per stored part of a point (None: one part); not in the key
+    first: list[str] = field(default_factory=list)  # point labels evaluated right after the baseline; not in the key
 
     def validate(self) -> None:
         """Check the settings; fractions become sorted, unique and always include 0 (the baseline)."""
@@ -99,6 +103,30 @@ class SweepConfig:
             raise LensHeadsError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.chunk_questions is not None and self.chunk_questions < 1:
             raise LensHeadsError(f"chunk_questions must be >= 1, got {self.chunk_questions}")
+        self.first = list(dict.fromkeys(self._first_label(f) for f in self.first))
+
+    def _first_label(self, label: str) -> str:
+        """``label`` in ``point_label``'s canonical form, checked against this sweep's plan
+        (before any threshold is computed)."""
+        if label in self.extra_ablations:
+            return label
+        name, *rest = label.strip().split("@")
+        form = "ID@FRACTION or random@FRACTION@SEED"
+        try:
+            fraction = float(rest[0])
+            seed = int(rest[1]) if len(rest) == 2 else None
+        except (IndexError, ValueError):
+            raise LensHeadsError(f"first: bad point {label!r}; write {form}") from None
+        if len(rest) != (2 if name == RANDOM else 1):
+            raise LensHeadsError(f"first: bad point {label!r}; write {form}")
+        if fraction == 0 or fraction not in self.fractions:
+            raise LensHeadsError(f"first: {label!r}: the sweep's fractions > 0 are "
+                                 f"{', '.join(f'{p:g}' for p in self.fractions if p > 0)}")
+        if name == RANDOM and seed not in self.random_seeds:
+            raise LensHeadsError(f"first: {label!r}: the sweep's random seeds are {self.random_seeds}")
+        if name != RANDOM and name not in self.score_ids:
+            raise LensHeadsError(f"first: {label!r}: {name!r} is not among the sweep's score functions")
+        return f"{name}@{fraction:g}" + (f"@{seed}" if name == RANDOM else "")
 
 
 @dataclass(frozen=True)
@@ -160,6 +188,25 @@ def threshold_config(base: dict, cfg: SweepConfig) -> dict:
             "fractions": sorted(float(p) for p in cfg.fractions)}
 
 
+def stored_thresholds(store: ResultStore, base: dict, cfg: SweepConfig) -> dict | None:
+    """The stored thresholds of ``cfg``'s functions and fractions: the record of exactly this
+    sweep, else one from a sweep of the same model, task and inputs that scored these functions
+    (in any order, among others) at these fractions (among others). A function's thresholds come
+    from its own pooled scores alone, so they do not depend on what else that pass scored."""
+    rec = store.get("thresholds", threshold_config(base, cfg))
+    if rec is not None:
+        return rec
+    want, fractions = set(cfg.score_ids), {float(p) for p in cfg.fractions}
+    same = json.loads(json.dumps({**base, "kind": "thresholds"}, default=str))
+    for rec in store.records("thresholds"):
+        c = rec.get("config", {})
+        if ({k: v for k, v in c.items() if k not in ("score_ids", "fractions")} == same
+                and want <= set(c.get("score_ids", [])) and fractions <= set(c.get("fractions", []))):
+            return {**rec, "thresholds": {sid: {p: t for p, t in rec["thresholds"][sid].items()
+                                                if float(p) in fractions} for sid in cfg.score_ids}}
+    return None
+
+
 def put_thresholds(store: ResultStore, base: dict, cfg: SweepConfig, computed: dict, n_inputs: int) -> dict:
     """Store a sweep's thresholds ({score_id: {fraction: tau}}), from its own scoring pass or from a
     caller's pass over the same inputs (``task_inputs`` of the sweep, ``cfg.threshold_batch_size``)."""
@@ -187,13 +234,29 @@ def plan_points(cfg: SweepConfig, thresholds: dict[str, dict[float, float | None
     return pts
 
 
-def compute_order(points: Sequence[SweepPoint]) -> list[str]:
+def point_label(p: SweepPoint) -> str:
+    """A point's name in ``SweepConfig.first``: ``ID@FRACTION``, ``random@FRACTION@SEED``, or
+    an extra ablation's spec."""
+    if math.isnan(p.fraction):
+        return p.spec
+    return f"{p.score_fn}@{p.fraction:g}" + (f"@{p.seed}" if p.score_fn == RANDOM else "")
+
+
+def compute_order(points: Sequence[SweepPoint], first: Sequence[str] = ()) -> list[str]:
     """Distinct specs in the order they are evaluated: the baseline (every curve's origin), the
-    random-heads curves (what every function is compared with), then each function's curve
-    whole before the next one, then the extra ablations. A sweep stopped part-way thus holds
-    its reference and complete curves, which ``run_sweep(..., partial=True)`` can tabulate."""
-    rank = lambda p: (0 if p.spec == "none" else 1 if p.score_fn == RANDOM else 3 if math.isnan(p.fraction) else 2)  # noqa: E731
-    return list(dict.fromkeys(p.spec for p in sorted(points, key=rank)))  # stable within a rank
+    points labelled in ``first`` (``point_label``, in that order), the random-heads curves (what
+    every function is compared with), then each function's curve whole before the next one,
+    then the extra ablations. A sweep stopped part-way thus holds its reference and complete
+    curves, which ``run_sweep(..., partial=True)`` can tabulate."""
+    by_label = {point_label(p): p for p in points if p.spec != "none"}
+    unknown = [f for f in first if f not in by_label]
+    if unknown:
+        raise LensHeadsError(f"first: {unknown[0]!r} is no point of this sweep; its points are "
+                             f"{', '.join(list(by_label)[:6])}{', ...' if len(by_label) > 6 else ''}")
+    rank = lambda p: (0 if p.spec == "none" else 2 if p.score_fn == RANDOM else 4 if math.isnan(p.fraction) else 3)  # noqa: E731
+    ahead = [by_label[f].spec for f in first]
+    return list(dict.fromkeys(["none"] * any(p.spec == "none" for p in points) + ahead
+                              + [p.spec for p in sorted(points, key=rank)]))  # stable within a rank
 
 
 def _point_record(result) -> dict:
@@ -266,9 +329,10 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
 
     ``compute=False`` only reads the store: None (and nothing written) when it lacks anything.
     ``compute=False, partial=True`` tabulates what a sweep still running (or stopped) holds:
-    the curves whose every point is stored (``partial_config``), nothing written; None
-    without the thresholds or the baseline. Its within-1-point values are final, its AUCs
-    are not (their common range depends on the curves still missing)."""
+    ``summary`` has a row for every stored point, ``within`` the curves whose every point is
+    stored (``partial_config``); nothing is written; None without the thresholds or the
+    baseline. Its within-1-point values are final, its AUCs are not (their common range
+    depends on the curves still missing)."""
     from tqdm.auto import tqdm
 
     from lens_heads.ablation import parse_ablation
@@ -286,8 +350,7 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
     # thresholds (one scoring pass over the unablated request sequences, stored)
     thresholds: dict[str, dict[float, float | None]] = {sid: {} for sid in cfg.score_ids}
     if cfg.score_ids:
-        tcfg = threshold_config(base, cfg)
-        stored = store.get("thresholds", tcfg)
+        stored = stored_thresholds(store, base, cfg)
         if stored is None and not compute:
             return None
         if stored is None:
@@ -298,7 +361,7 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
         thresholds = {sid: {float(p): t for p, t in d.items()} for sid, d in stored["thresholds"].items()}
 
     points = plan_points(cfg, thresholds)
-    todo = compute_order(points)
+    todo = compute_order(points, cfg.first)
     point_cfg = lambda spec: {**base, "kind": "point", "ablation": spec}  # noqa: E731
     stored = {spec for spec in todo if store.path("points", point_cfg(spec)).is_file()}
     if not compute and len(stored) < len(todo):
@@ -306,9 +369,11 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
             return None
         part_cfg = partial_config(cfg, points, stored)
         part_points = [p for p in plan_points(part_cfg, thresholds) if p.spec in stored]
-        records = {spec: store.get("points", point_cfg(spec)) for spec in dict.fromkeys(p.spec for p in part_points)}
-        summary, within = tables(part_points, records, part_cfg)
-        return SweepResult(summary, within, thresholds, records, n_points=len(todo), n_stored=len(stored))
+        done = [p for p in points if p.spec in stored]  # also the points of curves not complete yet
+        records = {spec: store.get("points", point_cfg(spec)) for spec in dict.fromkeys(p.spec for p in done)}
+        _, within = tables(part_points, records, part_cfg)
+        return SweepResult(point_summary(done, records, cfg), within, thresholds, records,
+                           n_points=len(todo), n_stored=len(stored))
     records: dict[str, dict] = {}
     bar = tqdm(total=len(todo), desc="sweep points", unit="point", disable=not progress)
     try:
@@ -373,10 +438,21 @@ def _tied(points: Sequence[SweepPoint], score_fn: str) -> bool:
     return thresholds_tie([p.threshold for p in points if p.score_fn == score_fn and p.fraction > 0])
 
 
-def tables(points: Sequence[SweepPoint], records: dict[str, dict], cfg: SweepConfig):
-    """(summary, within_1pt) DataFrames from stored point records (pure: no model needed)."""
-    import pandas as pd
+@dataclass
+class _Boot:
+    """Accuracy of each spec on the stored records and on ``cfg.n_boot`` shared resamples."""
+    row_of: dict[str, int]
+    boot: np.ndarray  # [spec, boot]
+    acc: dict[str, float]
+    pct: dict[str, float]
+    n_questions: int
 
+    @property
+    def b0(self) -> np.ndarray:
+        return self.boot[self.row_of["none"]]
+
+
+def _bootstrap(points: Sequence[SweepPoint], records: dict[str, dict], cfg: SweepConfig) -> _Boot:
     specs = list(dict.fromkeys(p.spec for p in points))
     C = _correct_matrix(specs, records)  # [spec, question]
     n_q = C.shape[1]
@@ -384,15 +460,23 @@ def tables(points: Sequence[SweepPoint], records: dict[str, dict], cfg: SweepCon
         raise LensHeadsError("the sweep evaluated no questions")
     idx = bootstrap_indices(n_q, cfg.n_boot, cfg.boot_seed)
     counts = np.stack([np.bincount(row, minlength=n_q) for row in idx])  # [boot, question]
-    boot = C @ counts.T / n_q  # [spec, boot]: accuracies on each resample
     row_of = {s: i for i, s in enumerate(specs)}
-    acc = {s: float(records[s]["metrics"].get("acc", C[row_of[s]].mean())) for s in specs}
-    pct = {s: 100.0 * float(records[s]["zeroed_fraction"] or 0.0) for s in specs}
-    b0 = boot[row_of["none"]]
+    return _Boot(row_of, C @ counts.T / n_q,  # accuracies on each resample
+                 {s: float(records[s]["metrics"].get("acc", C[row_of[s]].mean())) for s in specs},
+                 {s: 100.0 * float(records[s]["zeroed_fraction"] or 0.0) for s in specs}, n_q)
 
+
+def point_summary(points: Sequence[SweepPoint], records: dict[str, dict], cfg: SweepConfig,
+                  bt: _Boot | None = None):
+    """One row per point: % zeroed, accuracy with its interval, and the paired difference to
+    the baseline (pure: from stored records; ``points`` must include the baseline's spec)."""
+    import pandas as pd
+
+    bt = _bootstrap(points, records, cfg) if bt is None else bt
+    boot, acc, pct, b0 = bt.boot, bt.acc, bt.pct, bt.b0
     rows = []
     for p in points:
-        i = row_of[p.spec]
+        i = bt.row_of[p.spec]
         lo, hi = percentile_interval(boot[i])
         dlo, dhi = percentile_interval(boot[i] - b0)
         m = records[p.spec]["metrics"]
@@ -400,11 +484,21 @@ def tables(points: Sequence[SweepPoint], records: dict[str, dict], cfg: SweepCon
             "score_fn": p.score_fn, "fraction": p.fraction, "seed": p.seed, "threshold": p.threshold,
             "spec": p.spec, "pct_zeroed": pct[p.spec], "accuracy": acc[p.spec], "ci_low": lo, "ci_high": hi,
             "delta": acc[p.spec] - acc["none"], "delta_ci_low": dlo, "delta_ci_high": dhi,
-            "acc_norm": m.get("acc_norm", math.nan), "n_questions": n_q,
+            "acc_norm": m.get("acc_norm", math.nan), "n_questions": bt.n_questions,
             "point_hash": records[p.spec].get("point_hash"),
         })
     summary = pd.DataFrame(rows)
     summary["seed"] = summary["seed"].astype("Int64")  # blank for non-random rows, not 0.0
+    return summary
+
+
+def tables(points: Sequence[SweepPoint], records: dict[str, dict], cfg: SweepConfig):
+    """(summary, within_1pt) DataFrames from stored point records (pure: no model needed)."""
+    import pandas as pd
+
+    bt = _bootstrap(points, records, cfg)
+    summary = point_summary(points, records, cfg, bt)
+    boot, acc, pct, b0, row_of = bt.boot, bt.acc, bt.pct, bt.b0, bt.row_of
 
     # curves: x = % zeroed (fixed), y = accuracy (observed and per bootstrap resample)
     curves: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}

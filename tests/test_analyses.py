@@ -105,6 +105,31 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     summary = (out / "summary.md").read_text()
     assert "inactive_heads.py" in summary and "wall time" in summary and "lens_heads | 0." in summary
 
+    # (g) points.csv: every ablated point against the baseline and random heads at the same fraction,
+    # paired over questions, equal to a plain loop over the stored per-question results
+    pts = pd.read_csv(out / "points.csv")
+    assert sorted(pts.score_fn) == ["ahon_ln", "awft", "random"] and (pts.sweep == "done").all()
+    recs = {json.loads(f.read_text())["config"]["ablation"]: json.loads(f.read_text())
+            for f in (out / "store").rglob("points/*.json")}
+    right = lambda spec: np.array([float(q["correct"]) for q in sorted(recs[spec]["questions"], key=lambda q: q["doc_id"])])  # noqa: E731
+    c0, cr = right("none"), right("random:0.25@0")
+    rng = np.random.default_rng(0).integers(0, 6, size=(50, 6))
+    for r in pts.itertuples():
+        spec = "random:0.25@0" if r.score_fn == "random" else next(k for k in recs if k.startswith(f"score:{r.score_fn}@"))
+        c = right(spec)
+        assert r.delta_pt == pytest.approx(100 * (c.mean() - c0.mean()))
+        boot = np.array([(c[i] - c0[i]).mean() for i in rng])
+        assert r.delta_ci_low == pytest.approx(100 * np.quantile(boot, 0.025))
+        assert r.questions_for_se_half_point == math.ceil(6 * (boot.std(ddof=1) / 0.005) ** 2)
+        assert r.verdict.startswith("within") == (r.delta_ci_low >= -1)
+        if r.score_fn != "random":
+            vs = np.array([(c[i] - cr[i]).mean() for i in rng])
+            assert r.vs_random_pt == pytest.approx(100 * (c.mean() - cr.mean()))
+            assert (r.vs_random_ci_low, r.vs_random_ci_high) == pytest.approx(
+                (100 * np.quantile(vs, 0.025), 100 * np.quantile(vs, 0.975)))
+            assert r.random_seeds_here == 1
+        assert r.pct_zeroed == pytest.approx(100 * recs[spec]["zeroed_fraction"])
+
     # resume: a rerun computes nothing new and writes the same tables
     before = {p.name: p.read_text() for p in out.glob("*.csv")}
     n_points = len(list((out / "store").rglob("*.json")))
@@ -147,6 +172,10 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     assert pc.loc["ahon_ln % zeroed within 1 pt", "verdict"].endswith(
         f"(sweep running: {n_points_sweep - 1} of {n_points_sweep} points)")
     assert "best function (ahon_ln) % within 1 pt, of those measured" in pc.index
+    # (g) lists every point stored so far, the ones of the incomplete awft curve included (none left here)
+    live = text.split("(g) Sweeps still running")[1].split("\n## ")[0]
+    assert sorted(r.split("|")[3].strip() for r in live.splitlines() if r.startswith(f"| {label} ")) == ["ahon_ln", "random"]
+    assert pd.read_csv(part_out / "points.csv").sweep.tolist() == ["running", "running"]
 
     # --sweep-limit: the signal decision on 6 questions, the sweep on a stratified 4 with its own baseline
     out3 = tmp_path / "out3"

@@ -419,6 +419,96 @@ def test_compute_order_puts_the_reference_first_and_curves_whole():
         "score:awft@0.3", "score:awft@0.4", "score:aeqd@0.5", "score:aeqd@0.6", "static:0.1"]
 
 
+def test_first_points_come_right_after_the_baseline():
+    from lens_heads.sweep import compute_order
+
+    cfg = SweepConfig(task="piqa", score_ids=["awft", "aeqd"], fractions=[0.0, 0.1, 0.2], random_seeds=[0, 1],
+                      extra_ablations=["static:0.1"], first=["aeqd@0.20", "random@.1@1", "static:0.1", "aeqd@0.2"])
+    cfg.validate()
+    assert cfg.first == ["aeqd@0.2", "random@0.1@1", "static:0.1"]  # canonical labels, duplicates dropped
+    th = {"awft": {0.0: None, 0.1: 0.3, 0.2: 0.4}, "aeqd": {0.0: None, 0.1: 0.5, 0.2: 0.6}}
+    assert compute_order(plan_points(cfg, th), cfg.first) == [
+        "none", "score:aeqd@0.6", "random:0.1@1", "static:0.1", "random:0.1@0", "random:0.2@0", "random:0.2@1",
+        "score:awft@0.3", "score:awft@0.4", "score:aeqd@0.5"]
+    with pytest.raises(LensHeadsError, match="no point of this sweep"):
+        compute_order(plan_points(cfg, th), ["awft@0.3"])
+
+
+@pytest.mark.parametrize("label,msg", [
+    ("ahon_ln@0.07", "fractions > 0 are 0.5"), ("ahon_ln@0", "fractions > 0 are"), ("random@0.5", "write ID@FRACTION"),
+    ("random@0.5@7", "random seeds are"), ("awft@0.5", "not among the sweep's score functions"),
+    ("ahon_ln", "write ID@FRACTION"), ("ahon_ln@half", "write ID@FRACTION")])
+def test_cli_bad_first_point_fails_before_anything_is_written(tiny_model_dir, task_file, tmp_path, capsys,
+                                                               label, msg):
+    out = tmp_path / "out"
+    capsys.readouterr()
+    assert _main(_args(tiny_model_dir("llama"), task_file, out, "--first", label)) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and re.search(msg, err[0]), err
+    assert not out.exists()
+
+
+def test_first_points_are_evaluated_first_and_a_stopped_run_shows_them(tiny_model, task_file, tmp_path,
+                                                                       monkeypatch):
+    """With first=[ahon_ln@0.5, random@0.5@1], a run killed after three points holds the baseline
+    and exactly those two; the partial tables list both, with the values the finished sweep gives."""
+    import lens_heads.sweep as sw
+    from lens_heads.data import load_task
+
+    model, task = tiny_model("llama"), load_task(f"file:{task_file}")
+    cfg = lambda: SweepConfig(task=f"file:{task_file}", score_ids=["awft", "ahon_ln"], fractions=[0.0, 0.5],  # noqa: E731
+                              random_seeds=[0, 1], batch_size=4, n_boot=100, first=["ahon_ln@0.5", "random@0.5@1"])
+    done, real = [], sw._evaluate_point
+
+    def dying(model, task, cfg, spec, store, pcfg):
+        if len(done) == 3:
+            raise KeyboardInterrupt("killed")
+        done.append(spec)
+        return real(model, task, cfg, spec, store, pcfg)
+
+    monkeypatch.setattr(sw, "_evaluate_point", dying)
+    with pytest.raises(KeyboardInterrupt):
+        sw.run_sweep(model, cfg(), tmp_path / "s", task=task, progress=False)
+    assert done[0] == "none" and done[1].startswith("score:ahon_ln@") and done[2] == "random:0.5@1"
+    part = sw.run_sweep(model, cfg(), tmp_path / "s", task=task, progress=False, compute=False, partial=True)
+    assert set(part.summary.spec) == set(done)
+    assert set(part.within.score_fn) == {"ahon_ln", "random"}  # ahon_ln whole, random: seed 1 alone
+    monkeypatch.setattr(sw, "_evaluate_point", real)
+    full = sw.run_sweep(model, cfg(), tmp_path / "s", task=task, progress=False)
+    cols = ["spec", "accuracy", "pct_zeroed", "delta", "delta_ci_low", "delta_ci_high"]
+    pd.testing.assert_frame_equal(full.summary[full.summary.spec.isin(done)].drop_duplicates("spec")[cols]
+                                  .reset_index(drop=True),
+                                  part.summary.drop_duplicates("spec")[cols].reset_index(drop=True))
+    w = ["max_pct_zeroed_within_1pt", "ci_low", "ci_high"]
+    assert np.allclose(full.within.set_index("score_fn").loc["ahon_ln", w].astype(float),
+                       part.within.set_index("score_fn").loc["ahon_ln", w].astype(float), equal_nan=True)
+
+
+def test_a_narrower_sweep_reuses_a_wider_sweeps_thresholds(tiny_model, task_file, tmp_path, monkeypatch):
+    """Thresholds stored by a sweep of (ahon_ln, awft) x (0, 0.25, 0.5) serve a sweep of (awft) x
+    (0, 0.5), named in another order or not: no scoring pass, the same specs and records."""
+    import lens_heads.thresholds as th
+    from lens_heads.data import load_task
+    from lens_heads.sweep import run_sweep
+
+    model, task = tiny_model("llama"), load_task(f"file:{task_file}")
+    kw = dict(task=f"file:{task_file}", random_seeds=[], batch_size=4, n_boot=50)
+    wide = run_sweep(model, SweepConfig(score_ids=["ahon_ln", "awft"], fractions=[0.0, 0.25, 0.5], **kw),
+                     tmp_path / "s", task=task, progress=False)
+    monkeypatch.setattr(th, "compute_thresholds", lambda *a, **k: pytest.fail("thresholds recomputed"))
+    for ids in (["awft"], ["awft", "ahon_ln"]):
+        narrow = run_sweep(model, SweepConfig(score_ids=ids, fractions=[0.0, 0.5], **kw), tmp_path / "s", task=task,
+                           progress=False, compute=False)
+        assert narrow is not None and narrow.complete
+        assert narrow.thresholds == {sid: {0.0: None, 0.5: wide.thresholds[sid][0.5]} for sid in ids}
+        w = wide.summary[wide.summary.fraction.isin([0.0, 0.5]) & wide.summary.score_fn.isin(ids)]
+        assert sorted(narrow.summary.spec) == sorted(w.spec)
+    assert len(list((tmp_path / "s" / "thresholds").glob("*.json"))) == 1
+    # another fraction is not in the stored record: that sweep has no thresholds yet
+    assert run_sweep(model, SweepConfig(score_ids=["awft"], fractions=[0.0, 0.3], **kw), tmp_path / "s", task=task,
+                     progress=False, compute=False) is None
+
+
 def test_partial_tables_hold_the_complete_curves_with_their_final_values(tiny_model, task_file, tmp_path):
     """A store missing one point of a function and one of a random seed tabulates the other
     curves exactly as the finished sweep does, writes nothing, and says how much is stored."""
@@ -445,7 +535,12 @@ def test_partial_tables_hold_the_complete_curves_with_their_final_values(tiny_mo
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before  # nothing written
     assert not part.complete and (part.n_points, part.n_stored) == (full.n_points, full.n_points - 2)
     assert set(part.within.score_fn) == {"ahon_ln", "random"}
-    assert set(part.summary.score_fn) == {"ahon_ln", "random", "static:0.1,1.2"}
+    # the summary has every stored point, those of curves still incomplete too, with the finished values
+    assert set(part.summary.spec) == set(full.summary.spec) - {awft_spec, "random:0.25@1"}
+    cols_p = ["spec", "pct_zeroed", "accuracy", "ci_low", "ci_high", "delta", "delta_ci_low", "delta_ci_high"]
+    kept = full.summary[full.summary.spec.isin(part.summary.spec)].drop_duplicates("spec")[cols_p]
+    pd.testing.assert_frame_equal(kept.set_index("spec").sort_index(),
+                                  part.summary.drop_duplicates("spec")[cols_p].set_index("spec").sort_index())
 
     cols = ["max_pct_zeroed_within_1pt", "ci_low", "ci_high", "crossing_gap_pct", "base_accuracy"]
     f, p = full.within.set_index("score_fn"), part.within.set_index("score_fn")

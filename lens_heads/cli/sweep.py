@@ -33,6 +33,9 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=1234, help="few-shot sampling seed (default 1234, lm-eval's)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
+    p.add_argument("--first", default="",
+                   help="points to evaluate right after the baseline, comma-separated: ID@FRACTION or "
+                        "random@FRACTION@SEED (e.g. ahon_ln@0.1,random@0.1@0); the rest follow in the usual order")
     p.add_argument("--out", required=True, help="output folder (created; reused to resume)")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--status", action="store_true",
@@ -58,7 +61,8 @@ def run(args) -> int:
     cfg = SweepConfig(task=args.task, score_ids=score_ids, fractions=fractions,
                       random_seeds=list(range(args.random_seeds)), n_shot=args.n_shot, limit=args.limit,
                       seed=args.seed, batch_size=args.batch_size, extra_ablations=list(args.ablate),
-                      n_boot=args.n_boot, chunk_questions=args.chunk_questions)
+                      n_boot=args.n_boot, chunk_questions=args.chunk_questions,
+                      first=[f.strip() for f in args.first.split(",") if f.strip()])
     cfg.validate()
     if args.n_boot < 1:
         raise LensHeadsError(f"--n-boot must be >= 1, got {args.n_boot}")
