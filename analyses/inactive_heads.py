@@ -366,10 +366,21 @@ def _verdict(paper: float, lo: float, hi: float) -> str:
     return "disagrees: paper " + ("higher" if paper > hi else "lower") + " than our 95% CI"
 
 
+def _point_verdict(paper: str, lo: float, hi: float) -> str:
+    """A single point's paired change (in points) against what the paper's row implies there."""
+    if lo <= -1 <= hi:
+        return "undecided (our CI spans -1 pt)"
+    ours = "within" if lo > -1 else "beyond"
+    return f"agrees ({ours} 1 pt)" if ours == paper else f"disagrees (ours: {ours} 1 pt)"
+
+
 def paper_comparison(table2: pd.DataFrame, base: pd.DataFrame, claims: pd.DataFrame, args,
-                     running: pd.DataFrame | None = None) -> pd.DataFrame:
+                     running: pd.DataFrame | None = None, points: pd.DataFrame | None = None) -> pd.DataFrame:
     """The paper's row beside ours. While the pair's sweep is still running, its complete
-    curves stand in (``running``: section (f)), and the 'best function' is the best so far."""
+    curves stand in (``running``: section (f)), and the 'best function' is the best so far;
+    single stored points of the paper's functions and of random heads whose curves are not
+    complete yet (``points``: section (g)) are set against what the paper's row implies at
+    their % zeroed (within or beyond 1 point)."""
     label, task = model_label(args.paper_model), args.paper_task
     cols = ["model", "task", "score_fn", "max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max"]
     table2 = table2 if len(table2) else pd.DataFrame(columns=cols)  # no pair was swept (none carried signal)
@@ -409,6 +420,17 @@ def paper_comparison(table2: pd.DataFrame, base: pd.DataFrame, claims: pd.DataFr
             rows.append({"quantity": "random heads % within 1 pt (seed range)", "paper": f"{PAPER_RANDOM[0]}-{PAPER_RANDOM[1]}",
                          "ours": f"{r.seed_min:.1f}-{r.seed_max:.1f}", "ours_ci_low": r.ci_low, "ours_ci_high": r.ci_high,
                          "verdict": "agrees (seed ranges overlap)" if overlap else "disagrees (seed ranges do not overlap)"})
+    if points is not None and len(points):
+        curves = set(t.index)
+        p = points[(points["model"] == label) & (points["task"] == task) & (points["paper"].isin(["within", "beyond"]))
+                   & ~points["score_fn"].isin(curves)]
+        for r in p.itertuples():
+            who = "random heads" + (f" (seed {r.seed})" if not pd.isna(r.seed) else "") if r.score_fn == RANDOM else r.score_fn
+            rows.append({"quantity": f"{who} at {r.pct_zeroed:.1f} % zeroed: accuracy change (pt)",
+                         "paper": f"{r.paper} 1 pt", "ours": r.delta_pt, "ours_ci_low": r.delta_ci_low,
+                         "ours_ci_high": r.delta_ci_high,
+                         "verdict": _point_verdict(r.paper, r.delta_ci_low, r.delta_ci_high)
+                                    + f" ({r.n_questions} questions, one point of a curve)"})
     # the averaged claim: AWFT vs the best non-AWFT function, over our pairs on the paper's task
     on_task = claims[claims["task"] == task] if len(claims) else claims
     if len(on_task):
@@ -646,7 +668,8 @@ def main(argv=None) -> int:
     claims = paper_claims(table2)
     if len(claims):
         write_csv(claims, out / "paper_claims.csv")
-    comparison = paper_comparison(table2, base, claims, args, pd.concat(running, ignore_index=True) if running else None)
+    comparison = paper_comparison(table2, base, claims, args, pd.concat(running, ignore_index=True) if running else None,
+                                  t["points"])
     write_csv(comparison, out / "paper_comparison.csv")
     run.write_summary("Inactive heads: Table 2 (% of heads zeroed within 1 accuracy point)",
                       summary_sections(args, base, table2, t["auc_ranking"], t["static_within_1pt"],

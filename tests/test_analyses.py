@@ -392,3 +392,29 @@ def test_inactive_heads_sweep_limits():
     assert mod.sweep_limit(mod.parse_args(["--sweep-limit-winogrande", "300"]), "winogrande") == 300
     with pytest.raises(Exception, match="--sweep-limit-mmlu must be >= 1"):
         mod.parse_args(["--sweep-limit-mmlu", "0"])
+
+
+def test_paper_row_judges_single_points_against_what_it_implies():
+    """Stored points of curves not complete yet stand beside the paper's Qwen row: 'within' below its
+    within-1-point value, 'beyond' above it; the verdict follows our paired interval against -1 point."""
+    from argparse import Namespace
+
+    mod = script("inactive_heads")
+    assert [mod.paper_within("ahon_ln", x) for x in (7.4, 7.5)] == ["within", "beyond"]
+    assert [mod.paper_within("lthon_ln", x) for x in (14.4, 14.5)] == ["within", "beyond"]
+    assert [mod.paper_within("random", x) for x in (0.4, 1.0, 2.0)] == ["within", "", "beyond"]
+    assert mod.paper_within("aeqd", 5.0) == ""  # the paper's row gives no value for it
+    label = mod.model_label("qwen2.5-coder-0.5b")
+    rows = [("ahon_ln", None, 9.8, -0.4, -0.8, 0.2), ("lthon_ln", None, 9.9, -0.5, -3.0, 2.0),
+            ("random", 0, 4.9, -2.4, -5.4, -1.2), ("awft", None, 5.0, -3.0, -4.0, -2.0)]
+    points = pd.DataFrame([{"model": label, "task": "mmlu", "score_fn": f, "seed": s, "pct_zeroed": x,
+                            "delta_pt": d, "delta_ci_low": lo, "delta_ci_high": hi, "n_questions": 500,
+                            "paper": mod.paper_within(f, x)} for f, s, x, d, lo, hi in rows]).astype({"seed": "Int64"})
+    empty = pd.DataFrame(columns=["model", "task"])
+    args = Namespace(paper_model="qwen2.5-coder-0.5b", paper_task="mmlu")
+    cmp = mod.paper_comparison(empty, empty, empty, args, None, points).set_index("quantity")
+    assert cmp.loc["ahon_ln at 9.8 % zeroed: accuracy change (pt)", "verdict"].startswith("disagrees (ours: within")
+    assert cmp.loc["lthon_ln at 9.9 % zeroed: accuracy change (pt)", "verdict"].startswith("undecided")
+    assert cmp.loc["random heads (seed 0) at 4.9 % zeroed: accuracy change (pt)", "verdict"].startswith("agrees (beyond")
+    assert cmp.loc["awft at 5.0 % zeroed: accuracy change (pt)", "verdict"].startswith("disagrees (ours: beyond")
+    assert cmp.loc["ahon_ln at 9.8 % zeroed: accuracy change (pt)", "paper"] == "beyond 1 pt"
