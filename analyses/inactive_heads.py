@@ -32,9 +32,10 @@ for this script's, git-ignored) while OUT's tables hold its baseline or its swee
 questions is not recomputed: those rows are carried over and the summary says so. The tables
 keep the rows of pairs a run does not cover, so runs of single pairs add up.
 
-Outputs (OUT): baseline.csv, sweep_baseline.csv, table2.csv, auc_ranking.csv, static_ahon_ln.csv, static_within_1pt.csv,
-points.csv (every stored point against the baseline and random heads at the same fraction, section (g)),
-figures/curves_<model>__<task>.png, paper_comparison.csv, paper_claims.csv, summary.md; with --check-dtype,
+Outputs (OUT): baseline.csv, sweep_baseline.csv, table2.csv, auc_ranking.csv, static_ahon_ln.csv,
+static_within_1pt.csv, points.csv (every stored point against the baseline and random heads at the
+same fraction, section (g)), figures/curves_<model>__<task>.png (figures/points_<model>__<task>.png
+while a sweep runs), paper_comparison.csv, paper_claims.csv, summary.md; with --check-dtype,
 dtype_check.csv (the bf16 pipeline vs the fp32 one, unablated and per-input AHON(LN) at 10 %, on
 --check-dtype-limit questions, stored like every point).
 """
@@ -66,7 +67,7 @@ from lens_heads.scores import SCORES, least_active, resolve_score_ids, score_hea
 from lens_heads.store import ResultStore  # noqa: E402
 from lens_heads.sweep import RANDOM, SweepConfig, base_config, put_thresholds, run_sweep, stored_thresholds  # noqa: E402
 from lens_heads.thresholds import parse_fractions, thresholds_of  # noqa: E402
-from lens_heads.viz.figures import sweep_curves  # noqa: E402
+from lens_heads.viz.figures import point_changes, sweep_curves  # noqa: E402
 
 # METHODS.md section A, headline results (MMLU 5-shot, % of heads zeroed within 1 point)
 PAPER_ROW = {"model": "Qwen2.5-0.5B", "task": "mmlu", "base_accuracy": 47.49, "awft": 7.4, "ahon_ln": 7.4,
@@ -618,8 +619,12 @@ def main(argv=None) -> int:
                 sweep_base.append({"model": label, "task": tname, "sweep": "running" if result is None else "done",
                                    **sweep_stats})
                 paper_pair = (label, tname) == (model_label(args.paper_model), args.paper_task)
-                point_table.extend({**r, "sweep": "running" if result is None else "done"}
-                                   for r in point_rows(part, label, tname, args, paper_pair))
+                rows = point_rows(part, label, tname, args, paper_pair)
+                point_table.extend({**r, "sweep": "running" if result is None else "done"} for r in rows)
+                if result is None and rows:  # no curve figure yet: the points themselves
+                    write_figure(point_changes(pd.DataFrame(rows), f"{label} / {tname}: points stored so far "
+                                               f"({part.n_stored} of {part.n_points}), change against the baseline"),
+                                 out / "figures" / f"points_{label}__{tname}.png")
                 write_tables()
             if result is None:
                 stored = f" ({part.n_stored} of {part.n_points} points stored)" if part is not None else ""

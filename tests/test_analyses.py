@@ -176,6 +176,8 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     live = text.split("(g) Sweeps still running")[1].split("\n## ")[0]
     assert sorted(r.split("|")[3].strip() for r in live.splitlines() if r.startswith(f"| {label} ")) == ["ahon_ln", "random"]
     assert pd.read_csv(part_out / "points.csv").sweep.tolist() == ["running", "running"]
+    assert (part_out / "figures" / f"points_{label}__mc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert not (out / "figures" / f"points_{label}__mc.png").exists()  # a finished sweep has its curves
 
     # --sweep-limit: the signal decision on 6 questions, the sweep on a stratified 4 with its own baseline
     out3 = tmp_path / "out3"

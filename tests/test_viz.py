@@ -21,6 +21,7 @@ from lens_heads.viz import (
     attention_heads,
     diagnosis_map,
     parse_heads,
+    point_changes,
     read_sweep,
     score_distributions,
     score_heatmap,
@@ -190,6 +191,24 @@ def test_sweep_curves_from_a_real_sweep(sweep_dir):
     lo = rr.groupby("fraction")["ci_low"].mean().min()
     hi = rr.groupby("fraction")["ci_high"].mean().max()
     assert ys.min() == pytest.approx(lo) and ys.max() == pytest.approx(hi)
+
+
+def test_point_changes_draw_each_point_with_its_interval():
+    points = pd.DataFrame([{"score_fn": f, "pct_zeroed": x, "delta_pt": d, "delta_ci_low": lo, "delta_ci_high": hi}
+                           for f, x, d, lo, hi in [("random", 4.9, -2.4, -5.4, 0.6), ("random", 10.1, -5.0, -8.0, -2.0),
+                                                   ("ahon_ln", 9.7, -0.6, -2.6, 1.2)]])
+    ax = point_changes(points).axes[0]
+    bars = {c.get_label(): c for c in ax.containers}
+    assert set(bars) == {"random", "ahon_ln"}
+    line, _, (vlines,) = bars["random"].lines
+    np.testing.assert_allclose(line.get_xdata(), [4.9, 10.1])
+    np.testing.assert_allclose(line.get_ydata(), [-2.4, -5.0])
+    segs = vlines.get_segments()  # one vertical bar per point, from ci_low to ci_high
+    np.testing.assert_allclose([(s[0][1], s[1][1]) for s in segs], [(-5.4, 0.6), (-8.0, -2.0)])
+    assert line.get_marker() == "s" and bars["ahon_ln"].lines[0].get_marker() == "o"
+    assert [ln.get_ydata()[0] for ln in ax.get_lines() if ln.get_label() in ("baseline", "-1 point")] == [0.0, -1.0]
+    with pytest.raises(LensHeadsError, match="lacks column"):
+        point_changes(points.drop(columns=["delta_ci_low"]))
 
 
 def test_sweep_curves_pair_raw_and_ln_by_colour():

@@ -8,6 +8,7 @@ from lens_heads.viz.figures import (
     class_label,
     base_accuracy,
     diagnosis_map,
+    point_changes,
     random_baseline,
     read_sweep,
     score_distributions,
@@ -26,6 +27,6 @@ from lens_heads.viz.patterns import (
 
 __all__ = [
     "AttentionView", "attention_heads", "bundle_script", "head_label", "parse_heads",
-    "score_heatmap", "score_grid", "sweep_curves", "read_sweep", "base_accuracy", "random_baseline",
+    "score_heatmap", "score_grid", "sweep_curves", "point_changes", "read_sweep", "base_accuracy", "random_baseline",
     "score_distributions", "wasserstein_matrix", "diagnosis_map", "DIAGNOSIS_CLASSES", "canonical_class", "class_label",
 ]

@@ -179,6 +179,33 @@ def sweep_curves(summary: pd.DataFrame, within: pd.DataFrame | None = None,
     return fig
 
 
+def point_changes(points: pd.DataFrame, title: str | None = None) -> Figure:
+    """Single sweep points as accuracy changes: x = % heads zeroed (realised), y = change against
+    the unablated baseline in points with its paired interval (``delta_ci_low``/``delta_ci_high``),
+    one marker per point (random heads grey squares), and the 0 and -1-point lines. For sweeps
+    whose curves are not complete, where a point says more than a line through too few."""
+    _require(points, ["score_fn", "pct_zeroed", "delta_pt", "delta_ci_low", "delta_ci_high"], "points frame")
+    fig = Figure(figsize=(8.0, 4.5), layout="constrained")
+    ax = fig.add_subplot()
+    fns = list(dict.fromkeys(points["score_fn"]))
+    palette = matplotlib.colormaps["tab10" if len(fns) <= 10 else "tab20"]
+    for i, fn in enumerate(fns):
+        rows = points[points["score_fn"] == fn].sort_values("pct_zeroed")
+        y = rows["delta_pt"].to_numpy(float)
+        err = np.vstack([y - rows["delta_ci_low"].to_numpy(float), rows["delta_ci_high"].to_numpy(float) - y])
+        rnd = fn == "random"
+        ax.errorbar(rows["pct_zeroed"].to_numpy(float), y, yerr=err, fmt="s" if rnd else "o", ms=5, capsize=3, lw=1.2,
+                    color="grey" if rnd else palette(i), label=fn)
+    ax.axhline(0.0, color="black", lw=1, label="baseline")
+    ax.axhline(-1.0, color="black", lw=1, ls=":", label="-1 point")
+    ax.set_xlabel("% heads zeroed (realised)")
+    ax.set_ylabel("accuracy change (points), 95% paired CI")
+    ax.set_title(title or "Single sweep points against the baseline")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return fig
+
+
 # --- distributions ----------------------------------------------------------------------
 
 def _values(frame: pd.DataFrame, score_fn: str, label: str) -> np.ndarray:
