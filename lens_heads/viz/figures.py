@@ -198,6 +198,7 @@ def point_changes(points: pd.DataFrame, title: str | None = None) -> Figure:
                     color="grey" if rnd else palette(i), label=fn)
     ax.axhline(0.0, color="black", lw=1, label="baseline")
     ax.axhline(-1.0, color="black", lw=1, ls=":", label="-1 point")
+    ax.set_xlim(left=0)
     ax.set_xlabel("% heads zeroed (realised)")
     ax.set_ylabel("accuracy change (points), 95% paired CI")
     ax.set_title(title or "Single sweep points against the baseline")
