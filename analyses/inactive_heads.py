@@ -123,7 +123,10 @@ def parse_args(argv):
     args.tasks = split_tasks(args.tasks)
     args.score_ids = resolve_score_ids(args.scores)
     args.fractions = sorted({0.0, *parse_fractions(args.fractions)})
-    args.first = [f.strip() for f in args.first.split(",") if f.strip()]
+    first = SweepConfig(task="", score_ids=args.score_ids, fractions=args.fractions, random_seeds=list(range(args.seeds)),
+                        first=[f.strip() for f in args.first.split(",") if f.strip()])
+    first.validate()  # a bad --first label fails here, before any model, store or scoring pass
+    args.first = first.first
     resolve_score_ids(args.static_score)
     return args
 

@@ -396,6 +396,18 @@ def test_inactive_heads_sweep_limits():
         mod.parse_args(["--sweep-limit-mmlu", "0"])
 
 
+def test_inactive_heads_first_points_are_checked_when_parsed(tmp_path):
+    """--first labels become canonical and a bad one fails in parse_args, before any folder or model."""
+    mod = script("inactive_heads")
+    args = mod.parse_args(["--scores", "ahon_ln,awft", "--first", "ahon_ln@0.10, random@.1@2,awft@0.3"])
+    assert args.first == ["ahon_ln@0.1", "random@0.1@2", "awft@0.3"]
+    for bad, msg in [("ahon_ln@0.12", "fractions > 0 are"), ("random@0.1@3", "random seeds are"),
+                     ("lthon_ln@0.1", "not among")]:
+        with pytest.raises(Exception, match=msg):
+            mod.parse_args(["--scores", "ahon_ln,awft", "--first", bad, "--out", str(tmp_path / "o")])
+    assert not (tmp_path / "o").exists()
+
+
 def test_paper_row_judges_single_points_against_what_it_implies():
     """Stored points of curves not complete yet stand beside the paper's Qwen row: 'within' below its
     within-1-point value, 'beyond' above it; the verdict follows our paired interval against -1 point."""
