@@ -329,8 +329,9 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
 
     ``compute=False`` only reads the store: None (and nothing written) when it lacks anything.
     ``compute=False, partial=True`` tabulates what a sweep still running (or stopped) holds:
-    ``summary`` has a row for every stored point, ``within`` the curves whose every point is
-    stored (``partial_config``); nothing is written; None without the thresholds or the
+    ``summary`` has a row for every stored point (``in_curve``: whether it belongs to a
+    complete curve), ``within`` the curves whose every point is stored (``partial_config``);
+    nothing is written; None without the thresholds or the
     baseline. Its within-1-point values are final, its AUCs are not (their common range
     depends on the curves still missing)."""
     from tqdm.auto import tqdm
@@ -372,8 +373,9 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
         done = [p for p in points if p.spec in stored]  # also the points of curves not complete yet
         records = {spec: store.get("points", point_cfg(spec)) for spec in dict.fromkeys(p.spec for p in done)}
         _, within = tables(part_points, records, part_cfg)
-        return SweepResult(point_summary(done, records, cfg), within, thresholds, records,
-                           n_points=len(todo), n_stored=len(stored))
+        summary = point_summary(done, records, cfg)
+        summary["in_curve"] = summary["spec"].isin({p.spec for p in part_points})  # False: a curve still incomplete
+        return SweepResult(summary, within, thresholds, records, n_points=len(todo), n_stored=len(stored))
     records: dict[str, dict] = {}
     bar = tqdm(total=len(todo), desc="sweep points", unit="point", disable=not progress)
     try:

@@ -584,3 +584,24 @@ def test_cli_status_shows_a_stopped_sweeps_complete_curves(tiny_model_dir, task_
     rnd_line = next(line for line in shown if line.strip().startswith("random"))
     assert f"up to {w:6.2f} % zeroed" in rnd_line and "AUC" not in rnd_line
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before
+
+
+def test_cli_status_lists_the_points_of_curves_not_complete(tiny_model_dir, task_file, tmp_path, capsys):
+    """A random seed missing its 50 % point: --status lists its stored 25 % point on its own, with the
+    change against the baseline the finished sweep's summary.csv gives it."""
+    model_dir, out = tiny_model_dir("llama"), tmp_path / "out"
+    args = ["sweep", str(model_dir), "--task", f"file:{task_file}", "--scores", "ahon_ln", "--fractions", "0,0.25,0.5",
+            "--random-seeds", "1", "--batch-size", "4", "--n-boot", "200", "--no-progress", "--out", str(out)]
+    assert _main(args) == 0
+    capsys.readouterr()
+    summ = pd.read_csv(out / "summary.csv").set_index("spec")
+    [gone] = [f for f in (out / "points").glob("*.json") if json.loads(f.read_text())["config"]["ablation"] == "random:0.5@0"]
+    gone.unlink()
+    assert _main(args + ["--status"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    head = shown.index("points of curves not complete yet (change against the baseline, 95% paired CI, in points):")
+    [line] = shown[head + 1:]
+    r = summ.loc["random:0.25@0"]
+    assert line.split()[0] == "random:0.25@0" and f"{r.pct_zeroed:6.2f} % zeroed" in line
+    assert line.endswith(f"{100 * r.delta:+.1f} [{100 * r.delta_ci_low:+.1f}, {100 * r.delta_ci_high:+.1f}]")
+    assert not any(ln.strip().startswith("random ") for ln in shown)  # no random curve: its one seed is incomplete

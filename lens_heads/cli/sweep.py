@@ -92,6 +92,13 @@ def run(args) -> int:
         auc = f"  AUC {row['auc']:.4f}" if result.complete else ""
         print(f"  {row['score_fn']:<12} within 1 point up to {row['max_pct_zeroed_within_1pt']:6.2f} % zeroed "
               f"[{row['ci_low']:.2f}, {row['ci_high']:.2f}]{auc}")
+    if not result.complete:
+        single = result.summary[~result.summary["in_curve"]]
+        if len(single):
+            print("points of curves not complete yet (change against the baseline, 95% paired CI, in points):")
+        for _, row in single.drop_duplicates("spec").iterrows():
+            print(f"  {row['spec']:<32} {row['pct_zeroed']:6.2f} % zeroed  accuracy {row['accuracy']:.4f}  "
+                  f"{100 * row['delta']:+.1f} [{100 * row['delta_ci_low']:+.1f}, {100 * row['delta_ci_high']:+.1f}]")
     if result.complete:
         print(f"wrote {args.out}/summary.csv and {args.out}/within_1pt.csv")
     return 0
