@@ -171,11 +171,7 @@ def sweep_curves(summary: pd.DataFrame, within: pd.DataFrame | None = None,
     if np.isfinite(base):
         ax.axhline(base, color="black", lw=1, label=f"base {base:.3g}")
         ax.axhline(base - one_point, color="black", lw=1, ls=":", label="base - 1 point")
-    ax.set_xlabel("% heads zeroed (realised)")
-    ax.set_ylabel("accuracy")
-    ax.set_title(title or "Accuracy as heads are zeroed")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    _zeroed_axes(ax, "accuracy", title or "Accuracy as heads are zeroed")
     return fig
 
 
@@ -199,12 +195,17 @@ def point_changes(points: pd.DataFrame, title: str | None = None) -> Figure:
     ax.axhline(0.0, color="black", lw=1, label="baseline")
     ax.axhline(-1.0, color="black", lw=1, ls=":", label="-1 point")
     ax.set_xlim(left=0)
+    _zeroed_axes(ax, "accuracy change (points), 95% paired CI", title or "Single sweep points against the baseline")
+    return fig
+
+
+def _zeroed_axes(ax, ylabel: str, title: str) -> None:
+    """Labels, grid and an outside legend for a plot against % heads zeroed."""
     ax.set_xlabel("% heads zeroed (realised)")
-    ax.set_ylabel("accuracy change (points), 95% paired CI")
-    ax.set_title(title or "Single sweep points against the baseline")
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    return fig
 
 
 # --- distributions ----------------------------------------------------------------------
