@@ -17,6 +17,8 @@ Kinds (``parse_ablation`` spec strings):
                         in the score's inactive direction. Tie rule: the comparison is inclusive,
                         ``score >= TAU`` for ``inactive_when="high"``, ``score <= TAU`` for
                         ``"low"``; a NaN score never crosses.
+* ``score:ID@TAU:strict``  the same with the authors' strict comparison (``>`` / ``<``), which
+                        goes with their CDF thresholds (``thresholds``, rule ``"cdf"``).
 * ``random:P@SEED``     each head on each input is zeroed independently with probability P. The
                         draw depends only on (SEED, row key, layer, head), so results do not depend
                         on batching or order (row keys are stable request ids).
@@ -207,16 +209,18 @@ class ScoreAblation(_Counted):
 
     reuses_prefix = False
 
-    def __init__(self, score_id: str, threshold: float, geometry):
+    def __init__(self, score_id: str, threshold: float, geometry, strict: bool = False):
         from lens_heads.scores import SCORES  # scores sit left of ablation in the data flow
+        from lens_heads.thresholds import score_ablation_spec
 
         if score_id not in SCORES:
             raise LensHeadsError(f"unknown score {score_id!r}; choose one of: {', '.join(SCORES)}")
         if math.isnan(threshold):
             raise LensHeadsError("score ablation threshold must be a number, got nan")
         self.score_id, self.threshold, self.geometry = score_id, float(threshold), geometry
+        self.strict = bool(strict)
         self.inactive_when = SCORES[score_id].inactive_when
-        self.name = f"score:{score_id}@{self.threshold!r}"
+        self.name = score_ablation_spec(score_id, self.threshold, self.strict)
         self.counter = _Counter()
         self._collector = None  # reused across forwards of the same model
 
@@ -228,10 +232,11 @@ class ScoreAblation(_Counted):
         return self._collector
 
     def crosses(self, scores: Float[Tensor, "..."]) -> Bool[Tensor, "..."]:
-        """Inclusive comparison in the inactive direction; NaN never crosses."""
+        """Inclusive (strict when ``self.strict``) comparison in the inactive direction; NaN
+        never crosses."""
         if self.inactive_when == "high":
-            return scores >= self.threshold
-        return scores <= self.threshold
+            return scores > self.threshold if self.strict else scores >= self.threshold
+        return scores < self.threshold if self.strict else scores <= self.threshold
 
     def hooks(self, model, attention_mask, row_keys) -> Hooks:
         g = self.geometry
@@ -276,7 +281,7 @@ def _number(text: str, what: str, spec: str, kind: Callable = float):
     return value
 
 
-ABLATION_FORMS = "none | static:L.H,L.H | score:ID@THRESHOLD | random:P@SEED"
+ABLATION_FORMS = "none | static:L.H,L.H | score:ID@THRESHOLD[:strict] | random:P@SEED"
 
 
 def parse_ablation(spec: str, geometry) -> Ablation:
@@ -300,7 +305,12 @@ def parse_ablation(spec: str, geometry) -> Ablation:
                 raise LensHeadsError(f"bad ablation {spec!r}: a percentage needs a threshold calibrated on inputs "
                                      f"(thresholds.calibrated_spec); 'lens-heads evaluate' accepts score:ID@P%, "
                                      f"a sweep takes --scores ID --fractions P/100")
-            return ScoreAblation(left.strip(), _number(right, "threshold", spec), geometry)
+            from lens_heads.thresholds import STRICT_SUFFIX
+
+            strict = right.strip().endswith(STRICT_SUFFIX)
+            if strict:
+                right = right.strip()[:-len(STRICT_SUFFIX)]
+            return ScoreAblation(left.strip(), _number(right, "threshold", spec), geometry, strict)
         p = _number(left, "probability", spec)
         seed = _number(right, "seed", spec, int) if at else 0
         return RandomAblation(p, seed, geometry)

@@ -12,7 +12,9 @@ Log-likelihood of a request ``(context, continuation)`` (lm-eval ``TemplateLM.lo
 
 1. trailing whitespace of the context moves to the front of the continuation;
 2. ``ctx = encode(context)``, ``cont = encode(context + continuation)[len(ctx):]`` with the
-   tokenizer's default special tokens (none if the string already starts with the BOS text);
+   tokenizer's default special tokens, or ``add_special_tokens=add_bos_token`` when the
+   protocol sets lm-eval's ``add_bos_token`` (none if the string already starts with the BOS
+   text; ``protocol.Protocol``);
    an empty context becomes the prefix token (BOS, else EOS);
 3. the model reads ``(ctx + cont)[-(max_length + 1):][:-1]`` (left truncation) and the score
    is the sum over the continuation tokens of log-softmax (float32) at the positions that
@@ -62,10 +64,11 @@ from jaxtyping import Int
 from torch import Tensor
 
 from lens_heads.data.corpora import pad_batch
-from lens_heads.data.tasks import DEFAULT_SEED, MCRecord, Task, argmax_first, load_task
+from lens_heads.data.tasks import DEFAULT_SEED, ChatFormat, MCRecord, Task, argmax_first, load_task
 from lens_heads.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import run_with_hooks
+from lens_heads.protocol import Protocol
 
 MIN_PREFIX = 32  # shortest shared prefix (tokens) worth a cached forward
 _TOKENIZER_INFINITY = 1000000000000000019884624838656
@@ -118,17 +121,24 @@ def prefix_token_id(tokenizer) -> int:
     return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
 
 
-def _tok_encode(tokenizer, text: str, add_special_tokens: bool | None = None) -> list[int]:
-    kwargs = {} if add_special_tokens is None else {"add_special_tokens": add_special_tokens}
+def _tok_encode(tokenizer, text: str, add_special_tokens: bool | None = None,
+                add_bos: bool | None = None) -> list[int]:
+    """lm-eval HFLM ``tok_encode``: an explicit ``add_special_tokens`` wins, else the
+    ``add_bos_token`` setting (None: the tokenizer's default); a text that already starts with
+    the BOS text gets no special tokens."""
+    flag = add_special_tokens if add_special_tokens is not None else add_bos
+    kwargs = {} if flag is None else {"add_special_tokens": flag}
     if add_special_tokens is None and text.startswith(tokenizer.decode(prefix_token_id(tokenizer))):
         kwargs["add_special_tokens"] = False  # the text already carries its BOS
     return tokenizer.encode(text, **kwargs)
 
 
 def encode_pair(tokenizer, context: str, continuation: str,
-                memo: dict[str, list[int]] | None = None) -> tuple[list[int], list[int]]:
+                memo: dict[str, list[int]] | None = None,
+                add_bos: bool | None = None) -> tuple[list[int], list[int]]:
     """``(context_ids, continuation_ids)`` as lm-eval's ``loglikelihood`` builds them
-    (``memo`` caches context encodings across the choices of a question)."""
+    (``memo`` caches context encodings across the choices of a question; ``add_bos`` is
+    lm-eval's ``add_bos_token``)."""
     if context == "":
         cont = _tok_encode(tokenizer, continuation, add_special_tokens=False)
         pre = prefix_token_id(tokenizer)
@@ -137,13 +147,13 @@ def encode_pair(tokenizer, context: str, continuation: str,
     if n_spaces > 0:
         continuation = context[-n_spaces:] + continuation
         context = context[:-n_spaces]
-    whole = _tok_encode(tokenizer, context + continuation)
+    whole = _tok_encode(tokenizer, context + continuation, add_bos=add_bos)
     if memo is None:
-        ctx = _tok_encode(tokenizer, context)
+        ctx = _tok_encode(tokenizer, context, add_bos=add_bos)
     elif context in memo:
         ctx = memo[context]
     else:
-        ctx = memo[context] = _tok_encode(tokenizer, context)
+        ctx = memo[context] = _tok_encode(tokenizer, context, add_bos=add_bos)
     return ctx, whole[len(ctx):]
 
 
@@ -341,10 +351,11 @@ def loglikelihoods_tokens(
 
 
 def loglikelihoods(model, requests: list[tuple[str, str]], ablation=None, batch_size: int = 16,
-                   progress: bool = True, **kwargs) -> list[float]:
-    """Sum log p(continuation | context) per ``(context, continuation)``, as lm-eval's HFLM."""
+                   progress: bool = True, *, add_bos: bool | None = None, **kwargs) -> list[float]:
+    """Sum log p(continuation | context) per ``(context, continuation)``, as lm-eval's HFLM
+    (``add_bos``: its ``add_bos_token``; None = the tokenizer's default)."""
     memo: dict[str, list[int]] = {}  # choices repeat contexts (MMLU: 4x the same 5-shot prompt)
-    encoded = [encode_pair(model.tokenizer, c, x, memo) for c, x in requests]
+    encoded = [encode_pair(model.tokenizer, c, x, memo, add_bos) for c, x in requests]
     return loglikelihoods_tokens(model, encoded, ablation, batch_size, progress, **kwargs)
 
 
@@ -391,13 +402,20 @@ def _resolve_task(task: Task | str) -> Task:
     return task if isinstance(task, Task) else load_task(task)
 
 
-def _task_requests(task: Task, records: Sequence[MCRecord], n_shot: int, seed: int):
+def _chat(model, protocol: Protocol | None) -> ChatFormat | None:
+    if protocol is None or not protocol.apply_chat_template:
+        return None
+    return ChatFormat.for_tokenizer(model.tokenizer, protocol.fewshot_as_multiturn)
+
+
+def _task_requests(task: Task, records: Sequence[MCRecord], n_shot: int, seed: int,
+                   chat: ChatFormat | None = None):
     """Flat ``(context, continuation)`` list, its row keys, and per-record spans."""
     reqs: list[tuple[str, str]] = []
     keys: list[int] = []
     spans: list[tuple[int, int]] = []
     for rec in records:
-        built = task.build(rec, n_shot, seed)
+        built = task.build(rec, n_shot, seed, chat)
         if len(built) >= _KEY_STRIDE:
             raise LensHeadsError(f"{task.name} doc {rec.doc_id}: {len(built)} choices (at most {_KEY_STRIDE - 1})")
         spans.append((len(reqs), len(reqs) + len(built)))
@@ -407,12 +425,13 @@ def _task_requests(task: Task, records: Sequence[MCRecord], n_shot: int, seed: i
 
 
 def task_inputs(model, task: Task | str, n_shot: int | None = None, limit: int | None = None,
-                seed: int = DEFAULT_SEED) -> list[Tensor]:
+                seed: int = DEFAULT_SEED, protocol: Protocol | None = None) -> list[Tensor]:
     """The distinct token sequences the model reads for these questions (for score thresholds)."""
     task = _resolve_task(task)
     k = task.spec.n_shot if n_shot is None else n_shot
-    reqs, keys, _ = _task_requests(task, select_records(task, limit, seed), k, seed)
-    rows = _build_rows(model, [encode_pair(model.tokenizer, c, x) for c, x in reqs], keys)
+    reqs, keys, _ = _task_requests(task, select_records(task, limit, seed), k, seed, _chat(model, protocol))
+    add_bos = None if protocol is None else protocol.add_bos_token
+    rows = _build_rows(model, [encode_pair(model.tokenizer, c, x, add_bos=add_bos) for c, x in reqs], keys)
     return [torch.tensor(r.ids, dtype=torch.long) for r in rows]
 
 
@@ -427,6 +446,7 @@ def evaluate_task(
     progress: bool = True,
     *,
     doc_ids: Sequence[int] | None = None,
+    protocol: Protocol | None = None,
     **engine_kwargs,
 ) -> TaskResult:
     """Accuracy (and acc_norm where the task defines it) of ``model`` on ``task``.
@@ -434,8 +454,10 @@ def evaluate_task(
     ``n_shot`` defaults to the task's (MMLU 5, WinoGrande 5, PIQA 0); ``seed`` seeds both the
     ``limit`` subsample (see ``select_records``) and lm-eval's few-shot sampler.
     ``acc`` is the mean over questions (for MMLU: subjects weighted by size, as lm-eval).
-    ``doc_ids`` restricts the evaluation to those items; ``engine_kwargs`` go to
-    ``loglikelihoods_tokens`` (``reuse_prefix``, ``last_only``, ``min_prefix``).
+    ``doc_ids`` restricts the evaluation to those items; ``protocol`` sets lm-eval's
+    ``add_bos_token`` / ``apply_chat_template`` / ``fewshot_as_multiturn`` (default: none of
+    them, as lm-eval 0.4.13); ``engine_kwargs`` go to ``loglikelihoods_tokens``
+    (``reuse_prefix``, ``last_only``, ``min_prefix``).
     """
     t0 = time.perf_counter()
     task = _resolve_task(task)
@@ -445,8 +467,9 @@ def evaluate_task(
         raise LensHeadsError(f"task {task.name!r} has no records to evaluate")
     if ablation is not None and hasattr(ablation, "reset"):
         ablation.reset()
-    reqs, keys, spans = _task_requests(task, records, k, seed)
-    lls = loglikelihoods(model, reqs, ablation, batch_size, progress, keys=keys, **engine_kwargs)
+    reqs, keys, spans = _task_requests(task, records, k, seed, _chat(model, protocol))
+    lls = loglikelihoods(model, reqs, ablation, batch_size, progress, keys=keys,
+                         add_bos=None if protocol is None else protocol.add_bos_token, **engine_kwargs)
     questions = []
     for rec, (a, b) in zip(records, spans):
         item = lls[a:b]
@@ -464,6 +487,7 @@ def evaluate_task(
               "doc_ids": None if doc_ids is None else "given",
               "n_questions": len(questions), "n_requests": len(reqs),
               "ablation": getattr(ablation, "name", None) if ablation is not None else "none",
+              **({"protocol": protocol.prompt_key()} if protocol is not None and protocol.prompt_key() else {}),
               "zeroed_units": counts, "batch_size": batch_size, "seconds": round(time.perf_counter() - t0, 3)}
     return TaskResult(task.name, k, metrics, questions, zf, config)
 

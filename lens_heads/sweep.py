@@ -61,6 +61,8 @@ import numpy as np
 from lens_heads.curves import bootstrap_indices, crossing_gap, max_within, normalised_auc, percentile_interval
 from lens_heads.errors import LensHeadsError
 from lens_heads.models.load import model_digest
+from lens_heads.protocol import Protocol, load_authors_thresholds, thresholds_for_sweep
+from lens_heads.scores.functions import revision_key
 from lens_heads.atomic import atomic_write_csv
 from lens_heads.store import ResultStore
 from lens_heads.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fraction, score_ablation_spec
@@ -87,6 +89,9 @@ class SweepConfig:
     threshold_batch_size: int = SCORING_BATCH
     chunk_questions: int | None = 250  # questions per stored part of a point (None: one part); not in the key
     first: list[str] = field(default_factory=list)  # point labels evaluated right after the baseline; not in the key
+    protocol: Protocol = field(default_factory=Protocol)  # BOS, chat template, threshold rule
+    thresholds_file: str | None = None  # the authors' thresholds.json instead of a scoring pass
+    thresholds_model: str | None = None  # its model key (hub id), with thresholds_file
 
     def validate(self) -> None:
         """Check the settings; fractions become sorted, unique and always include 0 (the baseline)."""
@@ -103,6 +108,10 @@ class SweepConfig:
             raise LensHeadsError(f"batch_size must be >= 1, got {self.batch_size}")
         if self.chunk_questions is not None and self.chunk_questions < 1:
             raise LensHeadsError(f"chunk_questions must be >= 1, got {self.chunk_questions}")
+        if not isinstance(self.protocol, Protocol):
+            raise LensHeadsError(f"protocol must be a lens_heads.protocol.Protocol, got {type(self.protocol).__name__}")
+        if (self.thresholds_file is None) != (self.thresholds_model is None):
+            raise LensHeadsError("thresholds_file and thresholds_model go together (the file's model key)")
         self.first = list(dict.fromkeys(self._first_label(f) for f in self.first))
 
     def _first_label(self, label: str) -> str:
@@ -176,6 +185,7 @@ def base_config(model, task, cfg: SweepConfig) -> dict:
         "seed": cfg.seed,
         "dtype": str(model.dtype).removeprefix("torch."),
         "version": __version__,
+        **cfg.protocol.key(),  # nothing for the default protocol: its keys are as before
     }
 
 
@@ -184,8 +194,18 @@ def base_config(model, task, cfg: SweepConfig) -> dict:
 
 
 def threshold_config(base: dict, cfg: SweepConfig) -> dict:
+    revisions = revision_key(cfg.score_ids)
     return {**base, "kind": "thresholds", "score_ids": list(cfg.score_ids),
-            "fractions": sorted(float(p) for p in cfg.fractions)}
+            "fractions": sorted(float(p) for p in cfg.fractions),
+            **({"score_revisions": revisions} if revisions else {})}
+
+
+def point_config(base: dict, point: SweepPoint) -> dict:
+    """A point's store key: the run identity, its ablation spec, and its score function's
+    revision when that definition has changed (so an old definition's point is never reused)."""
+    revisions = revision_key([point.score_fn]) if point.spec != "none" else {}  # the baseline is shared
+    return {**base, "kind": "point", "ablation": point.spec,
+            **({"score_revision": revisions[point.score_fn]} if revisions else {})}
 
 
 def stored_thresholds(store: ResultStore, base: dict, cfg: SweepConfig) -> dict | None:
@@ -198,10 +218,13 @@ def stored_thresholds(store: ResultStore, base: dict, cfg: SweepConfig) -> dict 
         return rec
     want, fractions = set(cfg.score_ids), {float(p) for p in cfg.fractions}
     same = json.loads(json.dumps({**base, "kind": "thresholds"}, default=str))
+    revisions = revision_key(cfg.score_ids)
     for rec in store.records("thresholds"):
         c = rec.get("config", {})
-        if ({k: v for k, v in c.items() if k not in ("score_ids", "fractions")} == same
-                and want <= set(c.get("score_ids", [])) and fractions <= set(c.get("fractions", []))):
+        theirs = c.get("score_revisions", {})
+        if ({k: v for k, v in c.items() if k not in ("score_ids", "fractions", "score_revisions")} == same
+                and want <= set(c.get("score_ids", [])) and fractions <= set(c.get("fractions", []))
+                and all(theirs.get(sid, 1) == revisions.get(sid, 1) for sid in want)):
             return {**rec, "thresholds": {sid: {p: t for p, t in rec["thresholds"][sid].items()
                                                 if float(p) in fractions} for sid in cfg.score_ids}}
     return None
@@ -222,7 +245,7 @@ def plan_points(cfg: SweepConfig, thresholds: dict[str, dict[float, float | None
     for sid in cfg.score_ids:
         for p in cfg.fractions:
             tau = thresholds[sid][float(p)]
-            pts.append(SweepPoint(sid, float(p), score_ablation_spec(sid, tau), None, tau))
+            pts.append(SweepPoint(sid, float(p), score_ablation_spec(sid, tau, cfg.protocol.strict), None, tau))
     for s in cfg.random_seeds:
         for p in cfg.fractions:
             spec = "none" if p == 0 else f"random:{float(p)!r}@{s}"
@@ -293,7 +316,8 @@ def _evaluate_point(model, task, cfg: SweepConfig, spec: str, store: ResultStore
         if rec is None:
             ablation = parse_ablation(spec, model.geometry)
             result = evaluate_task(model, task, n_shot=cfg.n_shot, seed=cfg.seed, ablation=ablation,
-                                   batch_size=cfg.batch_size, progress=False, doc_ids=part["doc_ids"])
+                                   batch_size=cfg.batch_size, progress=False, doc_ids=part["doc_ids"],
+                                   protocol=cfg.protocol)
             rec = _point_record(result)
             store.put("parts", part, rec)
         parts.append(rec)
@@ -350,20 +374,25 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
 
     # thresholds (one scoring pass over the unablated request sequences, stored)
     thresholds: dict[str, dict[float, float | None]] = {sid: {} for sid in cfg.score_ids}
-    if cfg.score_ids:
+    if cfg.score_ids and cfg.thresholds_file is not None:  # the authors' own thresholds
+        table = load_authors_thresholds(cfg.thresholds_file, task.name, cfg.thresholds_model)
+        thresholds = thresholds_for_sweep(table, cfg.score_ids, cfg.fractions,
+                                          f"{cfg.thresholds_file} ({cfg.thresholds_model})")
+    elif cfg.score_ids:
         stored = stored_thresholds(store, base, cfg)
         if stored is None and not compute:
             return None
         if stored is None:
-            inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed)
+            inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.protocol)
             computed = compute_thresholds(model, inputs, cfg.score_ids, cfg.fractions, cfg.threshold_batch_size,
-                                          progress=progress)
+                                          progress=progress, rule=cfg.protocol.threshold_rule)
             stored = put_thresholds(store, base, cfg, computed, len(inputs))
         thresholds = {sid: {float(p): t for p, t in d.items()} for sid, d in stored["thresholds"].items()}
 
     points = plan_points(cfg, thresholds)
     todo = compute_order(points, cfg.first)
-    point_cfg = lambda spec: {**base, "kind": "point", "ablation": spec}  # noqa: E731
+    by_spec = {p.spec: p for p in points}
+    point_cfg = lambda spec: point_config(base, by_spec[spec])  # noqa: E731
     stored = {spec for spec in todo if store.path("points", point_cfg(spec)).is_file()}
     if not compute and len(stored) < len(todo):
         if not partial or "none" not in stored:

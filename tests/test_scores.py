@@ -119,9 +119,12 @@ def naive_scores(hf, family: str, ids: list[int], zero_heads: dict[int, list[int
             for k, v in dict(awft=awft, aeqd=aeqd, ftvvn=ftvvn, avvn=avvn, lthon=lthon, ahon=ahon,
                              fhon=fhon, lthon_hn=lthon / ahon if ahon else float("nan")).items():
                 row[k].append(v)
-        for k in ("awft", "aeqd", "ftvvn", "avvn", "lthon", "ahon", "fhon"):
-            layer_mean = sum(row[k]) / H  # 0 for aeqd on one token: undefined (NaN)
-            row[f"{k}_ln"] = [x / layer_mean if layer_mean else float("nan") for x in row[k]]
+        # <id>_ln: over the layer's mean of the same score; lthon_ln (the authors' code) over the
+        # layer's mean of ahon; lthon_ln_text (the paper text's reading) over that of lthon
+        for name, k, denom in [(f"{k}_ln", k, k) for k in ("awft", "aeqd", "ftvvn", "avvn", "ahon", "fhon")] + [
+                ("lthon_ln", "lthon", "ahon"), ("lthon_ln_text", "lthon", "lthon")]:
+            layer_mean = sum(row[denom]) / H  # 0 for aeqd on one token: undefined (NaN)
+            row[name] = [x / layer_mean if layer_mean else float("nan") for x in row[k]]
         for k in SCORES:
             res[k].append(row[k])
     return res
@@ -204,13 +207,19 @@ def test_gqa_values_repeat_over_group(tiny_model):
 
 
 def test_layer_normalised_mean_is_one(tiny_model):
+    """Every ``_ln`` but LTHON(LN) divides by its own layer mean (unchanged by the authors'-code
+    fix); ``lthon_ln`` divides by the layer mean of ``ahon``, ``lthon_ln_text`` by that of lthon."""
     texts = [t for t in TEXTS if len(t) > 1]  # one token: aeqd_ln undefined (tested elsewhere)
     hs = score_heads(tiny_model("qwen2"), texts, keep_per_input=True, progress=False)
-    for s in ALL:
-        if s.endswith("_ln"):
-            _close(hs.per_input[s].double().mean(-1), torch.ones(len(texts), 2), s)
-            base = hs.per_input[s[:-3]]
-            _close(hs.per_input[s], base / base.mean(-1, keepdim=True), s)
+    own = [s for s in ALL if s.endswith("_ln") and s != "lthon_ln"]
+    assert sorted(own) == ["aeqd_ln", "ahon_ln", "avvn_ln", "awft_ln", "fhon_ln", "ftvvn_ln"]
+    for s in own + ["lthon_ln_text"]:
+        base = hs.per_input[s.removesuffix("_text")[:-3]]
+        _close(hs.per_input[s].double().mean(-1), torch.ones(len(texts), 2), s)
+        _close(hs.per_input[s], base / base.mean(-1, keepdim=True), s)
+    lthon, ahon = hs.per_input["lthon"], hs.per_input["ahon"]
+    _close(hs.per_input["lthon_ln"], lthon / ahon.mean(-1, keepdim=True), "lthon_ln")
+    assert not torch.allclose(hs.per_input["lthon_ln"], hs.per_input["lthon_ln_text"])  # the two readings differ
 
 
 def test_short_inputs(tiny_model):
@@ -257,7 +266,7 @@ def test_z_transform_sees_scores_and_ablates_downstream(tiny_model, tiny_model_d
 
 
 def test_registry_and_resolution():
-    assert len(SCORES) == 15
+    assert len(SCORES) == 16  # the paper's 12, lthon_hn, fhon, fhon_ln, lthon_ln_text
     assert {SCORES[s].inactive_when for s in ("awft", "awft_ln")} == {"high"}
     assert all(SCORES[s].inactive_when == "low" for s in SCORES if not s.startswith("awft"))
     assert SCORES["fhon"].reads == ("z",) and SCORES["ftvvn_ln"].reads == ("v",)
@@ -313,7 +322,7 @@ def test_save_load_roundtrip(suffix, tiny_model, tmp_path):
         [f"scores{suffix}", f"scores{suffix}.meta.json", f"scores{suffix}.per_input.safetensors"])
     frame = hs.to_frame()
     assert list(frame.columns[:4]) == ["layer", "head", "score_fn", "value"]
-    assert len(frame) == 15 * 2 * 4
+    assert len(frame) == len(SCORES) * 2 * 4
     with pytest.raises(LensHeadsError, match=r"\.csv or \.parquet"):
         hs.save(tmp_path / "scores.txt")
     assert not (tmp_path / "scores.txt").exists()

@@ -19,3 +19,61 @@ def add_data_args(p: argparse.ArgumentParser, default: str | None = "c4") -> Non
     p.add_argument("--n-inputs", type=int, default=32, help="number of inputs (default 32)")
     p.add_argument("--max-len", type=int, default=256, help="tokens per input (default 256)")
     p.add_argument("--batch-size", type=int, default=8)
+
+
+def add_protocol_args(p: argparse.ArgumentParser, thresholds: bool = True) -> None:
+    """lm-eval's prompt settings, the threshold rule and the paper's preset
+    (``lens_heads.protocol``); ``thresholds`` adds the authors' thresholds file."""
+    from lens_heads.protocol import BOS_CHOICES
+    from lens_heads.thresholds import THRESHOLD_RULES
+
+    g = p.add_argument_group("protocol", "how prompts are built and thresholds taken; lens_heads' default "
+                                         "is lm-eval 0.4.13's defaults and the quantile rule")
+    g.add_argument("--paper-protocol", action="store_true",
+                   help="as the paper ran it: lm-eval 0.4.5's BOS rule (Gemma only), the chat template as "
+                        "multi-turn few-shot for -Instruct/-chat/-SFT/-DPO models, CDF thresholds with strict "
+                        "zeroing; the options below override single settings")
+    g.add_argument("--add-bos-token", choices=BOS_CHOICES, default=None,
+                   help="lm-eval's add_bos_token: auto = the tokenizer's default (lm-eval 0.4.13), "
+                        "true / false = encode with / without special tokens")
+    g.add_argument("--apply-chat-template", action=argparse.BooleanOptionalAction, default=None,
+                   help="format prompts with the tokenizer's chat template (lm-eval --apply_chat_template)")
+    g.add_argument("--fewshot-as-multiturn", action=argparse.BooleanOptionalAction, default=None,
+                   help="with the chat template, each shot its own user/assistant turn (lm-eval's option)")
+    if thresholds:
+        g.add_argument("--threshold-rule", choices=THRESHOLD_RULES, default=None,
+                       help="quantile (default: order statistic, zero <= / >= tau) or cdf (the authors': "
+                            "interpolated CDF, zero strictly < / > tau)")
+        g.add_argument("--thresholds-file", default=None, metavar="JSON",
+                       help="take thresholds from the authors' thresholds.json instead of a scoring pass "
+                            "(fractions 0, 0.05, ..., 0.3); needs --thresholds-model")
+        g.add_argument("--thresholds-model", default=None, metavar="ID",
+                       help="the model key in --thresholds-file, e.g. Qwen/Qwen2.5-0.5B")
+
+
+def check_protocol_args(args) -> None:
+    """What can be checked before the model loads: the thresholds file pairs with its model key
+    and is readable."""
+    from pathlib import Path
+
+    from lens_heads.errors import LensHeadsError
+
+    file, key = getattr(args, "thresholds_file", None), getattr(args, "thresholds_model", None)
+    if (file is None) != (key is None):
+        raise LensHeadsError("--thresholds-file and --thresholds-model go together")
+    if file is not None and not Path(file).is_file():
+        raise LensHeadsError(f"--thresholds-file {file}: no such file")
+    if args.fewshot_as_multiturn and args.apply_chat_template is False:
+        raise LensHeadsError("--fewshot-as-multiturn needs the chat template (drop --no-apply-chat-template)")
+    if args.fewshot_as_multiturn and not args.apply_chat_template and not args.paper_protocol:
+        raise LensHeadsError("--fewshot-as-multiturn needs --apply-chat-template (as in lm-eval)")
+
+
+def protocol_from_args(args, model):
+    """The run's ``Protocol``: the paper's preset or the default, overridden by each given option."""
+    from lens_heads.protocol import resolve_protocol
+
+    return resolve_protocol(model, paper=args.paper_protocol, add_bos_token=args.add_bos_token,
+                            apply_chat_template=args.apply_chat_template,
+                            fewshot_as_multiturn=args.fewshot_as_multiturn,
+                            threshold_rule=getattr(args, "threshold_rule", None))

@@ -8,7 +8,7 @@ sweep (``lens-heads sweep``, same ``--limit`` / ``--seed`` / ``--n-shot``) measu
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_model_args
+from lens_heads.cli.common import add_model_args, add_protocol_args, check_protocol_args, protocol_from_args
 
 
 def register(sub) -> None:
@@ -26,6 +26,7 @@ def register(sub) -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--out", default=None, help="write per-question results here (JSONL, atomic)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_protocol_args(p)
     p.set_defaults(func=run)
 
 
@@ -44,15 +45,31 @@ def run(args) -> int:
     percent = parse_percent_spec(args.ablate) if args.ablate is not None else None
     if percent is not None:
         resolve_score_ids([percent[0]])
+    check_protocol_args(args)
+    if args.thresholds_file is not None and percent is None:
+        raise LensHeadsError("--thresholds-file gives thresholds for --ablate score:ID@P% only")
     task = load_task(args.task)  # bad task specs fail before the model loads
+    if args.thresholds_file is not None:
+        from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
+
+        table = thresholds_for_sweep(load_authors_thresholds(args.thresholds_file, task.name, args.thresholds_model),
+                                     [percent[0]], [percent[1]], args.thresholds_file)
     model = load_model(args.model, dtype=args.dtype, device=args.device)
+    protocol = protocol_from_args(args, model)
     ablation, spec = None, args.ablate
-    if percent is not None:
+    if percent is not None and args.thresholds_file is not None:
+        from lens_heads.thresholds import score_ablation_spec
+
+        tau = table[percent[0]][percent[1]]
+        spec = score_ablation_spec(percent[0], tau, protocol.strict)
+        print(f"{args.ablate.strip()}: threshold {tau!r} from {args.thresholds_file} ({args.thresholds_model})")
+    elif percent is not None:
         from lens_heads.evaluate import task_inputs
         from lens_heads.thresholds import calibrated_spec
 
-        inputs = task_inputs(model, task, args.n_shot, args.limit, args.seed)
-        spec, tau = calibrated_spec(model, inputs, *percent, progress=not args.quiet)  # batched as a sweep's
+        inputs = task_inputs(model, task, args.n_shot, args.limit, args.seed, protocol)
+        spec, tau = calibrated_spec(model, inputs, *percent, progress=not args.quiet,  # batched as a sweep's
+                                    rule=protocol.threshold_rule)
         print(f"{args.ablate.strip()}: threshold {tau!r} from the unablated scores of the {len(inputs)} "
               f"evaluated inputs" if tau is not None else f"{args.ablate.strip()}: nothing to zero")
     if spec is not None:
@@ -60,7 +77,10 @@ def run(args) -> int:
 
         ablation = parse_ablation(spec, model.geometry)
     res = evaluate_task(model, task, n_shot=args.n_shot, limit=args.limit, seed=args.seed,
-                        ablation=ablation, batch_size=args.batch_size, progress=not args.quiet)
+                        ablation=ablation, batch_size=args.batch_size, progress=not args.quiet,
+                        protocol=protocol)
+    if protocol.key():
+        print(f"protocol: {protocol}")
     line = f"{res.task} {res.n_shot}-shot  n={len(res.questions)}  " + "  ".join(
         f"{k} {v:.4f}" for k, v in res.metrics.items())
     if res.zeroed_fraction is not None and res.zeroed_fraction == res.zeroed_fraction:

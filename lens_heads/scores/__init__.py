@@ -2,7 +2,8 @@
 
 A *score function* maps one layer's activations on a batch to one number per (input, head).
 METHODS.md §A defines the paper's twelve (six base scores and their layer-normalised ``_ln``
-versions); ``lthon_hn``, ``fhon`` and ``fhon_ln`` come from the authors' code:
+versions); ``lthon_hn``, ``fhon`` and ``fhon_ln`` come from the authors' code, and
+``lthon_ln_text`` is the paper text's reading of LTHON(LN), which its tables did not use:
 
     awft      mean_t A[t, first]                       pattern  inactive when high
     aeqd      mean_t -sum_j A[t, j] ln A[t, j]         pattern  low
@@ -13,6 +14,8 @@ versions); ``lthon_hn``, ``fhon`` and ``fhon_ln`` come from the authors' code:
     lthon_hn  ||O_last|| / mean_t ||O_t||              z        low
     fhon      mean_t ||O_t W_O^h||                     z        low
     <id>_ln   score / mean over the layer's heads      (same)   (same)
+    lthon_ln  ||O_last|| / layer mean of ahon          z        low   (the authors' code)
+    lthon_ln_text  ||O_last|| / layer mean of lthon    z        low   (the text's reading)
 
 Means run over real tokens only (padding excluded); "first" is the first real token, "last"
 the last real one; under grouped-query attention a value score is repeated over the query
@@ -40,6 +43,7 @@ from lens_heads.scores.functions import (
     layer_normalised,
     register_score,
     resolve_score_ids,
+    revision_key,
 )
 from lens_heads.scores.collector import ScoreCollector, ZTransform
 from lens_heads.scores.dataset import (
@@ -53,6 +57,6 @@ from lens_heads.scores.dataset import (
 
 __all__ = [
     "PAPER_SCORES", "SCORES", "Acts", "BatchGeometry", "ScoreFn", "base", "derived", "layer_normalised",
-    "register_score", "resolve_score_ids", "ScoreCollector", "ZTransform",
+    "register_score", "resolve_score_ids", "revision_key", "ScoreCollector", "ZTransform",
     "HeadScores", "context_length", "least_active", "prepare_inputs", "score_heads", "score_metadata",
 ]

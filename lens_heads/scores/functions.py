@@ -134,6 +134,9 @@ class ScoreFn:
     compute: Callable[[Acts], Tensor] | None = None
     needs: tuple[str, ...] = ()
     combine: Callable[[dict[str, Tensor]], Tensor] | None = None
+    # Bumped when a definition changes, so results stored under the old one are never reused
+    # (``revision_key``); 1 for every function that kept its first definition.
+    revision: int = 1
 
     def __post_init__(self):
         if self.inactive_when not in ("high", "low"):
@@ -163,16 +166,20 @@ def base(id: str, reads: HookKind, inactive_when: str, description: str,
 
 
 def derived(id: str, needs: Sequence[str], combine: Callable[[dict[str, Tensor]], Tensor],
-            description: str, inactive_when: str | None = None) -> ScoreFn:
+            description: str, inactive_when: str | None = None, revision: int = 1) -> ScoreFn:
     deps = [SCORES[d] for d in needs]
     reads = tuple(k for k in ("pattern", "v", "z") if any(k in d.reads for d in deps))
     return register_score(ScoreFn(id, reads, inactive_when or deps[0].inactive_when, description,
-                                  needs=tuple(needs), combine=combine))
+                                  needs=tuple(needs), combine=combine, revision=revision))
+
+
+def _layer_mean(x: Float[Tensor, "batch head"]) -> Float[Tensor, "batch 1"]:
+    return x.mean(-1, keepdim=True)
 
 
 def layer_normalised(base_id: str) -> ScoreFn:
     """``<id>_ln``: the score divided by its mean over all heads of the layer (same input)."""
-    return derived(f"{base_id}_ln", [base_id], lambda s: s[base_id] / s[base_id].mean(-1, keepdim=True),
+    return derived(f"{base_id}_ln", [base_id], lambda s: s[base_id] / _layer_mean(s[base_id]),
                    f"{base_id} / mean of {base_id} over the layer's heads")
 
 
@@ -188,17 +195,32 @@ base("lthon", "z", "low", "last-token head output norm (before W_O)",
      lambda a: a.at_last(a.norms()))
 base("ahon", "z", "low", "avg head output norm (before W_O)",
      lambda a: a.mean_over_positions(a.norms()))
-for _id in ("awft", "aeqd", "ftvvn", "avvn", "lthon", "ahon"):
+for _id in ("awft", "aeqd", "ftvvn", "avvn"):
     layer_normalised(_id)
+# LTHON(LN) as the authors' code computes it (and so the paper's tables): the last-token norm
+# over the layer's mean of the *token-averaged* output norm (AHON), not of LTHON itself.
+# Revision 2: until 2 Dec 2026 ``lthon_ln`` was the text's reading, now ``lthon_ln_text``.
+derived("lthon_ln", ["lthon", "ahon"], lambda s: s["lthon"] / _layer_mean(s["ahon"]),
+        "lthon / mean of ahon over the layer's heads (the authors' code; the paper's tables)",
+        revision=2)
+layer_normalised("ahon")
 derived("lthon_hn", ["lthon", "ahon"], lambda s: s["lthon"] / s["ahon"],
         "lthon / the head's own ahon (head-normalised)")
 base("fhon", "z", "low", "avg head output norm after the head's W_O slice",
      lambda a: a.mean_over_positions(a.out_norms()))
 layer_normalised("fhon")
+derived("lthon_ln_text", ["lthon"], lambda s: s["lthon"] / _layer_mean(s["lthon"]),
+        "lthon / mean of lthon over the layer's heads (the paper text's reading, not its tables)")
 del _id
 
 PAPER_SCORES = ("awft", "aeqd", "ftvvn", "avvn", "lthon", "ahon",
                 "awft_ln", "aeqd_ln", "ftvvn_ln", "avvn_ln", "lthon_ln", "ahon_ln")
+
+
+def revision_key(score_ids: Sequence[str]) -> dict[str, int]:
+    """``{id: revision}`` of the ids whose definition has changed (empty for all others), the
+    part of a store key that keeps results of an old definition from being reused."""
+    return {s: SCORES[s].revision for s in score_ids if s in SCORES and SCORES[s].revision != 1}
 
 
 def resolve_score_ids(spec: str | Sequence[str]) -> list[str]:
