@@ -50,7 +50,8 @@ from lens_heads.models import check_device  # noqa: E402
 from lens_heads.data import load_task, load_texts, tokenize_texts  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
 from lens_heads.evaluate import task_inputs  # noqa: E402
-from lens_heads.scores import HeadScores, prepare_inputs, resolve_score_ids, score_heads, score_metadata  # noqa: E402
+from lens_heads.scores import (HeadScores, prepare_inputs, resolve_score_ids, revision_key, score_heads,  # noqa: E402
+                               score_metadata)
 from lens_heads.viz import score_distributions, wasserstein_matrix  # noqa: E402
 
 KEY_FUNCTIONS = ("ahon_ln", "awft")  # the paper's stability claim: AHON(LN) vs AWFT
@@ -99,6 +100,7 @@ def cached_scores(model, seqs, max_len, data: str, score_ids, path: Path, batch_
     if path.is_file():
         hs = HeadScores.load(path)
         same = all(hs.meta.get(k) == want[k] for k in ("model_digest", "dtype", "tokens_sha256"))
+        same = same and hs.meta.get("score_revisions", {}) == revision_key(hs.score_ids)  # no old definitions
         if same and hs.per_input is not None and set(score_ids) <= set(hs.per_input):
             return hs
     hs = score_heads(model, seqs, scores=score_ids, batch_size=batch_size, max_len=max_len, keep_per_input=True,

@@ -76,6 +76,7 @@ class ReportConfig:
     device: str = "cpu"
     batch_size: int = 8
     progress: bool = True
+    protocol: dict = field(default_factory=dict)  # resolve_protocol settings for that sweep (paper=..., ...)
 
 
 @dataclass
@@ -220,8 +221,11 @@ def run_sweep(cfg: ReportConfig, model) -> tuple[pd.DataFrame, pd.DataFrame | No
                              "pass a finished sweep with --sweep DIR instead") from None
     from lens_heads.scores import resolve_score_ids
 
+    from lens_heads.protocol import resolve_protocol
+
     scfg = SweepConfig(task=cfg.task, score_ids=resolve_score_ids(cfg.sweep_scores), limit=cfg.limit,
-                       random_seeds=list(range(cfg.sweep_seeds)), batch_size=max(cfg.batch_size, 1))
+                       random_seeds=list(range(cfg.sweep_seeds)), batch_size=max(cfg.batch_size, 1),
+                       protocol=resolve_protocol(model, **cfg.protocol))
     if cfg.sweep_fractions is not None:
         scfg.fractions = list(cfg.sweep_fractions)
     result = run(model, scfg, sweep_dir(cfg), progress=cfg.progress)

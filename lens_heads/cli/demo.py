@@ -1,7 +1,7 @@
 """``lens-heads demo``: the whole pipeline offline on SmolLM2-135M, ending in one HTML report.
 
 1. load the model from the offline zoo (PyPI wheel, sha256-verified, cached);
-2. score every head with the 15 functions on the shipped C4 sample;
+2. score every head with the 16 functions on the shipped C4 sample;
 3. diagnose collapsed heads (DEAD / BOS-sink / low-entropy / local / healthy);
 4. sweep AHON(LN) and AWFT against random heads (3 seeds) on the shipped PIQA sample;
 5. write ``OUT/report.html`` (plus the scores, diagnosis and sweep it shows).
@@ -10,6 +10,8 @@ Everything is stored under OUT; rerunning resumes the sweep from its store.
 """
 
 from __future__ import annotations
+
+from lens_heads.cli.common import add_protocol_args, check_protocol_args, protocol_from_args
 
 import time
 from importlib.resources import files
@@ -43,6 +45,7 @@ def register(sub) -> None:
     p.add_argument("--fractions", default="0,0.1,0.2,0.3",
                    help="fractions of heads zeroed (default 0,0.1,0.2,0.3; the paper uses steps of 0.05)")
     p.add_argument("--random-seeds", type=int, default=3)
+    add_protocol_args(p)
     p.set_defaults(func=run)
 
 
@@ -67,10 +70,15 @@ def run(args) -> int:
                       fractions=parse_fractions(args.fractions), random_seeds=list(range(args.random_seeds)),
                       limit=args.limit)
     cfg.validate()
+    check_protocol_args(args)
+    if args.thresholds_file is not None:
+        raise LensHeadsError("the demo sweeps a PIQA sample, which the authors' thresholds file does not cover; "
+                             "use 'lens-heads sweep --task piqa --thresholds-file ...'")
     task = load_task(task_spec)
     t0 = time.time()
 
     model = load_model(args.model, dtype=args.dtype, device=args.device)
+    cfg.protocol = protocol_from_args(args, model)
     out.mkdir(parents=True, exist_ok=True)  # only once the model loaded: a bad --model leaves no folder
     _stage(1, f"loaded {args.model} ({str(model.dtype).removeprefix('torch.')})", t0)
     g = model.geometry

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_data_args, add_model_args
+from lens_heads.cli.common import add_data_args, add_model_args, add_protocol_args, check_protocol_args
 
 
 def register(sub) -> None:
@@ -24,18 +24,22 @@ def register(sub) -> None:
     p.add_argument("--max-sink-views", type=int, default=8, help="most BOS-sink/DEAD heads shown (default 8)")
     p.add_argument("--view-tokens", type=int, default=40, help="tokens of the text in attention views (default 40)")
     p.add_argument("--out", required=True, help="HTML file to write")
+    add_protocol_args(p, thresholds=False)
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
     from lens_heads.report import ReportConfig, build_report
 
+    check_protocol_args(args)
     cfg = ReportConfig(
         model=args.model, out=args.out, data=args.data, n_inputs=args.n_inputs, max_len=args.max_len,
         task=args.task, limit=args.limit, sweep_scores=args.sweep_scores, sweep=args.sweep,
         diagnosis=args.diagnosis, scores=args.scores,
         top_k=args.top_k, heads=args.heads, max_sink_views=args.max_sink_views, view_tokens=args.view_tokens,
-        dtype=args.dtype, device=args.device, batch_size=args.batch_size)
+        dtype=args.dtype, device=args.device, batch_size=args.batch_size,
+        protocol={"paper": args.paper_protocol, "add_bos_token": args.add_bos_token,
+                  "apply_chat_template": args.apply_chat_template, "fewshot_as_multiturn": args.fewshot_as_multiturn})
     path = build_report(cfg)
     print(f"wrote {path}")
     return 0

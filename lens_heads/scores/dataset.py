@@ -23,7 +23,7 @@ from lens_heads.hooks import run_with_hooks
 from lens_heads.models.load import model_digest
 from lens_heads.provenance import package_versions
 from lens_heads.scores.collector import ScoreCollector
-from lens_heads.scores.functions import SCORES, resolve_score_ids
+from lens_heads.scores.functions import SCORES, resolve_score_ids, revision_key
 
 # -----------------------------------------------------------------------------
 # Dataset-level scores
@@ -289,7 +289,7 @@ def score_heads(
             bar.update(len(idx))
     finally:
         bar.close()
-    meta = score_metadata(model, seqs, max_len, data)
+    meta = {**score_metadata(model, seqs, max_len, data), "score_revisions": revision_key(ids)}
     return HeadScores(ids, {s: moments[s].mean_or_nan() for s in ids}, {s: moments[s].std() for s in ids},
                       {s: moments[s].n for s in ids}, len(seqs), per_input, meta)
 
