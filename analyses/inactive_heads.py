@@ -176,7 +176,7 @@ def accuracy_stats(task, rec: dict, limit, args, cfg: SweepConfig) -> dict:
 # Rows of earlier runs
 
 PAIR_TABLES = ("baseline", "sweep_baseline", "table2", "auc_ranking", "static_ahon_ln", "static_within_1pt",
-               "points", "dtype_check")  # OUT/<name>.csv, one or more rows per (model, task)
+               "points", "dtype_check", "superseded")  # OUT/<name>.csv, one or more rows per (model, task)
 
 
 def earlier_tables(out: Path) -> dict[str, pd.DataFrame]:
@@ -226,6 +226,85 @@ def earlier_sweep(table2: pd.DataFrame, model: str, task: str, n_questions: int,
     rows = earlier_rows(table2, model, task, n_questions)
     wanted = set(cfg.score_ids) | ({RANDOM} if cfg.random_seeds else set())
     return bool(len(rows)) and wanted <= set(rows["score_fn"])
+
+
+REVISED_TABLES = ("table2", "auc_ranking", "points")  # per-function rows that carry a score_revision
+SUPERSEDED_WHY = {  # (score id, revision that replaced the rows' definition) -> why
+    ("lthon_ln", 2): "lthon_ln was the paper text's reading (||O_last|| / layer mean of LTHON, now lthon_ln_text); "
+                     "the authors' code, which made the paper's tables, divides by the layer mean of AHON",
+}
+
+
+def revision_of(score_fn: str) -> int:
+    """The current definition's revision of a score function (1 for random heads and the rest)."""
+    return SCORES[score_fn].revision if score_fn in SCORES else 1
+
+
+def split_superseded(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(current rows, rows measured under an older definition of their score function). Rows
+    written before revisions were recorded carry none: revision 1."""
+    if not len(frame) or "score_fn" not in frame:
+        return frame, frame.iloc[0:0]
+    rev = frame["score_revision"] if "score_revision" in frame else pd.Series(1, index=frame.index)
+    old = rev.fillna(1).astype(int) < frame["score_fn"].map(revision_of)
+    current = frame[~old].copy()
+    current["score_revision"] = current["score_fn"].map(revision_of)
+    return current.reset_index(drop=True), frame[old].reset_index(drop=True)
+
+
+def remeasured_rows(model, task, cfg: SweepConfig, store_dir: Path, carried: pd.DataFrame,
+                    carried_auc: pd.DataFrame, args, limit) -> tuple[list[dict], list[dict]]:
+    """Table 2 and AUC rows for the functions of a carried-over sweep whose definition changed
+    and whose whole curve the store holds under the new one (re-measured alone, with the
+    baseline); the AUC over the carried sweep's common range. Nothing is computed."""
+    t2, auc = [], []
+    for sid in cfg.score_ids:
+        if revision_of(sid) == 1:
+            continue
+        one = replace(cfg, score_ids=[sid], random_seeds=[], extra_ablations=[], first=[])
+        result = run_sweep(model, one, store_dir, task=task, progress=False, compute=False)
+        if result is None:
+            continue
+        w = result.within.set_index("score_fn").loc[sid]
+        old = carried[carried["score_fn"] == sid]
+        stats = accuracy_stats(task, result.records["none"], limit, args, one)
+        t2.append({"model": old["model"].iloc[0], "task": old["task"].iloc[0], "score_fn": sid,
+                   **{k: w[k] for k in ("max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max",
+                                        "max_pct_measured", "crossing_gap_pct", "n_ablated_points", "note",
+                                        "base_accuracy")},
+                   "n_questions": len(result.records["none"]["questions"]),
+                   "lower_bound": bool(w["max_pct_zeroed_within_1pt"] >= w["max_pct_measured"]),
+                   "signal": old["signal"].iloc[0], "sweep_z": stats["z"], "sweep_signal": stats["signal"],
+                   "score_revision": revision_of(sid)})
+        prior = carried_auc[carried_auc["score_fn"] == sid]
+        if len(prior):
+            pts = result.summary[result.summary["score_fn"] == sid].sort_values("fraction")
+            x_max = float(prior["auc_range_pct"].iloc[0])
+            auc.append({**prior.iloc[0].to_dict(), "score_revision": revision_of(sid),
+                        "auc": normalised_auc(pts["pct_zeroed"].to_numpy(), pts["accuracy"].to_numpy(),
+                                              float(w["base_accuracy"]), x_max),
+                        "auc_ci_low": math.nan, "auc_ci_high": math.nan, "rank_by_auc": math.nan})
+    return t2, auc
+
+
+def with_overrides(frame: pd.DataFrame, rows: list[dict]) -> pd.DataFrame:
+    """``frame`` with the (model, task, score_fn) rows of ``rows`` put in place of its own."""
+    if not rows:
+        return frame
+    new = pd.DataFrame(rows)
+    key = lambda f: list(zip(f["model"], f["task"], f["score_fn"]))  # noqa: E731
+    by_key = {k: i for i, k in enumerate(key(new))}
+    out = [new.iloc[[by_key[k]]] if k in by_key else frame.iloc[[i]] for i, k in enumerate(key(frame))]
+    return pd.concat(out, ignore_index=True)
+
+
+def rerank(auc: pd.DataFrame) -> pd.DataFrame:
+    """Ranks by AUC within each (model, task), after re-measured rows replaced old ones."""
+    if not len(auc):
+        return auc
+    auc = auc.copy()
+    auc["rank_by_auc"] = auc.groupby(["model", "task"])["auc"].rank(ascending=False, method="min")
+    return auc
 
 
 def n_questions(task, limit) -> int:
@@ -549,6 +628,7 @@ def main(argv=None) -> int:
     running = []  # with --from-store: the complete curves of sweeps the store holds in part
     point_table = []  # (g) every stored point of every sweep, finished or running
     carried = []  # pairs whose baseline or sweep rows come from the tables of an earlier run
+    overrides = {"table2": [], "auc_ranking": []}  # re-measured rows of carried sweeps (remeasured_rows)
     dtypes = {}
 
     def tables() -> dict[str, pd.DataFrame]:
@@ -558,6 +638,18 @@ def main(argv=None) -> int:
         frames = {k: with_earlier(pd.DataFrame(v), earlier[k]) for k, v in rows.items()}
         frames["dtype_check"] = with_earlier(pd.concat([pd.DataFrame(), *dtype_rows], ignore_index=True),
                                              earlier["dtype_check"])
+        gone = [earlier["superseded"]]
+        for name in REVISED_TABLES:  # rows of an older definition move to superseded.csv, with why
+            frames[name] = with_overrides(frames[name], overrides.get(name, []))
+            frames[name], old = split_superseded(frames[name])
+            _, old_earlier = split_superseded(earlier[name])
+            for o in (old, old_earlier):
+                if len(o):
+                    gone.append(o.assign(table=name, why=[SUPERSEDED_WHY.get((f, revision_of(f)), "")
+                                                          for f in o["score_fn"]]))
+        frames["auc_ranking"] = rerank(frames["auc_ranking"])
+        frames["superseded"] = pd.concat([g for g in gone if len(g)], ignore_index=True).drop_duplicates(
+            subset=None, ignore_index=True) if any(len(g) for g in gone) else earlier["superseded"]
         if len(frames["points"]):  # blank seed: not a random-heads point
             frames["points"] = frames["points"].astype({"seed": "Int64"})
         if len(frames["auc_ranking"]):  # blank rank: tied score, no curve
@@ -606,6 +698,15 @@ def main(argv=None) -> int:
                 result = run_sweep(model, cfg, store_dir, task=task, progress=False, compute=False)
             if result is None and earlier_sweep(earlier["table2"], label, tname, n := n_questions(task, limit), cfg):
                 carried.append(f"{label} / {tname}: sweep ({n} questions)")
+                t2, auc = remeasured_rows(model, task, cfg, store_dir, earlier_rows(earlier["table2"], label, tname, n),
+                                          earlier["auc_ranking"][(earlier["auc_ranking"]["model"] == label)
+                                                                 & (earlier["auc_ranking"]["task"] == tname)]
+                                          if len(earlier["auc_ranking"]) else earlier["auc_ranking"], args, limit)
+                overrides["table2"] += t2
+                overrides["auc_ranking"] += auc
+                if t2:
+                    carried.append(f"{label} / {tname}: re-measured from the store: "
+                                   + ", ".join(r["score_fn"] for r in t2) + " (old rows in superseded.csv)")
                 continue
             if result is None and not args.from_store:
                 if statics is None:
@@ -682,7 +783,7 @@ def main(argv=None) -> int:
     run.write_summary("Inactive heads: Table 2 (% of heads zeroed within 1 accuracy point)",
                       summary_sections(args, base, table2, t["auc_ranking"], t["static_within_1pt"],
                                        comparison, claims, [t["dtype_check"]], dtypes, missing, running,
-                                       t["sweep_baseline"], carried, t["points"]))
+                                       t["sweep_baseline"], carried, t["points"], t["superseded"]))
     print(f"wrote {out} in {run.elapsed():.0f} s", flush=True)
     return 0
 
@@ -698,7 +799,7 @@ def _within_cell(r, wide_gap: float) -> str:
 
 
 def summary_sections(args, base, table2, aucs, static_within, comparison, claims, dtype_rows, dtypes,
-                     missing=(), running=(), sweep_base=None, carried=(), points=None):
+                     missing=(), running=(), sweep_base=None, carried=(), points=None, superseded=None):
     def size(s):
         n, m = task_limit(args, s), sweep_limit(args, s)
         return f"{'all' if n is None else n}" + (f" (sweeps: {m})" if m != n else "")
@@ -800,6 +901,14 @@ def summary_sections(args, base, table2, aucs, static_within, comparison, claims
                               "vs_random_ci_low", "vs_random_ci_high", "q_for_se_0.5", "paper"]))
     if sum(len(d) for d in dtype_rows):
         yield "bfloat16 vs float32 check", markdown_table(pd.concat(dtype_rows, ignore_index=True), 4)
+    if superseded is not None and len(superseded):
+        cols = [c for c in ("table", "model", "task", "score_fn", "fraction", "max_pct_zeroed_within_1pt", "ci_low",
+                            "ci_high", "auc", "pct_zeroed", "delta_pt", "delta_ci_low", "delta_ci_high")
+                if c in superseded]
+        yield "Superseded rows (measured under an older definition; kept as measured)", (
+            "These rows were measured before a score function's definition changed and are no longer in the "
+            "tables above; where the new definition has been measured, its row stands there instead. Why: "
+            + "; ".join(sorted(set(superseded["why"].dropna()))) + ".\n\n" + markdown_table(superseded, 2, cols))
 
 
 if __name__ == "__main__":

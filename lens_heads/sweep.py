@@ -210,23 +210,28 @@ def point_config(base: dict, point: SweepPoint) -> dict:
 
 def stored_thresholds(store: ResultStore, base: dict, cfg: SweepConfig) -> dict | None:
     """The stored thresholds of ``cfg``'s functions and fractions: the record of exactly this
-    sweep, else one from a sweep of the same model, task and inputs that scored these functions
-    (in any order, among others) at these fractions (among others). A function's thresholds come
-    from its own pooled scores alone, so they do not depend on what else that pass scored."""
+    sweep, else, function by function, those of records from sweeps of the same model, task and
+    inputs that scored the function (among others, under its current definition) at these
+    fractions (among others). A function's thresholds come from its own pooled scores alone, so
+    they do not depend on what else that pass scored; None unless every function is found."""
     rec = store.get("thresholds", threshold_config(base, cfg))
     if rec is not None:
         return rec
-    want, fractions = set(cfg.score_ids), {float(p) for p in cfg.fractions}
+    fractions = {float(p) for p in cfg.fractions}
     same = json.loads(json.dumps({**base, "kind": "thresholds"}, default=str))
     revisions = revision_key(cfg.score_ids)
+    found: dict[str, dict] = {}
     for rec in store.records("thresholds"):
         c = rec.get("config", {})
         theirs = c.get("score_revisions", {})
-        if ({k: v for k, v in c.items() if k not in ("score_ids", "fractions", "score_revisions")} == same
-                and want <= set(c.get("score_ids", [])) and fractions <= set(c.get("fractions", []))
-                and all(theirs.get(sid, 1) == revisions.get(sid, 1) for sid in want)):
-            return {**rec, "thresholds": {sid: {p: t for p, t in rec["thresholds"][sid].items()
-                                                if float(p) in fractions} for sid in cfg.score_ids}}
+        if ({k: v for k, v in c.items() if k not in ("score_ids", "fractions", "score_revisions")} != same
+                or not fractions <= set(c.get("fractions", []))):
+            continue
+        for sid in cfg.score_ids:
+            if sid not in found and sid in c.get("score_ids", []) and theirs.get(sid, 1) == revisions.get(sid, 1):
+                found[sid] = {p: t for p, t in rec["thresholds"][sid].items() if float(p) in fractions}
+        if len(found) == len(cfg.score_ids):
+            return {**rec, "thresholds": {sid: found[sid] for sid in cfg.score_ids}}
     return None
 
 

@@ -432,3 +432,24 @@ def test_paper_row_judges_single_points_against_what_it_implies():
     assert cmp.loc["random heads (seed 0) at 4.9 % zeroed: accuracy change (pt)", "verdict"].startswith("agrees (beyond")
     assert cmp.loc["awft at 5.0 % zeroed: accuracy change (pt)", "verdict"].startswith("disagrees (ours: beyond")
     assert cmp.loc["ahon_ln at 9.8 % zeroed: accuracy change (pt)", "paper"] == "beyond 1 pt"
+
+
+def test_rows_of_an_old_definition_move_to_superseded():
+    """inactive_heads.py: a Table 2 row measured before lthon_ln's definition changed (no
+    score_revision column: revision 1) is split off; a re-measured row takes its place."""
+    import pandas as pd
+
+    ih = script("inactive_heads")
+    split_superseded, with_overrides = ih.split_superseded, ih.with_overrides
+
+    old = pd.DataFrame([{"model": "m", "task": "piqa", "score_fn": "awft", "max_pct_zeroed_within_1pt": 1.0},
+                        {"model": "m", "task": "piqa", "score_fn": "lthon_ln", "max_pct_zeroed_within_1pt": 2.0},
+                        {"model": "m", "task": "piqa", "score_fn": "random", "max_pct_zeroed_within_1pt": 3.0}])
+    current, gone = split_superseded(old)
+    assert list(current["score_fn"]) == ["awft", "random"] and list(gone["score_fn"]) == ["lthon_ln"]
+    assert list(current["score_revision"]) == [1, 1]
+    new = with_overrides(old, [{"model": "m", "task": "piqa", "score_fn": "lthon_ln",
+                                "max_pct_zeroed_within_1pt": 5.0, "score_revision": 2}])
+    current, gone = split_superseded(new)
+    assert list(current["score_fn"]) == ["awft", "lthon_ln", "random"] and not len(gone)
+    assert current.loc[1, "max_pct_zeroed_within_1pt"] == 5.0 and current.loc[1, "score_revision"] == 2

@@ -310,6 +310,13 @@ def test_lthon_ln_revision_keeps_old_thresholds_out(tiny_model, tmp_path):
     only_ahon = SweepConfig(task="piqa", score_ids=["ahon_ln"], random_seeds=[], limit=4)
     only_ahon.validate()
     assert stored_thresholds(store, base, only_ahon) is not None  # other functions' thresholds still serve
+    # LTHON(LN) re-scored alone under its new definition: the two records together serve the pair
+    alone = SweepConfig(task="piqa", score_ids=["lthon_ln"], random_seeds=[], limit=4)
+    alone.validate()
+    new = {repr(p): 0.5 + p for p in alone.fractions}  # as put_thresholds stores them
+    store.put("thresholds", threshold_config(base, alone), {"thresholds": {"lthon_ln": new}, "n_inputs": 4})
+    both = stored_thresholds(store, base, cfg)
+    assert both["thresholds"]["lthon_ln"] == new and set(both["thresholds"]) == {"lthon_ln", "ahon_ln"}
 
 
 # -----------------------------------------------------------------------------
