@@ -134,11 +134,18 @@ class StaticAblation(_Counted):
     def __init__(self, heads: Sequence[tuple[int, int]], geometry):
         if not heads:
             raise LensHeadsError("static ablation needs at least one head (L.H)")
-        for layer, head in heads:
-            geometry.check_head(layer, head)
+        if geometry is None:  # syntax only (parse_ablation(spec, None)): ranges wait for a model
+            bad = [(L, h) for L, h in heads if L < 0 or h < 0]
+            if bad:
+                raise LensHeadsError(f"head {bad[0][0]}.{bad[0][1]}: layer and head indices are >= 0")
+        else:
+            for layer, head in heads:
+                geometry.check_head(layer, head)
         self.geometry = geometry
         self.heads = sorted(set((int(L), int(h)) for L, h in heads))
         self.name = "static:" + ",".join(f"{L}.{h}" for L, h in self.heads)
+        if geometry is None:
+            return
         self._mask = torch.zeros(geometry.n_layers, geometry.n_heads, dtype=torch.bool)
         for L, h in self.heads:
             self._mask[L, h] = True
@@ -285,7 +292,8 @@ ABLATION_FORMS = "none | static:L.H,L.H | score:ID@THRESHOLD[:strict] | random:P
 
 
 def parse_ablation(spec: str, geometry) -> Ablation:
-    """Build an ablation from its spec string (``ABLATION_FORMS``), validated against ``geometry``."""
+    """Build an ablation from its spec string (``ABLATION_FORMS``), validated against ``geometry``;
+    ``geometry=None`` checks the syntax and score names only (before a model is loaded)."""
     if not isinstance(spec, str) or not spec.strip():
         raise LensHeadsError(f"empty ablation spec; use one of: {ABLATION_FORMS}")
     s = spec.strip()

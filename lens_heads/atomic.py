@@ -36,21 +36,60 @@ def atomic_path(path: str | os.PathLike, make_parents: bool = False) -> Iterator
     os.close(fd)
     try:
         yield Path(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        _plain_permissions(Path(tmp))
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
 
 
 def atomic_write_all(writes: Sequence[tuple[str | os.PathLike, Callable[[str], object]]]) -> None:
-    """Several files that belong together: ``write(tmp_name)`` each to a temp file beside its
-    target; only when every write succeeded are they renamed into place (an error leaves all
-    the old files as they were)."""
-    with contextlib.ExitStack() as stack:
-        for target, write in writes:
-            write(str(stack.enter_context(atomic_path(target))))
+    """Several files that belong together, all or nothing: ``write(tmp_name)`` each to a temp
+    file beside its target; only when every write succeeded are they renamed into place, each
+    old file kept aside until the last rename succeeded. A failure anywhere (a write, a rename)
+    puts every old file back and removes every new one, so the targets are as they were."""
+    targets = [Path(t) for t, _ in writes]
+    for t in targets:
+        if t.is_dir():
+            raise LensHeadsError(f"cannot write {t}: it is a folder")
+    staged: list[tuple[Path, Path]] = []  # (temp file, target)
+    done: list[tuple[Path, Path | None]] = []  # (target, its old file kept aside, or None)
+    try:
+        for target, (_, write) in zip(targets, writes):
+            fd, tmp = tempfile.mkstemp(dir=_folder(target, False), prefix=f".{target.name}.", suffix=".tmp")
+            os.close(fd)
+            staged.append((Path(tmp), target))
+            write(tmp)
+            _plain_permissions(Path(tmp))
+        for tmp, target in staged:
+            kept = None
+            if target.exists():
+                fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".old")
+                os.close(fd)
+                kept = Path(name)
+                os.replace(target, kept)
+            done.append((target, kept))
+            os.replace(tmp, target)
+    except BaseException:
+        for target, kept in reversed(done):  # undo: the old file back, or no file
+            with contextlib.suppress(OSError):
+                if kept is not None:
+                    os.replace(kept, target)
+                elif target.exists() and not target.is_dir():
+                    target.unlink()
+        raise
+    finally:
+        for tmp, _ in staged:
+            tmp.unlink(missing_ok=True)
+    for _, kept in done:
+        if kept is not None:
+            kept.unlink(missing_ok=True)
+
+
+def _plain_permissions(path: Path) -> None:
+    """Ordinary permissions (0666 & ~umask), not mkstemp's 0600."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
 
 
 def atomic_write_text(path: str | os.PathLike, text: str, make_parents: bool = False) -> Path:
@@ -66,3 +105,56 @@ def atomic_write_text(path: str | os.PathLike, text: str, make_parents: bool = F
 def atomic_write_csv(frame, path: str | os.PathLike, make_parents: bool = False, **to_csv) -> Path:
     """Write a pandas DataFrame as CSV (no index column) atomically."""
     return atomic_write_text(path, frame.to_csv(index=False, lineterminator="\n", **to_csv), make_parents)
+
+
+# -----------------------------------------------------------------------------
+# Checks before the work: can the outputs be written at all?
+
+
+def _probe(folder: Path, what: str, path: Path) -> None:
+    """Create and remove a file in ``folder`` (permission bits, read-only mounts and immutable
+    folders all show here, also for root, where ``os.access`` says yes)."""
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".lens_heads-probe.")
+        os.close(fd)
+        os.unlink(name)
+    except OSError as exc:
+        raise LensHeadsError(f"{what} {path}: cannot write in {folder} ({exc.strerror or exc})") from None
+
+
+def check_output_file(path: str | os.PathLike, what: str = "--out", *, make_parents: bool = False,
+                      sidecars: Sequence[str | os.PathLike] = ()) -> Path:
+    """Raise one clear error unless ``path`` (and its ``sidecars``) can be written as files:
+    none of them is a folder, and their folder exists (or, with ``make_parents``, can be made)
+    and accepts new files. Call it before any expensive work."""
+    path = Path(path)
+    for p in (path, *map(Path, sidecars)):
+        if p.is_dir():
+            raise LensHeadsError(f"{what} {path}: {p} is a folder; give a file name")
+    folder = path.parent if str(path.parent) else Path(".")
+    if folder.exists() and not folder.is_dir():
+        raise LensHeadsError(f"{what} {path}: {folder} is a file, not a folder")
+    if not folder.exists():
+        if not make_parents:
+            raise LensHeadsError(f"{what} {path}: folder {folder} does not exist")
+        check_output_dir(folder, what)
+        return path
+    _probe(folder, what, path)
+    return path
+
+
+def check_output_dir(path: str | os.PathLike, what: str = "--out") -> Path:
+    """Raise one clear error unless ``path`` is a folder that accepts new files, or can be made
+    as one (its nearest existing parent is a folder that accepts new files)."""
+    path = Path(path)
+    if path.exists() and not path.is_dir():
+        raise LensHeadsError(f"{what} {path} exists and is not a folder")
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if probe.exists() and not probe.is_dir():
+        raise LensHeadsError(f"{what} {path}: {probe} is a file, not a folder")
+    _probe(probe, what, path)
+    return path

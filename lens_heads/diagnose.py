@@ -61,6 +61,20 @@ class DiagnosisThresholds:
     local: float = 0.6  # local_mass above -> local
     band_fraction: float = 0.30  # a head index is in the band when sick in more than this share of layers
 
+    def __post_init__(self):
+        """Each threshold inside the range where its class can hold a head at all."""
+        for name, value in (("dead", self.dead), ("bos_sink", self.bos_sink), ("local", self.local),
+                            ("band_fraction", self.band_fraction)):
+            if not (isinstance(value, (int, float)) and 0.0 <= value < 1.0):
+                raise LensHeadsError(f"diagnosis threshold {name} = {value!r} must lie in [0, 1): a mass "
+                                     f"(or share of layers) above it is never reached otherwise")
+        if not (isinstance(self.low_entropy, (int, float)) and 0.0 < self.low_entropy < float("inf")):
+            raise LensHeadsError(f"diagnosis threshold low_entropy = {self.low_entropy!r} must be a positive "
+                                 f"number of nats (no entropy is below 0)")
+        if self.bos_sink > self.dead:
+            raise LensHeadsError(f"diagnosis thresholds: bos_sink ({self.bos_sink}) above dead ({self.dead}) "
+                                 f"leaves no head BOS-sink (DEAD is tested first)")
+
 
 # -----------------------------------------------------------------------------
 # Reductions of one attention pattern

@@ -13,6 +13,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
 
 
+def check_positive(args, *names: str, minimum: int = 1) -> None:
+    """``--NAME >= minimum`` for each given option that is set (before anything loads)."""
+    from lens_heads.errors import LensHeadsError
+
+    for name in names:
+        value = getattr(args, name, None)
+        if value is not None and value < minimum:
+            raise LensHeadsError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
+
+
 def add_data_args(p: argparse.ArgumentParser, default: str | None = "c4") -> None:
     p.add_argument("--data", default=default, required=default is None,
                    help="corpus name (c4, c4-train, wikitext2) or a local .txt/.jsonl/.parquet file")

@@ -62,9 +62,9 @@ def run(args) -> int:
     from lens_heads.sweep import SweepConfig, run_sweep
     from lens_heads.thresholds import parse_fractions
 
-    out = Path(args.out)
-    if out.exists() and not out.is_dir():
-        raise LensHeadsError(f"--out {out} exists and is not a folder")
+    from lens_heads.atomic import check_output_dir
+
+    out = check_output_dir(Path(args.out))
     task_spec = piqa_sample_spec()
     cfg = SweepConfig(task=task_spec, score_ids=resolve_score_ids(args.sweep_scores),
                       fractions=parse_fractions(args.fractions), random_seeds=list(range(args.random_seeds)),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_data_args, add_model_args
+from lens_heads.cli.common import add_data_args, add_model_args, check_positive
 
 
 def register(sub) -> None:
@@ -25,14 +25,20 @@ def run(args) -> int:
     from lens_heads.errors import LensHeadsError
     from lens_heads.models import load_model
 
+    from lens_heads.atomic import check_output_file
+
+    # everything that can be checked without the model, before it loads
     if not str(args.out).endswith(".csv"):
         raise LensHeadsError(f"--out must be a .csv file, got {args.out}")
+    check_output_file(args.out, make_parents=True)
     thresholds = DiagnosisThresholds(args.dead, args.bos_sink, args.low_entropy, args.local, args.band_fraction)
+    check_positive(args, "max_len", minimum=2)
+    check_positive(args, "n_inputs", "batch_size")
+    texts = None if args.prompt is not None else load_texts(args.data, n=args.n_inputs)
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     if args.prompt is not None:
         inputs, what = [args.prompt], "the given prompt"
     else:
-        texts = load_texts(args.data, n=args.n_inputs)
         inputs = tokenize_texts(model.tokenizer, texts, args.max_len)
         what = f"{len(inputs)} {args.data} texts x <= {args.max_len} tokens"
     if not inputs:

@@ -8,7 +8,8 @@ sweep (``lens-heads sweep``, same ``--limit`` / ``--seed`` / ``--n-shot``) measu
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_model_args, add_protocol_args, check_protocol_args, protocol_from_args
+from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
+                                   protocol_from_args)
 
 
 def register(sub) -> None:
@@ -31,8 +32,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    import os
-
     from lens_heads.data import load_task
     from lens_heads.errors import LensHeadsError
     from lens_heads.evaluate import evaluate_task
@@ -40,11 +39,19 @@ def run(args) -> int:
     from lens_heads.scores import resolve_score_ids
     from lens_heads.thresholds import parse_percent_spec
 
-    if args.out is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        raise LensHeadsError(f"--out {args.out}: folder does not exist")
+    from lens_heads.ablation import parse_ablation
+    from lens_heads.atomic import check_output_file
+
+    # everything that can be checked without the model, before it loads
+    if args.out is not None:
+        check_output_file(args.out)
+    check_positive(args, "limit", "batch_size")
+    check_positive(args, "n_shot", minimum=0)
     percent = parse_percent_spec(args.ablate) if args.ablate is not None else None
     if percent is not None:
         resolve_score_ids([percent[0]])
+    elif args.ablate is not None:
+        parse_ablation(args.ablate, None)  # syntax and score names; head ranges once the model is loaded
     check_protocol_args(args)
     if args.thresholds_file is not None and percent is None:
         raise LensHeadsError("--thresholds-file gives thresholds for --ablate score:ID@P% only")
@@ -73,8 +80,6 @@ def run(args) -> int:
         print(f"{args.ablate.strip()}: threshold {tau!r} from the unablated scores of the {len(inputs)} "
               f"evaluated inputs" if tau is not None else f"{args.ablate.strip()}: nothing to zero")
     if spec is not None:
-        from lens_heads.ablation import parse_ablation
-
         ablation = parse_ablation(spec, model.geometry)
     res = evaluate_task(model, task, n_shot=args.n_shot, limit=args.limit, seed=args.seed,
                         ablation=ablation, batch_size=args.batch_size, progress=not args.quiet,

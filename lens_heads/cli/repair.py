@@ -51,6 +51,7 @@ def run(args) -> int:
     from lens_heads.errors import LensHeadsError
     from lens_heads.models import load_model
     from lens_heads.surgery import RepairConfig, TargetSelector, TrainConfig, parse_heads, parse_select, repair
+    from lens_heads.atomic import check_output_dir
     from lens_heads.surgery.export import check_out_dir
 
     # cheap checks first: no model load for a malformed request
@@ -63,6 +64,16 @@ def run(args) -> int:
             raise LensHeadsError(f"--{name.replace('_', '-')} must be >= 1")
     if args.steps is not None and args.steps < 1:
         raise LensHeadsError("--steps must be >= 1")
+    if args.heads is not None:
+        parse_heads(args.heads, None)  # syntax now, ranges once the model is loaded
+    check_output_dir(args.out)
+    texts = load_texts(args.data, n=args.n_train_docs)  # data files are read before the model loads
+    if args.eval_data is None and len(texts) <= args.n_eval:
+        raise LensHeadsError(f"{args.data} has {len(texts)} documents: too few to hold out {args.n_eval} "
+                             "for perplexity; lower --n-eval or give --eval-data")
+    eval_texts = None if args.eval_data is None else load_texts(args.eval_data, n=args.n_eval)
+    diag_spec = args.diag_data or args.eval_data
+    diag_texts = None if diag_spec is None else load_texts(diag_spec, n=args.diag_n)
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     check_out_dir(args.out, model.source)
     if args.heads is not None:
@@ -74,19 +85,12 @@ def run(args) -> int:
     else:
         selector = TargetSelector(select=args.select)
 
-    texts = load_texts(args.data, n=args.n_train_docs)
     if args.eval_data is None:
-        if len(texts) <= args.n_eval:
-            raise LensHeadsError(f"{args.data} has {len(texts)} documents: too few to hold out {args.n_eval} "
-                                 "for perplexity; lower --n-eval or give --eval-data")
         train_texts, eval_texts = texts[:-args.n_eval], texts[-args.n_eval:]
     else:
-        train_texts, eval_texts = texts, load_texts(args.eval_data, n=args.n_eval)
-    diag_spec = args.diag_data or args.eval_data
-    if diag_spec is None:
+        train_texts = texts
+    if diag_texts is None:
         diag_texts = eval_texts[:args.diag_n]
-    else:
-        diag_texts = load_texts(diag_spec, n=args.diag_n)
     diag_inputs = tokenize_texts(model.tokenizer, diag_texts, args.diag_len)
     if not diag_inputs:
         raise LensHeadsError("no diagnosis inputs")

@@ -31,7 +31,23 @@ def register(sub) -> None:
 def run(args) -> int:
     from lens_heads.report import ReportConfig, build_report
 
+    from pathlib import Path
+
+    from lens_heads.atomic import check_output_dir, check_output_file
+    from lens_heads.data import load_texts
+    from lens_heads.errors import LensHeadsError
+
+    # everything that can be checked without the model, before it loads
     check_protocol_args(args)
+    check_output_file(args.out, make_parents=True)
+    if args.task is not None and args.sweep is None:
+        check_output_dir(Path(args.out).with_name(Path(args.out).stem + "_sweep"), "--out (its sweep folder)")
+    for name in ("sweep", "diagnosis", "scores"):
+        given = getattr(args, name)
+        if given is not None and not Path(given).exists():
+            raise LensHeadsError(f"--{name} {given}: no such {'folder' if name == 'sweep' else 'file'}")
+    if args.scores is None or args.diagnosis is None:
+        load_texts(args.data, n=1)  # a bad --data fails now, not after the model loads
     cfg = ReportConfig(
         model=args.model, out=args.out, data=args.data, n_inputs=args.n_inputs, max_len=args.max_len,
         task=args.task, limit=args.limit, sweep_scores=args.sweep_scores, sweep=args.sweep,

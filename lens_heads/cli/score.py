@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lens_heads.cli.common import add_data_args, add_model_args
+from lens_heads.cli.common import add_data_args, add_model_args, check_positive
 
 
 def register(sub) -> None:
@@ -30,20 +30,21 @@ def run(args) -> int:
     from lens_heads.models import load_model
     from lens_heads.scores import resolve_score_ids, score_heads
 
+    from lens_heads.atomic import check_output_file
+    from lens_heads.scores import HeadScores
+
+    # everything that can be checked without the model, before it loads
     out = Path(args.out)
     if out.suffix.lower() not in (".csv", ".parquet"):
         raise LensHeadsError(f"--out must end in .csv or .parquet, got {args.out!r}")
-    if not out.parent.is_dir():
-        raise LensHeadsError(f"output folder does not exist: {out.parent}")
-    if args.max_len < 2:
-        raise LensHeadsError(f"--max-len must be >= 2, got {args.max_len}")
-    if args.n_inputs < 1:
-        raise LensHeadsError(f"--n-inputs must be >= 1, got {args.n_inputs}")
-    ids = resolve_score_ids(args.scores)  # fail before loading anything
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    check_output_file(out, sidecars=HeadScores.sidecars(out))
+    check_positive(args, "max_len", minimum=2)
+    check_positive(args, "n_inputs", "batch_size")
+    ids = resolve_score_ids(args.scores)
     texts = load_texts(args.data, n=args.n_inputs)
     if not texts:
         raise LensHeadsError(f"no texts in {args.data!r} (empty data)")
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
     seqs = tokenize_texts(model.tokenizer, texts, args.max_len, mode="documents")
     scores = score_heads(model, seqs, scores=ids, batch_size=args.batch_size, max_len=args.max_len,
                          keep_per_input=args.per_input, progress=not args.quiet, data=args.data)

@@ -70,6 +70,12 @@ def run(args) -> int:
         raise LensHeadsError(f"--n-boot must be >= 1, got {args.n_boot}")
     if not score_ids and not cfg.random_seeds and not cfg.extra_ablations:
         raise LensHeadsError("nothing to sweep: give --scores, --random-seeds > 0 or --ablate")
+    for spec in cfg.extra_ablations:
+        parse_ablation(spec, None)  # syntax and score names now; head ranges once the model is loaded
+    if not args.status:
+        from lens_heads.atomic import check_output_dir
+
+        check_output_dir(args.out)
     task = load_task(args.task, n_shot=args.n_shot)
     if args.thresholds_file is not None and score_ids:
         from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep

@@ -33,7 +33,9 @@ on the hub (articles, as above).
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import difflib
 import json
 import os
 import re
@@ -125,18 +127,37 @@ def load_texts(
     if path.exists():
         if path.is_dir():
             raise LensHeadsError(f"{path} is a folder; pass a file (.txt, .jsonl, .json, .parquet, .csv)")
-        return _clean(_read_file(path, text_field, n), n)
+        with readable(path):
+            return _clean(_read_file(path, text_field, n), n)
     if path.suffix.lower() in _FILE_SUFFIXES or (os.sep in spec_s and not _looks_like_hub_id(spec_s)):
         raise LensHeadsError(
             f"Text file not found: {spec_s}. Named corpora: {_corpus_names()}; "
             f"or give an existing .txt/.jsonl/.json/.parquet/.csv file, or a hub dataset id."
         )
-    if not _looks_like_hub_id(spec_s):
-        raise LensHeadsError(f"Unknown corpus {spec_s!r}. Named corpora: {_corpus_names()}; "
+    near = difflib.get_close_matches(spec_s.lower(), list(CORPORA), n=1, cutoff=0.75)
+    if not _looks_like_hub_id(spec_s) or (near and "/" not in spec_s):
+        guess = f" Did you mean {near[0]!r}?" if near else ""
+        raise LensHeadsError(f"Unknown corpus {spec_s!r}.{guess} Named corpora: {_corpus_names()}; "
                              f"or give a local file path or a hub dataset id like 'allenai/c4:en'.")
     hub_path, _, hub_name = spec_s.partition(":")
     return _clean(_read_hub(hub_path, hub_name or None, split or "train", text_field, n=n,
                             streaming=n is not None, what=f"dataset {spec_s!r}"), n)
+
+
+@contextlib.contextmanager
+def readable(path: Path):
+    """Turn a file that cannot be decoded (not UTF-8, binary, a corrupt Parquet/CSV) into one
+    message naming the file and what is wrong."""
+    try:
+        yield
+    except UnicodeDecodeError as exc:
+        raise LensHeadsError(f"{path}: not UTF-8 text (byte {exc.start}: {exc.reason}); convert it first, "
+                             f"e.g. iconv -f latin1 -t utf-8 {path.name} > {path.stem}.utf8{path.suffix}") from None
+    except LensHeadsError:
+        raise
+    except (OSError, ValueError, csv.Error) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise LensHeadsError(f"{path}: cannot be read as a {path.suffix.lstrip('.') or 'text'} file ({first})") from None
 
 
 def _corpus_names() -> str:
@@ -184,8 +205,14 @@ def _read_file(path: Path, text_field: str, n: int | None) -> list[str]:
 
 
 def iter_rows(path: str | os.PathLike) -> Iterator[dict]:
-    """Rows of a .jsonl / .json (list of objects) / .csv / .parquet file as dicts."""
+    """Rows of a .jsonl / .json (list of objects) / .csv / .parquet file as dicts (an unreadable
+    file: one message naming it)."""
     path = Path(path)
+    with readable(path):
+        yield from _iter_rows(path)
+
+
+def _iter_rows(path: Path) -> Iterator[dict]:
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
         with open(path, encoding="utf-8") as f:

@@ -147,6 +147,21 @@ def _quiet():
                 hf_logging.enable_progress_bar()
 
 
+def _gguf_shortfall(path: Path) -> str | None:
+    """A message when the GGUF file is shorter than its header declares (or its header is cut)."""
+    from lens_heads.models.gguf_size import Truncated, declared_size
+
+    size = path.stat().st_size
+    try:
+        need = declared_size(path)
+    except Truncated as exc:
+        return f"GGUF file {path} is truncated or corrupt: {exc} ({size:,} bytes)"
+    if size < need:
+        return (f"GGUF file {path} is truncated: {size:,} bytes, but its header declares "
+                f"{need:,} (tensor data end); fetch or copy it again")
+    return None
+
+
 def resolve_source(spec: str | os.PathLike) -> ModelSource:
     """Turn a user spec into a ModelSource, checking local files on the way."""
     spec = str(spec)
@@ -160,10 +175,16 @@ def resolve_source(spec: str | os.PathLike) -> ModelSource:
         with open(path, "rb") as f:
             if f.read(4) != b"GGUF":
                 raise LensHeadsError(f"{spec} is not a GGUF file (bad magic bytes)")
+        short = _gguf_shortfall(path)  # a truncated file, said before anything parses it
         for entry in zoo.ZOO.values():  # a known model's file is verified against its digest
             if path.stat().st_size == entry.size or path.name == entry.filename:
-                zoo.verify(path, entry.sha256)
+                try:
+                    zoo.verify(path, entry.sha256)
+                except LensHeadsError as exc:
+                    raise LensHeadsError(f"{short + '; ' if short else ''}{exc}") from None
                 return ModelSource(spec, str(path), str(path), entry.sha256)
+        if short:
+            raise LensHeadsError(short)
         return ModelSource(spec, str(path), str(path), zoo.sha256_file(path))
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -237,7 +258,8 @@ def load_hf(source: ModelSource, dtype: torch.dtype, device: str = "cpu"):
         raise
     except Exception as exc:  # noqa: BLE001 -- any loader failure becomes one clear message
         offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        hint = " (HF_HUB_OFFLINE=1: hub ids cannot be fetched)" if offline else ""
+        local = source.gguf_file is not None or Path(source.path).exists()
+        hint = " (HF_HUB_OFFLINE=1: hub ids cannot be fetched)" if offline and not local else ""
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LensHeadsError(f"could not load model {source.spec!r}{hint}: {first}") from None
     if not getattr(model.config, "architectures", None):  # GGUF configs may lack it

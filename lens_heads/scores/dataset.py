@@ -108,6 +108,10 @@ class HeadScores:
 
     def least_active(self, score_id: str, k: int | None = None) -> list[tuple[int, int]]:
         """The ``k`` (default all) least active heads by this function's mean (see ``least_active``)."""
+        if score_id not in self.mean:
+            raise LensHeadsError(f"{score_id!r} was not scored; these scores hold: {', '.join(self.score_ids)}")
+        if k is not None and k < 0:
+            raise LensHeadsError(f"k must be >= 0, got {k}")
         return least_active(self.mean[score_id], self.inactive_when(score_id))[:k]
 
     def to_frame(self):

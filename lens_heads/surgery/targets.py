@@ -18,7 +18,7 @@ _SELECT = re.compile(r"^\s*([A-Za-z0-9_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
 
 
 def parse_heads(spec: str, geometry) -> list[Head]:
-    """``"3.1,4.2"`` -> [(3, 1), (4, 2)], range-checked against ``geometry``."""
+    """``"3.1,4.2"`` -> [(3, 1), (4, 2)], range-checked against ``geometry`` (None: syntax only)."""
     heads = []
     for item in str(spec).split(","):
         item = item.strip()
@@ -28,7 +28,8 @@ def parse_heads(spec: str, geometry) -> list[Head]:
         if not m:
             raise LensHeadsError(f"bad head {item!r}: write heads as LAYER.HEAD, e.g. 3.1,4.2")
         L, h = int(m.group(1)), int(m.group(2))
-        geometry.check_head(L, h)
+        if geometry is not None:
+            geometry.check_head(L, h)
         heads.append((L, h))
     if not heads:
         raise LensHeadsError("empty head list: give heads as LAYER.HEAD,LAYER.HEAD")
@@ -44,6 +45,11 @@ def parse_select(spec: str) -> tuple[str, str, float]:
         value = float(m.group(3))
     except ValueError:
         raise LensHeadsError(f"bad threshold in --select {spec!r}") from None
+    try:
+        from lens_heads.scores import resolve_score_ids
+    except ImportError:  # scoring not installed: the score is checked when it is computed
+        return m.group(1), m.group(2), value
+    resolve_score_ids(m.group(1))  # an unknown score fails here, before any model or diagnosis
     return m.group(1), m.group(2), value
 
 
