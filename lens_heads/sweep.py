@@ -52,12 +52,14 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 
+from lens_heads.claims import claim, wait_for
 from lens_heads.curves import bootstrap_indices, crossing_gap, max_within, normalised_auc, percentile_interval
 from lens_heads.errors import LensHeadsError
 from lens_heads.models.load import model_digest
@@ -67,6 +69,7 @@ from lens_heads.atomic import atomic_write_csv
 from lens_heads.store import ResultStore
 from lens_heads.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fraction, score_ablation_spec
 
+CLAIM_POLL_S = 2.0  # how often a process waiting for another's unit looks again
 RANDOM = "random"
 BASELINE = "baseline"  # score_fn of the unablated point when no curve supplies it
 TIED_NOTE = "ties: one threshold for every fraction, so no curve"
@@ -305,9 +308,11 @@ def _part_configs(task, cfg: SweepConfig, pcfg: dict) -> list[dict]:
     return [{**pcfg, "kind": "part", "doc_ids": ids[i:i + size]} for i in range(0, len(ids), size)]
 
 
-def _evaluate_point(model, task, cfg: SweepConfig, spec: str, store: ResultStore, pcfg: dict) -> dict:
+def _evaluate_point(model, task, cfg: SweepConfig, spec: str, store: ResultStore, pcfg: dict) -> dict | None:
     """Evaluate one point part by part, storing each part, so a killed run loses at most one part.
 
+    Each part is claimed first (``claims``): a part another live process is computing is left
+    to it, and None is returned while any part is missing (the caller comes back to the point).
     Every question's prompt, and every ablation's decision, depends only on that question, so
     the merged record equals one evaluation of all the questions: accuracy is the mean over
     questions (MMLU's size-weighted subjects included) and the zeroed fraction adds up counts.
@@ -315,17 +320,28 @@ def _evaluate_point(model, task, cfg: SweepConfig, spec: str, store: ResultStore
     from lens_heads.ablation import parse_ablation
     from lens_heads.evaluate import evaluate_task
 
-    parts = []
+    point = store.path("points", pcfg)
+    parts, missing = [], False
     for part in _part_configs(task, cfg, pcfg):
         rec = store.get("parts", part)
         if rec is None:
-            ablation = parse_ablation(spec, model.geometry)
-            result = evaluate_task(model, task, n_shot=cfg.n_shot, seed=cfg.seed, ablation=ablation,
-                                   batch_size=cfg.batch_size, progress=False, doc_ids=part["doc_ids"],
-                                   protocol=cfg.protocol)
-            rec = _point_record(result)
-            store.put("parts", part, rec)
+            with claim(store.path("parts", part)) as mine:
+                if not mine:  # another process is on it
+                    missing = True
+                    continue
+                if point.is_file():  # merged meanwhile by another process (which then dropped the parts)
+                    return store.get("points", pcfg)
+                rec = store.get("parts", part)
+                if rec is None:
+                    ablation = parse_ablation(spec, model.geometry)
+                    result = evaluate_task(model, task, n_shot=cfg.n_shot, seed=cfg.seed, ablation=ablation,
+                                           batch_size=cfg.batch_size, progress=False, doc_ids=part["doc_ids"],
+                                           protocol=cfg.protocol)
+                    rec = _point_record(result)
+                    store.put("parts", part, rec)
         parts.append(rec)
+    if missing:
+        return None
     return _merge_parts(parts, cfg.limit)
 
 
@@ -387,11 +403,18 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
         stored = stored_thresholds(store, base, cfg)
         if stored is None and not compute:
             return None
-        if stored is None:
-            inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.protocol)
-            computed = compute_thresholds(model, inputs, cfg.score_ids, cfg.fractions, cfg.threshold_batch_size,
-                                          progress=progress, rule=cfg.protocol.threshold_rule)
-            stored = put_thresholds(store, base, cfg, computed, len(inputs))
+        while stored is None:  # one scoring pass, by whichever process claims it
+            path = store.path("thresholds", threshold_config(base, cfg))
+            with claim(path) as mine:
+                if mine and not path.is_file():
+                    inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.protocol)
+                    computed = compute_thresholds(model, inputs, cfg.score_ids, cfg.fractions,
+                                                  cfg.threshold_batch_size, progress=progress,
+                                                  rule=cfg.protocol.threshold_rule)
+                    stored = put_thresholds(store, base, cfg, computed, len(inputs))
+            if stored is None:
+                wait_for(path, CLAIM_POLL_S)
+                stored = store.get("thresholds", threshold_config(base, cfg))
         thresholds = {sid: {float(p): t for p, t in d.items()} for sid, d in stored["thresholds"].items()}
 
     points = plan_points(cfg, thresholds)
@@ -413,18 +436,27 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
     records: dict[str, dict] = {}
     bar = tqdm(total=len(todo), desc="sweep points", unit="point", disable=not progress)
     try:
-        for spec in todo:
-            pcfg = point_cfg(spec)
-            rec = store.get("points", pcfg)
-            if rec is None:
-                bar.set_postfix_str(spec, refresh=True)
-                rec = _evaluate_point(model, task, cfg, spec, store, pcfg)
-                rec["point_hash"] = store.path("points", pcfg).stem
-                store.put("points", pcfg, rec)
-                for part in _part_configs(task, cfg, pcfg):
-                    store.discard("parts", part)
-            records[spec] = rec
-            bar.update(1)
+        pending = list(todo)
+        while pending:  # points whose parts other processes hold come round again
+            deferred = []
+            for spec in pending:
+                pcfg = point_cfg(spec)
+                rec = store.get("points", pcfg)
+                if rec is None:
+                    bar.set_postfix_str(spec, refresh=True)
+                    rec = _evaluate_point(model, task, cfg, spec, store, pcfg)
+                    if rec is None:
+                        deferred.append(spec)
+                        continue
+                    rec["point_hash"] = store.path("points", pcfg).stem
+                    store.put("points", pcfg, rec)  # the point first, then its parts go
+                    for part in _part_configs(task, cfg, pcfg):
+                        store.discard("parts", part)
+                records[spec] = rec
+                bar.update(1)
+            if deferred and len(deferred) == len(pending):  # all of it held elsewhere: wait for it
+                time.sleep(CLAIM_POLL_S)
+            pending = deferred
     finally:
         bar.close()
 

@@ -31,6 +31,8 @@ def save_checkpoint(folder: Path, step: int, trainable: dict[str, torch.Tensor],
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:06d}"
+    for stale in folder.glob(".step-*"):  # half-written step folders of a killed run
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}.", dir=folder))
     try:
         save_file({k: v.detach().contiguous().cpu() for k, v in trainable.items()}, tmp / "trainable.safetensors")

@@ -29,6 +29,8 @@ def check_out_dir(out_dir: str | os.PathLike, source) -> Path:
 def export_model(hf_model, tokenizer, out_dir: str | os.PathLike) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    for stale in out.glob(".export.*"):  # left by a run killed mid-export
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(prefix=".export.", dir=out))
     try:
         for p in hf_model.parameters():

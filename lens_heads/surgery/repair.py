@@ -13,6 +13,7 @@ for BLOOM the bridge computes Q/K/V from its own split copies).
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -21,7 +22,9 @@ from dataclasses import asdict, dataclass, field, replace
 from lens_heads.data import tokenize_texts
 from lens_heads.diagnose import DiagnosisThresholds, diagnose
 from lens_heads.errors import LensHeadsError
-from lens_heads.models.load import boot
+import torch
+
+from lens_heads.models.load import boot, model_digest
 from lens_heads.atomic import atomic_write_text
 from lens_heads.surgery.export import check_out_dir, export_model
 from lens_heads.surgery.reinit import plan_surgery, reinitialise
@@ -39,6 +42,17 @@ class RepairConfig:
     seed: int = 0
     thresholds: DiagnosisThresholds = field(default_factory=DiagnosisThresholds)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def _tokens_digest(*groups) -> str:
+    """sha256 over the token ids of the training chunks and held-out inputs."""
+    h = hashlib.sha256()
+    for group in groups:
+        for t in group:
+            h.update(t.to(torch.int64).numpy().tobytes())
+            h.update(b"|")
+        h.update(b"#")
+    return h.hexdigest()
 
 
 def prepare_data(tokenizer, train_texts, eval_texts, config: RepairConfig):
@@ -70,6 +84,10 @@ def repair(model, selector: TargetSelector, train_texts: list[str], eval_texts: 
     plan_surgery(g, targets, config.gqa_policy)
 
     hf = model.load_hf_model()
+    # what a checkpoint must share with this run to be resumed (besides the training settings)
+    identity = {"init": config.init, "gqa_policy": config.gqa_policy, "chunk_len": config.chunk_len,
+                "eval_len": config.eval_len, "repair_seed": config.seed, "passes": config.passes,
+                "model_digest": model_digest(model), "data_sha256": _tokens_digest(chunks, eval_inputs)}
     report = dict(model=model.name, selector=selector.describe(), config=asdict(config),
                   n_train_chunks=len(chunks), n_eval_docs=len(eval_inputs),
                   n_eval_tokens=int(sum(len(t) - 1 for t in eval_inputs)),
@@ -91,7 +109,7 @@ def repair(model, selector: TargetSelector, train_texts: list[str], eval_texts: 
             print(f"pass {k}: {len(targets)} target heads, {plan.gqa_policy}", flush=True)
         tcfg = replace(config.train, seed=config.train.seed + k)
         result = train_surgery(hf, plan, chunks, eval_inputs, tcfg, out / "checkpoints" / f"pass{k}",
-                               resume=resume, pad_id=pad, progress=progress)
+                               resume=resume, pad_id=pad, progress=progress, identity=identity)
         current = boot(copy.deepcopy(hf), tok, model.source, model.dtype, model.device)
         diag = diagnose(current, diag_inputs, config.thresholds)
         report["passes"].append({"pass": k, **dict(

@@ -118,8 +118,14 @@ def train_surgery(
     pad_id: int = 0,
     on_step: Callable[[int, float], None] | None = None,
     progress: bool = False,
+    identity: dict | None = None,
 ) -> TrainResult:
-    """Train the plan's slices of ``hf_model`` (already re-initialised) in place."""
+    """Train the plan's slices of ``hf_model`` (already re-initialised) in place.
+
+    A resume continues a checkpoint only when it was made with the same training settings and
+    ``identity`` (what else decides the run: the caller's configuration, a data fingerprint);
+    otherwise it refuses, naming the settings that differ. ``wall_s`` adds up every segment of
+    a resumed run."""
     config.check()
     if not chunks:
         raise LensHeadsError("no training chunks: the training data is shorter than one chunk")
@@ -141,6 +147,8 @@ def train_surgery(
 
     step, epoch, history, best, best_ppl, bad, stopped = 0, 0, [], None, float("inf"), 0, False
     losses: list[float] = []
+    wall_before = 0.0  # training time of the segments before a resume
+    settings = {**_resume_settings(asdict(config)), **(identity or {})}
     torch.manual_seed(config.seed)
     ckpt = load_checkpoint(Path(checkpoint_dir)) if (checkpoint_dir and resume) else None
     if ckpt is not None:
@@ -148,6 +156,14 @@ def train_surgery(
         if state["plan"] != plan.describe() or state["total"] != total:
             raise LensHeadsError(f"checkpoint in {checkpoint_dir} belongs to another run (targets or steps differ); "
                                  "use a new output folder or turn resume off")
+        theirs = {**_resume_settings(state.get("config", {})), **state.get("identity", {})}
+        differ = sorted(k for k in settings.keys() | theirs.keys() if settings.get(k) != theirs.get(k))
+        if differ:
+            said = "; ".join(f"{k}: checkpoint {theirs.get(k)!r}, now {settings.get(k)!r}" for k in differ)
+            raise LensHeadsError(f"checkpoint in {checkpoint_dir} was made with other settings ({said}); "
+                                 "rerun with the checkpoint's settings, use a new output folder, or turn "
+                                 "resume off (--no-resume)")
+        wall_before = float(state.get("wall_s", 0.0))
         with torch.no_grad():
             for name, t in trainable.items():
                 by_name[name].copy_(t.to(device))
@@ -169,7 +185,8 @@ def train_surgery(
             return
         state = dict(plan=plan.describe(), total=total, optimizer=opt.state_dict(), scheduler=sched.state_dict(),
                      step=step, epoch=epoch, history=history, best_ppl=best_ppl, bad=bad, stopped=stopped,
-                     rng=torch.get_rng_state(), losses=losses, config=asdict(config))
+                     rng=torch.get_rng_state(), losses=losses, config=asdict(config), identity=identity or {},
+                     wall_s=wall_before + time.perf_counter() - t0)
         save_checkpoint(Path(checkpoint_dir), step, snapshot(), best, state)
 
     hf_model.train()
@@ -227,4 +244,11 @@ def train_surgery(
         with torch.no_grad():
             for name, t in best.items():
                 by_name[name].copy_(t.to(device))
-    return TrainResult(step, epoch, history, stopped, best_ppl, time.perf_counter() - t0)
+    return TrainResult(step, epoch, history, stopped, best_ppl, wall_before + time.perf_counter() - t0)
+
+
+def _resume_settings(config: dict) -> dict:
+    """The training settings a resumed run must share with its checkpoint: all but how often
+    checkpoints are written and the evaluation batch size, which change no trained value."""
+    return {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.items()
+            if k not in ("checkpoint_every", "eval_batch_size")}

@@ -1,0 +1,138 @@
+"""Claim files: one process computes a unit of work while others on the same folder skip it.
+
+A claim is ``<record path>.claim``, created with ``O_CREAT | O_EXCL`` (so exactly one process
+gets it) and holding the owner's host, pid and start time. While the owner works, a thread
+touches the file every ``HEARTBEAT_S`` seconds. A claim is *stale* when its owner is gone: on
+the same host, its pid no longer runs; on another host (a shared filesystem), it has not been
+touched for ``STALE_S`` seconds. A stale claim is taken over by renaming it away first (only one
+of several processes that saw it stale wins the rename), then claiming afresh.
+
+    with claim(path) as mine:
+        if mine:
+            ... compute, store the record at ``path`` ...
+        # else another live process has it: do other work, come back later
+
+The record itself is written atomically by the store; the claim only avoids doing the work
+twice. Removing a claim file by hand releases the unit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+HEARTBEAT_S = 30.0
+STALE_S = 300.0  # another host's claim untouched this long: its owner is taken to be gone
+
+
+def claim_path(record: Path) -> Path:
+    return Path(str(record) + ".claim")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def owner(path: Path) -> dict | None:
+    """The claim's owner ({"host", "pid", "since"}), None when there is no (readable) claim."""
+    try:
+        return json.loads(claim_path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def is_stale(path: Path, stale_s: float = STALE_S) -> bool:
+    """Whether the claim on ``path`` belongs to a process that is gone (see module docstring)."""
+    c = claim_path(path)
+    try:
+        age = time.time() - c.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    info = owner(path)
+    if info is None:  # half-written or garbled: judged by its age alone
+        return age > stale_s
+    if info.get("host") == socket.gethostname():
+        return not _alive(int(info.get("pid", -1)))
+    return age > stale_s
+
+
+def _create(c: Path) -> bool:
+    try:
+        fd = os.open(c, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        json.dump({"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}, f)
+    return True
+
+
+def try_claim(path: Path, stale_s: float = STALE_S) -> bool:
+    """Claim ``path``'s unit; True when this process now holds it."""
+    c = claim_path(path)
+    c.parent.mkdir(parents=True, exist_ok=True)
+    if _create(c):
+        return True
+    if not is_stale(path, stale_s):
+        return False
+    taken = c.with_name(f"{c.name}.stale.{os.getpid()}")
+    try:
+        os.rename(c, taken)  # one taker wins; the others find the claim gone or fresh
+    except FileNotFoundError:
+        return _create(c)
+    taken.unlink(missing_ok=True)
+    return _create(c)
+
+
+def release(path: Path) -> None:
+    c = claim_path(path)
+    info = owner(path)
+    if info is not None and info.get("pid") == os.getpid() and info.get("host") == socket.gethostname():
+        c.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def claim(path: str | os.PathLike, stale_s: float = STALE_S, heartbeat_s: float = HEARTBEAT_S) -> Iterator[bool]:
+    """Hold the claim on ``path`` for the ``with`` block when it can be had (yields True), else
+    yield False at once. The claim is released when the block ends, however it ends."""
+    path = Path(path)
+    if not try_claim(path, stale_s):
+        yield False
+        return
+    done = threading.Event()
+
+    def beat() -> None:
+        while not done.wait(heartbeat_s):
+            with contextlib.suppress(OSError):
+                os.utime(claim_path(path))
+
+    t = threading.Thread(target=beat, daemon=True)
+    t.start()
+    try:
+        yield True
+    finally:
+        done.set()
+        t.join()
+        release(path)
+
+
+def wait_for(path: Path, poll_s: float = 2.0, stale_s: float = STALE_S) -> bool:
+    """Wait while another live process holds ``path``'s claim and its record is missing.
+    True when the record appeared; False when the claim went away without it (the unit is
+    free again)."""
+    while not path.is_file():
+        if not claim_path(path).exists() or is_stale(path, stale_s):
+            return path.is_file()
+        time.sleep(poll_s)
+    return True

@@ -1,0 +1,323 @@
+"""Fail before the work, never after it: bad outputs and inputs are rejected before the model
+loads (one line, exit 2, nothing written), writes are all or nothing, a resumed repair must
+match its checkpoint, temp files of a killed run go, and two processes on one sweep folder do
+each unit once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from lens_heads import LensHeadsError
+from lens_heads.atomic import atomic_write_all, check_output_dir, check_output_file
+from lens_heads.cli import main as cli_main
+
+# -----------------------------------------------------------------------------
+# fixtures: an immutable folder, bad data files, a model loader that must not be reached
+
+
+@pytest.fixture
+def immutable(tmp_path):
+    """A folder nobody may write in, root included (``chattr +i``)."""
+    folder = tmp_path / "locked"
+    folder.mkdir()
+    if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not supported on this filesystem")
+    yield folder
+    subprocess.run(["chattr", "-i", str(folder)], check=True)
+
+
+@pytest.fixture
+def bad_files(tmp_path) -> dict[str, Path]:
+    files = {"not_utf8.txt": b"\xff\xfeh\x00i\x00\n", "garbage.jsonl": os.urandom(2048),
+             "corrupt.parquet": b"PAR1" + os.urandom(1024), "empty.txt": b"\n\n"}
+    for name, data in files.items():
+        (tmp_path / name).write_bytes(data)
+    return {name: tmp_path / name for name in files}
+
+
+@pytest.fixture
+def no_model(monkeypatch):
+    """Every CLI imports load_model at call time: reaching it here is the defect."""
+    import lens_heads.models
+
+    def refuse(*a, **k):
+        raise AssertionError("the model was loaded before the bad input was rejected")
+
+    monkeypatch.setattr(lens_heads.models, "load_model", refuse)
+
+
+def _rejected(argv, capsys, *needles, folder: Path | None = None):
+    before = sorted(p.name for p in folder.iterdir()) if folder is not None and folder.is_dir() else None
+    capsys.readouterr()  # only this call's output
+    assert cli_main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in err, (needle, err)
+    if folder is not None and folder.is_dir():
+        assert sorted(p.name for p in folder.iterdir()) == before  # nothing written, no temp left
+    return err
+
+
+# -----------------------------------------------------------------------------
+# 2 + 7 + 8: a table of bad inputs, each rejected before the model loads
+
+
+def _cases(tmp_path, bad, model):
+    a_dir = tmp_path / "a_dir.csv"
+    a_dir.mkdir()
+    a_file = tmp_path / "a_file"
+    a_file.write_text("x")
+    return [
+        # outputs of every subcommand that writes one
+        (["score", model, "--data", "c4", "--out", str(a_dir)], ["a_dir.csv is a folder"]),
+        (["evaluate", model, "--task", "piqa", "--out", str(a_dir)], ["is a folder"]),
+        (["diagnose", model, "--data", "c4", "--out", str(a_dir)], ["is a folder"]),
+        (["sweep", model, "--task", "piqa", "--out", str(a_file)], ["exists and is not a folder"]),
+        (["repair", model, "--heads", "0.1", "--data", "c4-train", "--out", str(a_file)], ["exists and is not a folder"]),
+        (["report", model, "--out", str(a_dir)], ["is a folder"]),
+        (["demo", "--model", model, "--out", str(a_file)], ["exists and is not a folder"]),
+        (["score", model, "--data", "c4", "--out", str(a_file / "x.csv")], ["is a file, not a folder"]),
+        # specs, ranges, names
+        (["repair", model, "--select", "nosuch<0.5", "--data", "c4-train", "--out", str(tmp_path / "r")],
+         ["unknown score id", "'nosuch'"]),
+        (["repair", model, "--heads", "1.x", "--data", "c4-train", "--out", str(tmp_path / "r")], ["bad head '1.x'"]),
+        (["evaluate", model, "--task", "piqa", "--ablate", "static:1.x"], ["bad head"]),
+        (["evaluate", model, "--task", "piqa", "--ablate", "score:nope@0.3"], ["unknown score", "'nope'"]),
+        (["evaluate", model, "--task", "piqa", "--ablate", "random:2@0"], ["probability must be in [0, 1]"]),
+        (["evaluate", model, "--task", "piqa", "--limit", "0"], ["--limit must be >= 1"]),
+        (["evaluate", model, "--task", "piqa", "--batch-size", "0"], ["--batch-size must be >= 1"]),
+        (["evaluate", model, "--task", "piqa", "--n-shot", "-1"], ["--n-shot must be >= 0"]),
+        (["sweep", model, "--task", "piqa", "--ablate", "static:a.b", "--out", str(tmp_path / "s")], ["bad head"]),
+        (["sweep", model, "--task", "piqa", "--limit", "0", "--out", str(tmp_path / "s")], ["limit must be >= 1"]),
+        (["diagnose", model, "--dead", "2.0", "--out", str(tmp_path / "d.csv")], ["dead = 2.0 must lie in [0, 1)"]),
+        (["diagnose", model, "--low-entropy", "-1", "--out", str(tmp_path / "d.csv")], ["low_entropy"]),
+        (["diagnose", model, "--bos-sink", "0.97", "--out", str(tmp_path / "d.csv")], ["bos_sink (0.97) above dead"]),
+        (["score", model, "--batch-size", "0", "--data", "c4", "--out", str(tmp_path / "s.csv")], ["--batch-size"]),
+        # data
+        (["score", model, "--data", "c4train", "--out", str(tmp_path / "s.csv")], ["Did you mean 'c4-train'?"]),
+        (["score", model, "--data", str(tmp_path / "missing.txt"), "--out", str(tmp_path / "s.csv")],
+         ["Text file not found"]),
+        (["score", model, "--data", str(bad["not_utf8.txt"]), "--out", str(tmp_path / "s.csv")],
+         ["not_utf8.txt: not UTF-8"]),
+        (["score", model, "--data", str(bad["garbage.jsonl"]), "--out", str(tmp_path / "s.csv")], ["garbage.jsonl"]),
+        (["score", model, "--data", str(bad["corrupt.parquet"]), "--out", str(tmp_path / "s.csv")],
+         ["corrupt.parquet: cannot be read as a parquet file"]),
+        (["score", model, "--data", str(bad["empty.txt"]), "--out", str(tmp_path / "s.csv")], ["no texts"]),
+        (["diagnose", model, "--data", str(bad["not_utf8.txt"]), "--out", str(tmp_path / "d.csv")], ["not UTF-8"]),
+        (["repair", model, "--heads", "0.1", "--data", str(bad["corrupt.parquet"]), "--out", str(tmp_path / "r")],
+         ["corrupt.parquet"]),
+        (["report", model, "--data", "c4train", "--out", str(tmp_path / "r.html")], ["Did you mean"]),
+        (["report", model, "--sweep", str(tmp_path / "nosweep"), "--out", str(tmp_path / "r.html")], ["no such folder"]),
+    ]
+
+
+def test_bad_inputs_rejected_before_the_model_loads(tmp_path, bad_files, no_model, capsys, shared_data, monkeypatch):
+    monkeypatch.setenv("LENS_HEADS_DATA", str(shared_data))
+    work = tmp_path / "work"
+    work.mkdir()
+    for argv, needles in _cases(work, bad_files, "smollm2-135m"):
+        _rejected(argv, capsys, *needles, folder=work)
+    assert not (work / "r").exists() and not (work / "s").exists()
+
+
+def test_unwritable_output_folder_for_every_subcommand(immutable, no_model, capsys, shared_data, monkeypatch):
+    monkeypatch.setenv("LENS_HEADS_DATA", str(shared_data))
+    m = "smollm2-135m"
+    for argv in (["score", m, "--data", "c4", "--out", str(immutable / "s.csv")],
+                 ["evaluate", m, "--task", "piqa", "--out", str(immutable / "e.jsonl")],
+                 ["diagnose", m, "--data", "c4", "--out", str(immutable / "d.csv")],
+                 ["sweep", m, "--task", "piqa", "--out", str(immutable / "sweep")],
+                 ["repair", m, "--heads", "0.1", "--data", "c4-train", "--out", str(immutable / "rep")],
+                 ["report", m, "--out", str(immutable / "r.html")],
+                 ["demo", "--model", m, "--out", str(immutable / "demo")]):
+        _rejected(argv, capsys, "cannot write in", str(immutable), folder=immutable)
+
+
+def test_output_checks_api(tmp_path):
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(LensHeadsError, match="folder .* does not exist"):
+        check_output_file(tmp_path / "nope" / "x.csv")
+    assert check_output_file(tmp_path / "nope" / "x.csv", make_parents=True)
+    assert not (tmp_path / "nope").exists()  # checking creates nothing
+    with pytest.raises(LensHeadsError, match="sidecar.json is a folder"):
+        (tmp_path / "sidecar.json").mkdir()
+        check_output_file(tmp_path / "t.csv", sidecars=[tmp_path / "sidecar.json"])
+    with pytest.raises(LensHeadsError, match="is a file, not a folder"):
+        check_output_dir(tmp_path / "f" / "deeper" / "out")
+    assert check_output_dir(tmp_path / "a" / "b" / "c") and not (tmp_path / "a").exists()
+
+
+def test_head_scores_least_active_names_what_was_scored(tiny_model):
+    from lens_heads.scores import score_heads
+
+    hs = score_heads(tiny_model("llama"), ["The capital of France is Paris."], scores="ahon_ln", progress=False)
+    with pytest.raises(LensHeadsError, match="'awft' was not scored; these scores hold: ahon_ln"):
+        hs.least_active("awft")
+
+
+# -----------------------------------------------------------------------------
+# 3: all-or-nothing writes
+
+
+def test_atomic_write_all_undoes_a_failed_rename(tmp_path, monkeypatch):
+    a, b, c = tmp_path / "a.csv", tmp_path / "a.csv.meta.json", tmp_path / "a.csv.per_input"
+    a.write_text("old a")
+    b.write_text("old b")  # c does not exist yet
+    real = os.replace
+    calls = {"n": 0}
+
+    def flaky(src, dst):
+        if str(dst) == str(c):  # the third file's commit fails, after a and b are in place
+            raise OSError(28, "No space left on device")
+        calls["n"] += 1
+        return real(src, dst)
+
+    monkeypatch.setattr(os, "replace", flaky)
+    with pytest.raises(OSError, match="No space"):
+        atomic_write_all([(a, lambda f: Path(f).write_text("new a")), (b, lambda f: Path(f).write_text("new b")),
+                          (c, lambda f: Path(f).write_text("new c"))])
+    monkeypatch.setattr(os, "replace", real)
+    assert a.read_text() == "old a" and b.read_text() == "old b" and not c.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.csv", "a.csv.meta.json"]  # no temp or kept file
+    assert calls["n"] > 0  # the failure came after some renames had happened
+
+
+def test_atomic_write_all_refuses_a_folder_target_before_writing(tmp_path):
+    (tmp_path / "d.csv").mkdir()
+    meta = tmp_path / "d.csv.meta.json"
+    with pytest.raises(LensHeadsError, match="is a folder"):
+        atomic_write_all([(meta, lambda f: Path(f).write_text("m")), (tmp_path / "d.csv", lambda f: None)])
+    assert not meta.exists()  # the sidecar was not renamed into place (the defect: an orphan)
+
+
+# -----------------------------------------------------------------------------
+# 1: a resumed repair must match its checkpoint; its wall time counts every segment
+
+
+def test_resume_with_other_settings_is_refused_and_wall_time_adds_up(tiny_model, tmp_path):
+    from lens_heads.surgery import TrainConfig, plan_surgery, reinitialise, train_surgery
+
+    model = tiny_model("llama")
+    plan = plan_surgery(model.geometry, [(0, 1), (1, 2)], "q_only")
+    g = torch.Generator().manual_seed(0)
+    chunks = [torch.randint(4, 300, (12,), generator=g) for _ in range(6)]
+    held = [torch.randint(4, 300, (12,), generator=g) for _ in range(2)]
+    cfg = TrainConfig(max_steps=5, grad_accum=2, lr=1e-3, checkpoint_every=1, epochs=1, seed=3)
+    ident = {"data_sha256": "abc", "repair_seed": 0}
+
+    def fresh():
+        hf = model.load_hf_model()
+        reinitialise(hf, plan, seed=0)
+        return hf
+
+    class Stop(Exception):
+        pass
+
+    def stop_at_2(step, loss):
+        if step == 2:
+            raise Stop
+
+    with pytest.raises(Stop):
+        train_surgery(fresh(), plan, chunks, held, cfg, tmp_path / "ck", on_step=stop_at_2, identity=ident)
+    state = torch.load(tmp_path / "ck" / "step-000002" / "state.pt", weights_only=False)
+    first = state["wall_s"]
+    assert first > 0
+    from dataclasses import replace
+
+    with pytest.raises(LensHeadsError, match=r"other settings \(lr: checkpoint 0.001, now 0.01; seed: checkpoint 3, now 7\)"):
+        train_surgery(fresh(), plan, chunks, held, replace(cfg, lr=1e-2, seed=7), tmp_path / "ck", identity=ident)
+    with pytest.raises(LensHeadsError, match="data_sha256: checkpoint 'abc', now 'xyz'"):
+        train_surgery(fresh(), plan, chunks, held, cfg, tmp_path / "ck", identity={**ident, "data_sha256": "xyz"})
+    res = train_surgery(fresh(), plan, chunks, held, replace(cfg, checkpoint_every=2), tmp_path / "ck", identity=ident)
+    assert res.steps == 5 and res.wall_s > first  # checkpoint frequency may change; the segments add up
+
+
+def test_cli_repair_resume_with_other_lr_is_refused(tiny_model_dir, tmp_path, capsys):
+    data = tmp_path / "train.txt"
+    data.write_text("\n".join(["The capital of France is Paris.", "Dormant heads attend to the first token."] * 40))
+    out = tmp_path / "rep"
+    base = ["repair", str(tiny_model_dir("llama")), "--heads", "0.1,1.2", "--data", str(data), "--n-eval", "4",
+            "--eval-len", "32", "--diag-n", "4", "--diag-len", "32", "--chunk-len", "32", "--steps", "2",
+            "--grad-accum", "2", "--passes", "1", "--checkpoint-every", "1", "--out", str(out), "--quiet"]
+    assert cli_main(base + ["--lr", "1e-3"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    err = _rejected(base + ["--lr", "5e-3", "--seed", "7"], capsys, "lr: checkpoint 0.001, now 0.005", "--no-resume")
+    assert "seed" in err
+    assert json.loads((out / "report.json").read_text()) == report  # not rewritten with the new settings
+
+
+# -----------------------------------------------------------------------------
+# 5: a killed export's temp folder goes with the next run
+
+
+def test_stale_export_temp_is_removed(tiny_model, tmp_path):
+    from lens_heads.surgery import export_model
+
+    out = tmp_path / "exported"
+    stale = out / ".export.abc123"
+    stale.mkdir(parents=True)
+    (stale / "model.safetensors").write_bytes(b"\0" * 1024)
+    model = tiny_model("llama")
+    export_model(model.load_hf_model(), model.tokenizer, out)
+    assert not stale.exists() and (out / "config.json").is_file()
+    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+
+
+# -----------------------------------------------------------------------------
+# 6: two processes on one sweep folder do each unit once
+
+_WORKER = r"""
+import json, os, sys, time
+import lens_heads.evaluate as ev
+from lens_heads import load_model
+from lens_heads.sweep import SweepConfig, run_sweep
+
+real = ev.evaluate_task
+def counted(*a, **k):
+    res = real(*a, **k)
+    time.sleep(0.3)  # a unit that takes a while, so the two processes overlap
+    with open(sys.argv[3], "a") as f:
+        f.write(json.dumps({"pid": os.getpid(), "ablation": res.config["ablation"], "n": len(res.questions)}) + "\n")
+    return res
+ev.evaluate_task = counted
+model = load_model(sys.argv[1])
+cfg = SweepConfig(task=sys.argv[4], score_ids=["ahon_ln", "awft"], fractions=[0, 0.1, 0.3], random_seeds=[0],
+                  chunk_questions=2, batch_size=4, n_boot=50)
+run_sweep(model, cfg, sys.argv[2], progress=False)
+"""
+
+
+def test_two_processes_on_one_sweep_folder_share_the_work(tiny_model_dir, tmp_path, shared_data):
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    rows = [{"goal": f"How do I fix thing number {i}?", "sol1": "Use water and soap." if i % 3 else "Ask a friend.",
+             "sol2": "Hit it with a big hammer.", "label": i % 2} for i in range(8)]
+    (tmp_path / "mc.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    task = f"file:{tmp_path / 'mc.jsonl'}?question=goal&choices=sol1,sol2&answer=label"
+    model = str(tiny_model_dir("llama"))
+    env = {**os.environ, "LENS_HEADS_DATA": str(shared_data), "OMP_NUM_THREADS": "1"}
+
+    def run(out, log, n):
+        procs = [subprocess.Popen([sys.executable, str(script), model, str(out), str(log), task], env=env,
+                                  stderr=subprocess.PIPE, text=True) for _ in range(n)]
+        for p in procs:
+            _, err = p.communicate(timeout=600)
+            assert p.returncode == 0, err
+        return [json.loads(line) for line in Path(log).read_text().splitlines()]
+
+    alone = run(tmp_path / "alone", tmp_path / "alone.log", 1)
+    both = run(tmp_path / "shared", tmp_path / "shared.log", 2)
+    assert len(both) == len(alone) == 4 * 7  # 7 distinct points (baseline, 2 x 2 scores, 2 random) x 4 parts
+    assert sorted((r["ablation"], r["n"]) for r in both) == sorted((r["ablation"], r["n"]) for r in alone)
+    for name in ("summary.csv", "within_1pt.csv"):
+        assert (tmp_path / "shared" / name).read_bytes() == (tmp_path / "alone" / name).read_bytes()
+    assert not list((tmp_path / "shared").rglob("*.claim"))
+    assert len({r["pid"] for r in both}) == 2  # both took units
