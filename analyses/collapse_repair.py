@@ -17,7 +17,7 @@ and a small BLOOM-architecture (ALiBi) model trained from scratch, diagnosed bes
 3. BLOOM from scratch (``transformers.BloomConfig``: --bloom-layers x --bloom-heads, width
    --bloom-d, a byte-level BPE tokenizer of --bloom-vocab trained here on the same C4 train
    text), trained --bloom-steps steps, then diagnosed with each head's ALiBi slope beside its
-   class. Whether a sink formed is reported as measured (NOTES.md: at 5 minutes none did).
+   class. Whether a sink formed is reported as measured (a 5-minute run here formed none).
 
 Heavy outputs (repaired models, checkpoints, the trained BLOOM) go to OUT/work/ (git-ignored);
 every stage resumes: the repair from its checkpoints / report, BLOOM from its saved folder.

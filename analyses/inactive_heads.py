@@ -69,7 +69,7 @@ from lens_heads.sweep import RANDOM, SweepConfig, base_config, put_thresholds, r
 from lens_heads.thresholds import parse_fractions, thresholds_of  # noqa: E402
 from lens_heads.viz.figures import point_changes, sweep_curves  # noqa: E402
 
-# METHODS.md section A, headline results (MMLU 5-shot, % of heads zeroed within 1 point)
+# The paper's headline results (docs/methods.md cites it) (MMLU 5-shot, % of heads zeroed within 1 point)
 PAPER_ROW = {"model": "Qwen2.5-0.5B", "task": "mmlu", "base_accuracy": 47.49, "awft": 7.4, "ahon_ln": 7.4,
              "best_fn": "lthon_ln", "best": 14.4}
 PAPER_RANDOM = (0.5, 1.9)  # random heads stay within 1 point only up to 0.5-1.9 %

@@ -151,23 +151,41 @@ def signal_stats(task, rec: dict, limit, args) -> dict:
             "n_questions": len(correct), "eval_min": float(rec["eval_config"]["seconds"]) / 60}
 
 
-def chat_baselines(model, label: str, args) -> list[dict]:
+def plain_row(label: str, task: str, n: int) -> dict:
+    """The plain-prompt baseline of ``inactive_heads.py`` on as many questions: (a) for the full
+    sizes, (b) for a sweep's own questions."""
+    for name in ("baseline", "sweep_baseline"):
+        f = pd.read_csv(OLD / f"{name}.csv")
+        f = f[(f["model"] == label) & (f["task"] == task) & (f["n_questions"] == n)]
+        if len(f):
+            return f.iloc[0].to_dict()
+    return {}
+
+
+def chat_baselines(model, label: str, args, out: Path) -> pd.DataFrame:
+    """Rows merge into OUT/chat_baselines.csv by (task, questions), so sizes can be added."""
     rows = []
-    old = pd.read_csv(OLD / "baseline.csv")
     for tname, limit in (("piqa", None), ("mmlu", args.limit_mmlu)):
         task = load_task(tname)
         cfg = SweepConfig(task=tname, score_ids=[], fractions=[0.0], random_seeds=[0], limit=limit,
                           batch_size=args.batch_size, n_boot=args.n_boot, protocol=CHAT)
         rec = run_sweep(model, cfg, STORE / f"{label}__{tname}", task=task, progress=True).records["none"]
-        prior = old[(old["model"] == label) & (old["task"] == tname)]
-        p = prior.iloc[0].to_dict() if len(prior) else {}
-        rows.append({"model": label, "task": tname, "protocol": str(CHAT),
-                     **{f"chat_{k}": v for k, v in signal_stats(task, rec, limit, args).items()},
+        chat = signal_stats(task, rec, limit, args)
+        p = plain_row(label, tname, chat["n_questions"])
+        rows.append({"model": label, "task": tname, "n_questions": chat["n_questions"], "protocol": str(CHAT),
+                     **{f"chat_{k}": v for k, v in chat.items() if k != "n_questions"},
                      "plain_accuracy": p.get("accuracy", math.nan), "plain_z": p.get("z", math.nan),
-                     "plain_signal": p.get("signal", math.nan)})
-        print(f"  {label}/{tname} with the chat template: acc {rows[-1]['chat_accuracy']:.4f} "
-              f"(z {rows[-1]['chat_z']:.1f}; plain {rows[-1]['plain_accuracy']:.4f})", flush=True)
-    return rows
+                     "plain_signal": p.get("signal", math.nan),
+                     "same_decision": bool(p) and bool(p.get("signal")) == chat["signal"]})
+        print(f"  {label}/{tname} with the chat template: acc {chat['accuracy']:.4f} (z {chat['z']:.1f}; "
+              f"plain {p.get('accuracy', math.nan):.4f}, {chat['n_questions']} questions)", flush=True)
+    new = pd.DataFrame(rows)
+    path = out / "chat_baselines.csv"
+    if path.is_file():
+        old = pd.read_csv(path)
+        keep = ~old.set_index(["task", "n_questions"]).index.isin(new.set_index(["task", "n_questions"]).index)
+        new = pd.concat([old[keep], new], ignore_index=True).sort_values(["task", "n_questions"], ignore_index=True)
+    return new
 
 
 def distribution_rows(out: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -216,11 +234,11 @@ def main(argv=None) -> int:
     if "chat" in args.parts:
         label = model_label(args.chat_model)
         model = load_model(args.chat_model, dtype=args.dtype, device=args.device)
-        rows = chat_baselines(model, label, args)
-        write_csv(pd.DataFrame(rows), out / "chat_baselines.csv")
+        rows = chat_baselines(model, label, args, out)
+        write_csv(rows, out / "chat_baselines.csv")
         run.keep_section("chat", "Baselines with the chat template (multi-turn few-shot, as the authors ran "
-                                 "-Instruct models) against the plain prompts",
-                         markdown_table(pd.DataFrame(rows), 4))
+                                 "-Instruct models) against the plain prompts on the same questions",
+                         markdown_table(rows, 4))
     if "dist" in args.parts:
         wass, stab = distribution_rows(out)
         write_csv(wass, out / "distributions_wasserstein.csv")

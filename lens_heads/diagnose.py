@@ -1,4 +1,4 @@
-"""Collapse diagnosis of attention heads (METHODS.md section B).
+"""Collapse diagnosis of attention heads (docs/methods.md §6).
 
 Per head, from attention patterns on a fixed prompt or a corpus:
 

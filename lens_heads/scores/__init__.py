@@ -1,7 +1,7 @@
 """Per-head inactivity scores, computed in one streaming forward pass.
 
 A *score function* maps one layer's activations on a batch to one number per (input, head).
-METHODS.md §A defines the paper's twelve (six base scores and their layer-normalised ``_ln``
+docs/methods.md §1 defines the paper's twelve (six base scores and their layer-normalised ``_ln``
 versions); ``lthon_hn``, ``fhon`` and ``fhon_ln`` come from the authors' code, and
 ``lthon_ln_text`` is the paper text's reading of LTHON(LN), which its tables did not use:
 

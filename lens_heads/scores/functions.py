@@ -1,4 +1,4 @@
-"""What a score function is, and the registry of them (METHODS.md §A).
+"""What a score function is, and the registry of them (docs/methods.md §1).
 
 ``Acts`` is what a score function sees: one layer's activation at one hook plus memoised
 reductions of it (norms, first-token gathers, masked means), shared by every function that

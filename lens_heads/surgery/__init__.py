@@ -1,4 +1,4 @@
-"""Surgical repair of collapsed heads (METHODS.md section B), as edits on a plain HF model.
+"""Surgical repair of collapsed heads (docs/methods.md §7), as edits on a plain HF model.
 
     targets.py     which heads: classes / explicit list / band / score threshold
     reinit.py      the plan of slice edits and the Xavier re-initialisation

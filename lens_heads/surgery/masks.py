@@ -5,7 +5,7 @@ stores their gradients -- the main saving over a full fine-tune). Tensors holdin
 slice keep ``requires_grad=True`` with a tensor hook that multiplies their gradient by a 0/1
 mask, so the untouched rows/columns get exactly zero gradient. With AdamW and weight decay 0,
 a zero gradient gives an exactly zero update (m = v = 0), so they stay bit-identical.
-(Weight decay would move them anyway: it ignores gradients, see NOTES.md.)
+(Weight decay would move them anyway: AdamW decays every parameter whatever its gradient; docs/methods.md §7.)
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Masked training of the surgery slices, with held-out perplexity, early stopping and resume.
 
-Defaults follow METHODS.md section B: AdamW lr 5e-5, weight decay 0, linear warm-up over
+Defaults follow docs/methods.md §7: AdamW lr 5e-5, weight decay 0, linear warm-up over
 w = min(100, total/4) steps (step k uses lr * (k+1)/(w+1), so no step is wasted at lr 0) then
 cosine decay to 0 at the last step, micro-batch 1 x 8 accumulation, clip 1.0,
 non-overlapping chunks (512 tokens), up to 15 epochs with early-stopping patience 6.
