@@ -13,7 +13,9 @@ the threshold rule (the paper's settings, or lens_heads' defaults) for evaluate_
 from lens_heads.errors import LensHeadsError
 from lens_heads.models import ARCHITECTURES, ZOO, HeadGeometry, LoadedModel, load_model
 
-__version__ = "0.1.0"
+from lens_heads.provenance import lens_heads_version  # noqa: E402
+
+__version__ = lens_heads_version()
 
 from lens_heads.scores import SCORES, HeadScores, score_heads  # noqa: E402
 from lens_heads.ablation import StaticAblation, parse_ablation  # noqa: E402

@@ -20,3 +20,13 @@ def package_versions(packages: Sequence[str] = CORE_PACKAGES) -> dict[str, str |
             out[pkg] = None
     out["python"] = platform.python_version()
     return out
+
+
+def lens_heads_version() -> str:
+    """The installed lens_heads version (what store keys record): from the package metadata."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("lens_heads")
+    except PackageNotFoundError:  # a source tree on sys.path without an install
+        return "0.1.0"

@@ -177,7 +177,7 @@ def task_fingerprint(task) -> str:
 
 
 def base_config(model, task, cfg: SweepConfig) -> dict:
-    from lens_heads import __version__
+    from lens_heads.provenance import lens_heads_version
 
     return {
         "model_digest": model_digest(model),
@@ -187,7 +187,7 @@ def base_config(model, task, cfg: SweepConfig) -> dict:
         "limit": cfg.limit,
         "seed": cfg.seed,
         "dtype": str(model.dtype).removeprefix("torch."),
-        "version": __version__,
+        "version": lens_heads_version(),
         **cfg.protocol.key(),  # nothing for the default protocol: its keys are as before
     }
 

@@ -453,3 +453,24 @@ def test_rows_of_an_old_definition_move_to_superseded():
     current, gone = split_superseded(new)
     assert list(current["score_fn"]) == ["awft", "lthon_ln", "random"] and not len(gone)
     assert current.loc[1, "max_pct_zeroed_within_1pt"] == 5.0 and current.loc[1, "score_revision"] == 2
+
+
+def test_committed_store_records_rekey_to_their_file_names():
+    """Every committed sweep record's configuration hashes to its own file name with today's key
+    code, and the run identity the sweep builds for it (base_config) has exactly its keys: no
+    stored result is orphaned by a change to how keys are built."""
+    from lens_heads.store import config_key
+
+    store = ANALYSES / "results" / "inactive_heads" / "store"
+    files = sorted(store.rglob("*.json"))
+    assert len(files) >= 10
+    base_keys = {"model_digest", "task", "task_fingerprint", "n_shot", "limit", "seed", "dtype", "version"}
+    optional = {"add_bos_token", "apply_chat_template", "fewshot_as_multiturn", "threshold_rule"}  # Protocol.key()
+    for f in files:
+        config = json.loads(f.read_text())["config"]
+        assert config_key(config) == f.stem, f
+        kind = config.get("kind")
+        assert kind in ("point", "part", "thresholds", "static_scores"), f
+        if kind in ("point", "part", "thresholds"):
+            assert base_keys <= set(config) and not (set(config) - base_keys - optional - {
+                "kind", "ablation", "doc_ids", "score_ids", "fractions", "score_revisions", "score_revision"}), f
