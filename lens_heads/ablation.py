@@ -32,8 +32,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
-from typing import Callable, Protocol, Sequence, runtime_checkable
+from typing import Protocol, Sequence, runtime_checkable
 
 import torch
 from jaxtyping import Bool, Float
@@ -41,6 +40,8 @@ from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import HookFn, hook_name
+from lens_heads.interventions import (ABLATION_FORMS, Head, NoHeads, RandomHeads, ScoreThreshold,  # noqa: F401
+                                      StaticHeads, parse_heads, parse_spec)
 
 Hooks = list[tuple[str, HookFn]]
 
@@ -112,6 +113,7 @@ class NoAblation:
 
     name = "none"
     reuses_prefix = True
+    spec = NoHeads()
 
     def hooks(self, model, attention_mask, row_keys) -> Hooks:
         return []
@@ -142,8 +144,9 @@ class StaticAblation(_Counted):
             for layer, head in heads:
                 geometry.check_head(layer, head)
         self.geometry = geometry
-        self.heads = sorted(set((int(L), int(h)) for L, h in heads))
-        self.name = "static:" + ",".join(f"{L}.{h}" for L, h in self.heads)
+        self.spec = StaticHeads(tuple(heads))
+        self.heads: list[Head] = list(self.spec.heads)
+        self.name = str(self.spec)
         if geometry is None:
             return
         self._mask = torch.zeros(geometry.n_layers, geometry.n_heads, dtype=torch.bool)
@@ -184,7 +187,8 @@ class RandomAblation(_Counted):
         if not (0.0 <= p <= 1.0) or math.isnan(p):
             raise LensHeadsError(f"random ablation probability must be in [0, 1], got {p}")
         self.p, self.seed, self.geometry = float(p), int(seed), geometry
-        self.name = f"random:{self.p!r}@{self.seed}"
+        self.spec = RandomHeads(self.p, self.seed)
+        self.name = str(self.spec)
         self.counter = _Counter()
 
     def masks(self, row_keys: Sequence[int]) -> Bool[Tensor, "batch layer head"]:
@@ -218,7 +222,6 @@ class ScoreAblation(_Counted):
 
     def __init__(self, score_id: str, threshold: float, geometry, strict: bool = False):
         from lens_heads.scores import SCORES  # scores sit left of ablation in the data flow
-        from lens_heads.thresholds import score_ablation_spec
 
         if score_id not in SCORES:
             raise LensHeadsError(f"unknown score {score_id!r}; choose one of: {', '.join(SCORES)}")
@@ -227,7 +230,8 @@ class ScoreAblation(_Counted):
         self.score_id, self.threshold, self.geometry = score_id, float(threshold), geometry
         self.strict = bool(strict)
         self.inactive_when = SCORES[score_id].inactive_when
-        self.name = score_ablation_spec(score_id, self.threshold, self.strict)
+        self.spec = ScoreThreshold(score_id, self.threshold, self.strict)
+        self.name = str(self.spec)
         self.counter = _Counter()
         self._collector = None  # reused across forwards of the same model
 
@@ -262,64 +266,11 @@ class ScoreAblation(_Counted):
 
 
 # -----------------------------------------------------------------------------
-# Parsing
-
-_HEAD = re.compile(r"^\s*(-?\d+)\s*\.\s*(-?\d+)\s*$")
-
-
-def parse_heads(text: str) -> list[tuple[int, int]]:
-    """``"3.1,4.2"`` -> [(3, 1), (4, 2)] (format only; ranges are checked against a geometry)."""
-    heads = []
-    for item in text.split(","):
-        m = _HEAD.match(item)
-        if not m:
-            raise LensHeadsError(f"bad head {item.strip()!r}: write heads as LAYER.HEAD, e.g. static:3.1,4.2")
-        heads.append((int(m.group(1)), int(m.group(2))))
-    return heads
-
-
-def _number(text: str, what: str, spec: str, kind: Callable = float):
-    try:
-        value = kind(text.strip())
-    except ValueError:
-        raise LensHeadsError(f"bad ablation {spec!r}: {what} {text.strip()!r} is not a{'n integer' if kind is int else ' number'}") from None
-    if kind is float and math.isnan(value):
-        raise LensHeadsError(f"bad ablation {spec!r}: {what} is nan")
-    return value
-
-
-ABLATION_FORMS = "none | static:L.H,L.H | score:ID@THRESHOLD[:strict] | random:P@SEED"
+# Parsing: the one grammar lives in lens_heads.interventions
 
 
 def parse_ablation(spec: str, geometry) -> Ablation:
-    """Build an ablation from its spec string (``ABLATION_FORMS``), validated against ``geometry``;
-    ``geometry=None`` checks the syntax and score names only (before a model is loaded)."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise LensHeadsError(f"empty ablation spec; use one of: {ABLATION_FORMS}")
-    s = spec.strip()
-    if s == "none":
-        return NoAblation()
-    kind, sep, rest = s.partition(":")
-    if not sep or not rest.strip():
-        raise LensHeadsError(f"bad ablation {spec!r}; use one of: {ABLATION_FORMS}")
-    if kind == "static":
-        return StaticAblation(parse_heads(rest), geometry)
-    if kind in ("score", "random"):
-        left, at, right = rest.partition("@")
-        if kind == "score":
-            if not at or not left.strip():
-                raise LensHeadsError(f"bad ablation {spec!r}: write score:ID@THRESHOLD, e.g. score:ahon_ln@0.41")
-            if right.strip().endswith("%"):
-                raise LensHeadsError(f"bad ablation {spec!r}: a percentage needs a threshold calibrated on inputs "
-                                     f"(thresholds.calibrated_spec); 'lens-heads evaluate' accepts score:ID@P%, "
-                                     f"a sweep takes --scores ID --fractions P/100")
-            from lens_heads.thresholds import STRICT_SUFFIX
-
-            strict = right.strip().endswith(STRICT_SUFFIX)
-            if strict:
-                right = right.strip()[:-len(STRICT_SUFFIX)]
-            return ScoreAblation(left.strip(), _number(right, "threshold", spec), geometry, strict)
-        p = _number(left, "probability", spec)
-        seed = _number(right, "seed", spec, int) if at else 0
-        return RandomAblation(p, seed, geometry)
-    raise LensHeadsError(f"unknown ablation kind {kind!r} in {spec!r}; use one of: {ABLATION_FORMS}")
+    """Build an ablation from its spec string (``ABLATION_FORMS``, parsed by
+    ``interventions.parse_spec``), validated against ``geometry``; ``geometry=None`` checks the
+    syntax and score names only (before a model is loaded)."""
+    return parse_spec(spec).bind(geometry)
