@@ -32,7 +32,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-from typing import Protocol, Sequence, runtime_checkable
+import contextlib
+from typing import Iterator, Sequence
 
 import torch
 from jaxtyping import Bool, Float
@@ -46,30 +47,16 @@ from lens_heads.interventions import (ABLATION_FORMS, Head, NoHeads, RandomHeads
 Hooks = list[tuple[str, HookFn]]
 
 
-@runtime_checkable
-class Ablation(Protocol):
-    name: str
-    reuses_prefix: bool  # True when the zeroed set does not depend on the input (K/V prefix cacheable)
-
-    def hooks(self, model, attention_mask: Tensor, row_keys: Sequence[int]) -> Hooks: ...
-
-    def zeroed_fraction(self) -> float: ...
-
-    def reset(self) -> None: ...
-
-
 def _zero_heads(z: Float[Tensor, "batch pos head d_head"], drop: Bool[Tensor, "batch head"]) -> Tensor:
     """z with the heads in ``drop`` (per row) set to exactly 0 at every position."""
     return z.masked_fill(drop.to(z.device)[:, None, :, None], 0.0)
 
 
-class _Counter:
-    """Realised fraction of (input, layer, head) units zeroed, plus the latest forward's mask."""
+class Counts:
+    """Units of (input, layer, head) zeroed and seen by the forwards of one counting scope,
+    plus the latest forward's mask; the hooks of an ablation record into it."""
 
     def __init__(self):
-        self.reset()
-
-    def reset(self) -> None:
         self.zeroed = 0
         self.units = 0
         self.last_zeroed: Bool[Tensor, "batch layer head"] | None = None
@@ -87,48 +74,79 @@ class _Counter:
     def fraction(self) -> float:
         return self.zeroed / self.units if self.units else math.nan
 
+    def totals(self) -> tuple[int, int] | None:
+        """(units zeroed, units seen): what partial evaluations add up."""
+        return self.zeroed, self.units
 
-class _Counted:
-    """Shared bookkeeping of the ablations that zero heads: ``self.counter`` is a _Counter."""
 
-    counter: _Counter
+class _NothingCounts(Counts):
+    """NoAblation's counts: nothing is ever zeroed (fraction 0.0, no unit totals kept)."""
+
+    def fraction(self) -> float:
+        return 0.0
+
+    def totals(self) -> None:
+        return None
+
+
+class Ablation:
+    """What every ablation is: a typed ``spec`` (its ``name`` is ``str(spec)``), ``hooks`` for one
+    forward, and counts scoped to a ``counting()`` block::
+
+        with ablation.counting() as counts:    # fresh counts for this evaluation
+            ... forwards with ablation.hooks(model, mask, row_keys) ...
+        counts.fraction()                      # realised fraction zeroed in the block
+
+    ``reuses_prefix``: the zeroed set does not depend on the input (a K/V prefix is cacheable).
+    Outside any block the ablation counts into the counts of its last block (or its first)."""
+
+    spec = NoHeads()
+    reuses_prefix: bool = True
+    _counts_type = Counts
 
     @property
+    def name(self) -> str:
+        return str(self.spec)
+
+    @property
+    def counts(self) -> Counts:
+        if getattr(self, "_counts", None) is None:
+            self._counts = self._counts_type()
+        return self._counts
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[Counts]:
+        self._counts = self._counts_type()
+        yield self._counts
+
+    def hooks(self, model, attention_mask: Tensor, row_keys: Sequence[int]) -> Hooks:
+        raise NotImplementedError
+
+    # the current counts, for interactive use
+    @property
     def last_zeroed(self):
-        return self.counter.last_zeroed
+        return self.counts.last_zeroed
 
     def zeroed_fraction(self) -> float:
-        return self.counter.fraction()
+        return self.counts.fraction()
 
-    def zeroed_counts(self) -> tuple[int, int]:
-        """(units zeroed, units seen) so far: what partial evaluations add up."""
-        return self.counter.zeroed, self.counter.units
+    def zeroed_counts(self) -> tuple[int, int] | None:
+        return self.counts.totals()
 
-    def reset(self) -> None:
-        self.counter.reset()
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
 
 
-class NoAblation:
+class NoAblation(Ablation):
     """Zero nothing. ``zeroed_fraction`` is 0.0 (nothing is ever zeroed)."""
 
-    name = "none"
-    reuses_prefix = True
-    spec = NoHeads()
+    _counts_type = _NothingCounts
 
     def hooks(self, model, attention_mask, row_keys) -> Hooks:
         return []
 
-    def zeroed_fraction(self) -> float:
-        return 0.0
 
-    def reset(self) -> None:
-        pass
-
-    def __repr__(self) -> str:
-        return "NoAblation()"
-
-
-class StaticAblation(_Counted):
+class StaticAblation(Ablation):
     """Zero a fixed set of heads on every input."""
 
     reuses_prefix = True
@@ -146,21 +164,19 @@ class StaticAblation(_Counted):
         self.geometry = geometry
         self.spec = StaticHeads(tuple(heads))
         self.heads: list[Head] = list(self.spec.heads)
-        self.name = str(self.spec)
         if geometry is None:
             return
         self._mask = torch.zeros(geometry.n_layers, geometry.n_heads, dtype=torch.bool)
         for L, h in self.heads:
             self._mask[L, h] = True
-        self.counter = _Counter()
 
     def hooks(self, model, attention_mask, row_keys) -> Hooks:
         g = self.geometry
         batch = attention_mask.shape[0]
-        self.counter.start(batch, g)
+        self.counts.start(batch, g)
         # The set is input-independent: count the whole forward once, hook only layers that change.
         for L in range(g.n_layers):
-            self.counter.record(L, self._mask[L].expand(batch, -1))
+            self.counts.record(L, self._mask[L].expand(batch, -1))
 
         def make(L: int) -> HookFn:
             drop = self._mask[L].expand(batch, -1)
@@ -168,8 +184,6 @@ class StaticAblation(_Counted):
 
         return [(hook_name("z", L), make(L)) for L in range(g.n_layers) if self._mask[L].any()]
 
-    def __repr__(self) -> str:
-        return f"StaticAblation({self.name!r})"
 
 
 def row_generator(seed: int, row_key: int) -> torch.Generator:
@@ -178,7 +192,7 @@ def row_generator(seed: int, row_key: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
 
-class RandomAblation(_Counted):
+class RandomAblation(Ablation):
     """Zero each (input, layer, head) independently with probability ``p``."""
 
     reuses_prefix = False
@@ -188,8 +202,6 @@ class RandomAblation(_Counted):
             raise LensHeadsError(f"random ablation probability must be in [0, 1], got {p}")
         self.p, self.seed, self.geometry = float(p), int(seed), geometry
         self.spec = RandomHeads(self.p, self.seed)
-        self.name = str(self.spec)
-        self.counter = _Counter()
 
     def masks(self, row_keys: Sequence[int]) -> Bool[Tensor, "batch layer head"]:
         g = self.geometry
@@ -201,21 +213,19 @@ class RandomAblation(_Counted):
         if len(row_keys) != attention_mask.shape[0]:
             raise LensHeadsError(f"random ablation: {len(row_keys)} row keys for a batch of {attention_mask.shape[0]}")
         masks = self.masks(row_keys)
-        self.counter.start(len(row_keys), g)
+        self.counts.start(len(row_keys), g)
 
         def make(L: int) -> HookFn:
             def hook(z, hook):
-                self.counter.record(L, masks[:, L])
+                self.counts.record(L, masks[:, L])
                 return _zero_heads(z, masks[:, L])
             return hook
 
         return [(hook_name("z", L), make(L)) for L in range(g.n_layers)]
 
-    def __repr__(self) -> str:
-        return f"RandomAblation({self.name!r})"
 
 
-class ScoreAblation(_Counted):
+class ScoreAblation(Ablation):
     """Per input: zero heads whose same-pass score crosses ``threshold`` (see module docstring)."""
 
     reuses_prefix = False
@@ -231,8 +241,6 @@ class ScoreAblation(_Counted):
         self.strict = bool(strict)
         self.inactive_when = SCORES[score_id].inactive_when
         self.spec = ScoreThreshold(score_id, self.threshold, self.strict)
-        self.name = str(self.spec)
-        self.counter = _Counter()
         self._collector = None  # reused across forwards of the same model
 
     def collector(self, model):
@@ -251,18 +259,16 @@ class ScoreAblation(_Counted):
 
     def hooks(self, model, attention_mask, row_keys) -> Hooks:
         g = self.geometry
-        self.counter.start(attention_mask.shape[0], g)
+        self.counts.start(attention_mask.shape[0], g)
         collector = self.collector(model)
 
         def z_transform(layer: int, z: Tensor, scores: dict[str, Tensor]) -> Tensor:
             drop = self.crosses(scores[self.score_id])
-            self.counter.record(layer, drop)
+            self.counts.record(layer, drop)
             return _zero_heads(z, drop)
 
         return collector.hooks(attention_mask, z_transform=z_transform)
 
-    def __repr__(self) -> str:
-        return f"ScoreAblation({self.name!r})"
 
 
 # -----------------------------------------------------------------------------
