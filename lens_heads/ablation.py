@@ -1,13 +1,15 @@
 """Head ablations: zero a head's output z (all positions, before W_O, no rescaling).
 
-Every ablation follows one protocol (``Ablation``) and is applied through ``hook_z`` hooks,
-one set of hooks per forward pass of a batch::
+What to zero is a typed spec (``lens_heads.interventions``: one parser, one printer); this
+module holds the runtime side: every ablation is an ``Ablation`` applied through ``hook_z``
+hooks, one set per forward pass of a batch, counting into the counts of a ``counting()`` block::
 
-    abl = parse_ablation("score:ahon_ln@0.41", model.geometry)
-    run_with_hooks(model, ids, mask, abl.hooks(model, mask, row_keys=request_ids))
-    abl.zeroed_fraction()   # realised mean fraction of (input, layer, head) zeroed so far
+    abl = parse_ablation("score:ahon_ln@0.41", model.geometry)    # = parse_spec(...).bind(geometry)
+    with abl.counting() as counts:
+        run_with_hooks(model, ids, mask, abl.hooks(model, mask, row_keys=request_ids))
+    counts.fraction()   # realised mean fraction of (input, layer, head) zeroed in the block
 
-Kinds (``parse_ablation`` spec strings):
+Kinds (spec strings):
 
 * ``none``              nothing is zeroed.
 * ``static:L.H,L.H``    a fixed head set, the same on every input (what physical pruning can use).
