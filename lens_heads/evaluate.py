@@ -64,7 +64,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from lens_heads.data.corpora import pad_batch
-from lens_heads.data.tasks import DEFAULT_SEED, ChatFormat, MCRecord, Task, argmax_first, load_task
+from lens_heads.data.tasks import DEFAULT_SEED, ChatFormat, MCRecord, Task, load_task
 from lens_heads.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import run_with_hooks
@@ -305,16 +305,10 @@ def _run_grouped(model, prefix_len: int, rows: list[_Row], out: list[float], abl
 
 
 def _progress(total: int, enabled: bool, desc: str):
-    if not enabled:
-        return contextlib.nullcontext(_NoBar())
+    """The project's one progress-bar idiom: a tqdm bar, silent when not ``enabled``."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, leave=False)
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
+    return tqdm(total=total, desc=desc, leave=False, disable=not enabled)
 
 
 def loglikelihoods_tokens(
@@ -472,13 +466,10 @@ def evaluate_task(
     questions = []
     for rec, (a, b) in zip(records, spans):
         item = lls[a:b]
-        lens = task.choice_lengths(rec)
-        pred = argmax_first(item)
-        pred_norm = argmax_first([x / n for x, n in zip(item, lens)]) if "acc_norm" in task.spec.metrics else None
+        pred, pred_norm = task.predictions(rec, item)
+        pred_norm = pred_norm if "acc_norm" in task.spec.metrics else None
         questions.append(QuestionResult(rec.doc_id, pred, rec.gold, pred == rec.gold, item, pred_norm, rec.subject))
-    metrics = {"acc": sum(q.correct for q in questions) / len(questions)}
-    if "acc_norm" in task.spec.metrics:
-        metrics["acc_norm"] = sum(q.pred_norm == q.gold for q in questions) / len(questions)
+    metrics = accuracy_metrics([asdict(q) for q in questions], "acc_norm" in task.spec.metrics)
     zf = counts.fraction() if counts is not None else None
     totals = counts.totals() if counts is not None else None
     counts = list(totals) if totals is not None else None
@@ -490,6 +481,15 @@ def evaluate_task(
               **({"protocol": protocol.prompt_key()} if protocol is not None and protocol.prompt_key() else {}),
               "zeroed_units": counts, "batch_size": batch_size, "seconds": round(time.perf_counter() - t0, 3)}
     return TaskResult(task.name, k, metrics, questions, zf, config)
+
+
+def accuracy_metrics(questions: Sequence[dict], with_norm: bool) -> dict[str, float]:
+    """lm-eval's multiple-choice metrics over per-question results (``QuestionResult`` as dicts,
+    live or stored): ``acc`` = mean of ``correct``, ``acc_norm`` = mean of ``pred_norm == gold``."""
+    metrics = {"acc": sum(bool(q["correct"]) for q in questions) / len(questions)}
+    if with_norm:
+        metrics["acc_norm"] = sum(q["pred_norm"] == q["gold"] for q in questions) / len(questions)
+    return metrics
 
 
 # -----------------------------------------------------------------------------
