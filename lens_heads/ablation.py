@@ -1,13 +1,15 @@
 """Head ablations: zero a head's output z (all positions, before W_O, no rescaling).
 
-Every ablation follows one protocol (``Ablation``) and is applied through ``hook_z`` hooks,
-one set of hooks per forward pass of a batch::
+What to zero is a typed spec (``lens_heads.interventions``: one parser, one printer); this
+module holds the runtime side: every ablation is an ``Ablation`` applied through ``hook_z``
+hooks, one set per forward pass of a batch, counting into the counts of a ``counting()`` block::
 
-    abl = parse_ablation("score:ahon_ln@0.41", model.geometry)
-    run_with_hooks(model, ids, mask, abl.hooks(model, mask, row_keys=request_ids))
-    abl.zeroed_fraction()   # realised mean fraction of (input, layer, head) zeroed so far
+    abl = parse_ablation("score:ahon_ln@0.41", model.geometry)    # = parse_spec(...).bind(geometry)
+    with abl.counting() as counts:
+        run_with_hooks(model, ids, mask, abl.hooks(model, mask, row_keys=request_ids))
+    counts.fraction()   # realised mean fraction of (input, layer, head) zeroed in the block
 
-Kinds (``parse_ablation`` spec strings):
+Kinds (spec strings):
 
 * ``none``              nothing is zeroed.
 * ``static:L.H,L.H``    a fixed head set, the same on every input (what physical pruning can use).
@@ -32,8 +34,8 @@ from __future__ import annotations
 
 import hashlib
 import math
-import re
-from typing import Callable, Protocol, Sequence, runtime_checkable
+import contextlib
+from typing import Iterator, Sequence
 
 import torch
 from jaxtyping import Bool, Float
@@ -41,20 +43,10 @@ from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import HookFn, hook_name
+from lens_heads.interventions import (ABLATION_FORMS, Head, NoHeads, RandomHeads, ScoreThreshold,  # noqa: F401
+                                      StaticHeads, parse_heads, parse_spec)
 
 Hooks = list[tuple[str, HookFn]]
-
-
-@runtime_checkable
-class Ablation(Protocol):
-    name: str
-    reuses_prefix: bool  # True when the zeroed set does not depend on the input (K/V prefix cacheable)
-
-    def hooks(self, model, attention_mask: Tensor, row_keys: Sequence[int]) -> Hooks: ...
-
-    def zeroed_fraction(self) -> float: ...
-
-    def reset(self) -> None: ...
 
 
 def _zero_heads(z: Float[Tensor, "batch pos head d_head"], drop: Bool[Tensor, "batch head"]) -> Tensor:
@@ -62,13 +54,11 @@ def _zero_heads(z: Float[Tensor, "batch pos head d_head"], drop: Bool[Tensor, "b
     return z.masked_fill(drop.to(z.device)[:, None, :, None], 0.0)
 
 
-class _Counter:
-    """Realised fraction of (input, layer, head) units zeroed, plus the latest forward's mask."""
+class Counts:
+    """Units of (input, layer, head) zeroed and seen by the forwards of one counting scope,
+    plus the latest forward's mask; the hooks of an ablation record into it."""
 
     def __init__(self):
-        self.reset()
-
-    def reset(self) -> None:
         self.zeroed = 0
         self.units = 0
         self.last_zeroed: Bool[Tensor, "batch layer head"] | None = None
@@ -86,47 +76,79 @@ class _Counter:
     def fraction(self) -> float:
         return self.zeroed / self.units if self.units else math.nan
 
+    def totals(self) -> tuple[int, int] | None:
+        """(units zeroed, units seen): what partial evaluations add up."""
+        return self.zeroed, self.units
 
-class _Counted:
-    """Shared bookkeeping of the ablations that zero heads: ``self.counter`` is a _Counter."""
 
-    counter: _Counter
+class _NothingCounts(Counts):
+    """NoAblation's counts: nothing is ever zeroed (fraction 0.0, no unit totals kept)."""
+
+    def fraction(self) -> float:
+        return 0.0
+
+    def totals(self) -> None:
+        return None
+
+
+class Ablation:
+    """What every ablation is: a typed ``spec`` (its ``name`` is ``str(spec)``), ``hooks`` for one
+    forward, and counts scoped to a ``counting()`` block::
+
+        with ablation.counting() as counts:    # fresh counts for this evaluation
+            ... forwards with ablation.hooks(model, mask, row_keys) ...
+        counts.fraction()                      # realised fraction zeroed in the block
+
+    ``reuses_prefix``: the zeroed set does not depend on the input (a K/V prefix is cacheable).
+    Outside any block the ablation counts into the counts of its last block (or its first)."""
+
+    spec = NoHeads()
+    reuses_prefix: bool = True
+    _counts_type = Counts
 
     @property
+    def name(self) -> str:
+        return str(self.spec)
+
+    @property
+    def counts(self) -> Counts:
+        if getattr(self, "_counts", None) is None:
+            self._counts = self._counts_type()
+        return self._counts
+
+    @contextlib.contextmanager
+    def counting(self) -> Iterator[Counts]:
+        self._counts = self._counts_type()
+        yield self._counts
+
+    def hooks(self, model, attention_mask: Tensor, row_keys: Sequence[int]) -> Hooks:
+        raise NotImplementedError
+
+    # the current counts, for interactive use
+    @property
     def last_zeroed(self):
-        return self.counter.last_zeroed
+        return self.counts.last_zeroed
 
     def zeroed_fraction(self) -> float:
-        return self.counter.fraction()
+        return self.counts.fraction()
 
-    def zeroed_counts(self) -> tuple[int, int]:
-        """(units zeroed, units seen) so far: what partial evaluations add up."""
-        return self.counter.zeroed, self.counter.units
+    def zeroed_counts(self) -> tuple[int, int] | None:
+        return self.counts.totals()
 
-    def reset(self) -> None:
-        self.counter.reset()
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.name!r})"
 
 
-class NoAblation:
+class NoAblation(Ablation):
     """Zero nothing. ``zeroed_fraction`` is 0.0 (nothing is ever zeroed)."""
 
-    name = "none"
-    reuses_prefix = True
+    _counts_type = _NothingCounts
 
     def hooks(self, model, attention_mask, row_keys) -> Hooks:
         return []
 
-    def zeroed_fraction(self) -> float:
-        return 0.0
 
-    def reset(self) -> None:
-        pass
-
-    def __repr__(self) -> str:
-        return "NoAblation()"
-
-
-class StaticAblation(_Counted):
+class StaticAblation(Ablation):
     """Zero a fixed set of heads on every input."""
 
     reuses_prefix = True
@@ -142,22 +164,21 @@ class StaticAblation(_Counted):
             for layer, head in heads:
                 geometry.check_head(layer, head)
         self.geometry = geometry
-        self.heads = sorted(set((int(L), int(h)) for L, h in heads))
-        self.name = "static:" + ",".join(f"{L}.{h}" for L, h in self.heads)
+        self.spec = StaticHeads(tuple(heads))
+        self.heads: list[Head] = list(self.spec.heads)
         if geometry is None:
             return
         self._mask = torch.zeros(geometry.n_layers, geometry.n_heads, dtype=torch.bool)
         for L, h in self.heads:
             self._mask[L, h] = True
-        self.counter = _Counter()
 
     def hooks(self, model, attention_mask, row_keys) -> Hooks:
         g = self.geometry
         batch = attention_mask.shape[0]
-        self.counter.start(batch, g)
+        self.counts.start(batch, g)
         # The set is input-independent: count the whole forward once, hook only layers that change.
         for L in range(g.n_layers):
-            self.counter.record(L, self._mask[L].expand(batch, -1))
+            self.counts.record(L, self._mask[L].expand(batch, -1))
 
         def make(L: int) -> HookFn:
             drop = self._mask[L].expand(batch, -1)
@@ -165,8 +186,6 @@ class StaticAblation(_Counted):
 
         return [(hook_name("z", L), make(L)) for L in range(g.n_layers) if self._mask[L].any()]
 
-    def __repr__(self) -> str:
-        return f"StaticAblation({self.name!r})"
 
 
 def row_generator(seed: int, row_key: int) -> torch.Generator:
@@ -175,7 +194,7 @@ def row_generator(seed: int, row_key: int) -> torch.Generator:
     return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
 
-class RandomAblation(_Counted):
+class RandomAblation(Ablation):
     """Zero each (input, layer, head) independently with probability ``p``."""
 
     reuses_prefix = False
@@ -184,8 +203,7 @@ class RandomAblation(_Counted):
         if not (0.0 <= p <= 1.0) or math.isnan(p):
             raise LensHeadsError(f"random ablation probability must be in [0, 1], got {p}")
         self.p, self.seed, self.geometry = float(p), int(seed), geometry
-        self.name = f"random:{self.p!r}@{self.seed}"
-        self.counter = _Counter()
+        self.spec = RandomHeads(self.p, self.seed)
 
     def masks(self, row_keys: Sequence[int]) -> Bool[Tensor, "batch layer head"]:
         g = self.geometry
@@ -197,28 +215,25 @@ class RandomAblation(_Counted):
         if len(row_keys) != attention_mask.shape[0]:
             raise LensHeadsError(f"random ablation: {len(row_keys)} row keys for a batch of {attention_mask.shape[0]}")
         masks = self.masks(row_keys)
-        self.counter.start(len(row_keys), g)
+        self.counts.start(len(row_keys), g)
 
         def make(L: int) -> HookFn:
             def hook(z, hook):
-                self.counter.record(L, masks[:, L])
+                self.counts.record(L, masks[:, L])
                 return _zero_heads(z, masks[:, L])
             return hook
 
         return [(hook_name("z", L), make(L)) for L in range(g.n_layers)]
 
-    def __repr__(self) -> str:
-        return f"RandomAblation({self.name!r})"
 
 
-class ScoreAblation(_Counted):
+class ScoreAblation(Ablation):
     """Per input: zero heads whose same-pass score crosses ``threshold`` (see module docstring)."""
 
     reuses_prefix = False
 
     def __init__(self, score_id: str, threshold: float, geometry, strict: bool = False):
         from lens_heads.scores import SCORES  # scores sit left of ablation in the data flow
-        from lens_heads.thresholds import score_ablation_spec
 
         if score_id not in SCORES:
             raise LensHeadsError(f"unknown score {score_id!r}; choose one of: {', '.join(SCORES)}")
@@ -227,8 +242,7 @@ class ScoreAblation(_Counted):
         self.score_id, self.threshold, self.geometry = score_id, float(threshold), geometry
         self.strict = bool(strict)
         self.inactive_when = SCORES[score_id].inactive_when
-        self.name = score_ablation_spec(score_id, self.threshold, self.strict)
-        self.counter = _Counter()
+        self.spec = ScoreThreshold(score_id, self.threshold, self.strict)
         self._collector = None  # reused across forwards of the same model
 
     def collector(self, model):
@@ -247,79 +261,24 @@ class ScoreAblation(_Counted):
 
     def hooks(self, model, attention_mask, row_keys) -> Hooks:
         g = self.geometry
-        self.counter.start(attention_mask.shape[0], g)
+        self.counts.start(attention_mask.shape[0], g)
         collector = self.collector(model)
 
         def z_transform(layer: int, z: Tensor, scores: dict[str, Tensor]) -> Tensor:
             drop = self.crosses(scores[self.score_id])
-            self.counter.record(layer, drop)
+            self.counts.record(layer, drop)
             return _zero_heads(z, drop)
 
         return collector.hooks(attention_mask, z_transform=z_transform)
 
-    def __repr__(self) -> str:
-        return f"ScoreAblation({self.name!r})"
 
 
 # -----------------------------------------------------------------------------
-# Parsing
-
-_HEAD = re.compile(r"^\s*(-?\d+)\s*\.\s*(-?\d+)\s*$")
-
-
-def parse_heads(text: str) -> list[tuple[int, int]]:
-    """``"3.1,4.2"`` -> [(3, 1), (4, 2)] (format only; ranges are checked against a geometry)."""
-    heads = []
-    for item in text.split(","):
-        m = _HEAD.match(item)
-        if not m:
-            raise LensHeadsError(f"bad head {item.strip()!r}: write heads as LAYER.HEAD, e.g. static:3.1,4.2")
-        heads.append((int(m.group(1)), int(m.group(2))))
-    return heads
-
-
-def _number(text: str, what: str, spec: str, kind: Callable = float):
-    try:
-        value = kind(text.strip())
-    except ValueError:
-        raise LensHeadsError(f"bad ablation {spec!r}: {what} {text.strip()!r} is not a{'n integer' if kind is int else ' number'}") from None
-    if kind is float and math.isnan(value):
-        raise LensHeadsError(f"bad ablation {spec!r}: {what} is nan")
-    return value
-
-
-ABLATION_FORMS = "none | static:L.H,L.H | score:ID@THRESHOLD[:strict] | random:P@SEED"
+# Parsing: the one grammar lives in lens_heads.interventions
 
 
 def parse_ablation(spec: str, geometry) -> Ablation:
-    """Build an ablation from its spec string (``ABLATION_FORMS``), validated against ``geometry``;
-    ``geometry=None`` checks the syntax and score names only (before a model is loaded)."""
-    if not isinstance(spec, str) or not spec.strip():
-        raise LensHeadsError(f"empty ablation spec; use one of: {ABLATION_FORMS}")
-    s = spec.strip()
-    if s == "none":
-        return NoAblation()
-    kind, sep, rest = s.partition(":")
-    if not sep or not rest.strip():
-        raise LensHeadsError(f"bad ablation {spec!r}; use one of: {ABLATION_FORMS}")
-    if kind == "static":
-        return StaticAblation(parse_heads(rest), geometry)
-    if kind in ("score", "random"):
-        left, at, right = rest.partition("@")
-        if kind == "score":
-            if not at or not left.strip():
-                raise LensHeadsError(f"bad ablation {spec!r}: write score:ID@THRESHOLD, e.g. score:ahon_ln@0.41")
-            if right.strip().endswith("%"):
-                raise LensHeadsError(f"bad ablation {spec!r}: a percentage needs a threshold calibrated on inputs "
-                                     f"(thresholds.calibrated_spec); 'lens-heads evaluate' accepts score:ID@P%, "
-                                     f"a sweep takes --scores ID --fractions P/100")
-            from lens_heads.thresholds import STRICT_SUFFIX
-
-            strict = right.strip().endswith(STRICT_SUFFIX)
-            if strict:
-                right = right.strip()[:-len(STRICT_SUFFIX)]
-            return ScoreAblation(left.strip(), _number(right, "threshold", spec), geometry, strict)
-        p = _number(left, "probability", spec)
-        seed = _number(right, "seed", spec, int) if at else 0
-        return RandomAblation(p, seed, geometry)
-    raise LensHeadsError(f"unknown ablation kind {kind!r} in {spec!r}; use one of: {ABLATION_FORMS}")
+    """Build an ablation from its spec string (``ABLATION_FORMS``, parsed by
+    ``interventions.parse_spec``), validated against ``geometry``; ``geometry=None`` checks the
+    syntax and score names only (before a model is loaded)."""
+    return parse_spec(spec).bind(geometry)

@@ -64,7 +64,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from lens_heads.data.corpora import pad_batch
-from lens_heads.data.tasks import DEFAULT_SEED, ChatFormat, MCRecord, Task, argmax_first, load_task
+from lens_heads.data.tasks import DEFAULT_SEED, ChatFormat, MCRecord, Task, load_task
 from lens_heads.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import run_with_hooks
@@ -305,16 +305,10 @@ def _run_grouped(model, prefix_len: int, rows: list[_Row], out: list[float], abl
 
 
 def _progress(total: int, enabled: bool, desc: str):
-    if not enabled:
-        return contextlib.nullcontext(_NoBar())
+    """The project's one progress-bar idiom: a tqdm bar, silent when not ``enabled``."""
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc=desc, leave=False)
-
-
-class _NoBar:
-    def update(self, n: int) -> None:
-        pass
+    return tqdm(total=total, desc=desc, leave=False, disable=not enabled)
 
 
 def loglikelihoods_tokens(
@@ -341,7 +335,7 @@ def loglikelihoods_tokens(
         raise LensHeadsError(f"got {len(keys)} keys for {len(encoded)} requests")
     rows = _build_rows(model, encoded, keys)
     out = [math.nan] * len(encoded)
-    use_cache = reuse_prefix and (ablation is None or getattr(ablation, "reuses_prefix", False))
+    use_cache = reuse_prefix and (ablation is None or ablation.reuses_prefix)
     groups, singles = _prefix_groups(rows, min_prefix) if use_cache else ([], rows)
     with _progress(len(rows), progress, "log-likelihoods") as pbar:
         for plen, grp in groups:
@@ -465,31 +459,37 @@ def evaluate_task(
     records = select_records(task, limit, seed, doc_ids)
     if not records:
         raise LensHeadsError(f"task {task.name!r} has no records to evaluate")
-    if ablation is not None and hasattr(ablation, "reset"):
-        ablation.reset()
     reqs, keys, spans = _task_requests(task, records, k, seed, _chat(model, protocol))
-    lls = loglikelihoods(model, reqs, ablation, batch_size, progress, keys=keys,
-                         add_bos=None if protocol is None else protocol.add_bos_token, **engine_kwargs)
+    with ablation.counting() if ablation is not None else contextlib.nullcontext() as counts:
+        lls = loglikelihoods(model, reqs, ablation, batch_size, progress, keys=keys,
+                             add_bos=None if protocol is None else protocol.add_bos_token, **engine_kwargs)
     questions = []
     for rec, (a, b) in zip(records, spans):
         item = lls[a:b]
-        lens = task.choice_lengths(rec)
-        pred = argmax_first(item)
-        pred_norm = argmax_first([x / n for x, n in zip(item, lens)]) if "acc_norm" in task.spec.metrics else None
+        pred, pred_norm = task.predictions(rec, item)
+        pred_norm = pred_norm if "acc_norm" in task.spec.metrics else None
         questions.append(QuestionResult(rec.doc_id, pred, rec.gold, pred == rec.gold, item, pred_norm, rec.subject))
-    metrics = {"acc": sum(q.correct for q in questions) / len(questions)}
-    if "acc_norm" in task.spec.metrics:
-        metrics["acc_norm"] = sum(q.pred_norm == q.gold for q in questions) / len(questions)
-    zf = ablation.zeroed_fraction() if ablation is not None and hasattr(ablation, "zeroed_fraction") else None
-    counts = list(ablation.zeroed_counts()) if hasattr(ablation, "zeroed_counts") else None
+    metrics = accuracy_metrics([asdict(q) for q in questions], "acc_norm" in task.spec.metrics)
+    zf = counts.fraction() if counts is not None else None
+    totals = counts.totals() if counts is not None else None
+    counts = list(totals) if totals is not None else None
     config = {"model": model.name, "dtype": str(model.dtype).replace("torch.", ""), "task": task.name,
               "split": task.split, "source": task.source, "n_shot": k, "limit": limit, "seed": seed,
               "doc_ids": None if doc_ids is None else "given",
               "n_questions": len(questions), "n_requests": len(reqs),
-              "ablation": getattr(ablation, "name", None) if ablation is not None else "none",
+              "ablation": ablation.name if ablation is not None else "none",
               **({"protocol": protocol.prompt_key()} if protocol is not None and protocol.prompt_key() else {}),
               "zeroed_units": counts, "batch_size": batch_size, "seconds": round(time.perf_counter() - t0, 3)}
     return TaskResult(task.name, k, metrics, questions, zf, config)
+
+
+def accuracy_metrics(questions: Sequence[dict], with_norm: bool) -> dict[str, float]:
+    """lm-eval's multiple-choice metrics over per-question results (``QuestionResult`` as dicts,
+    live or stored): ``acc`` = mean of ``correct``, ``acc_norm`` = mean of ``pred_norm == gold``."""
+    metrics = {"acc": sum(bool(q["correct"]) for q in questions) / len(questions)}
+    if with_norm:
+        metrics["acc_norm"] = sum(q["pred_norm"] == q["gold"] for q in questions) / len(questions)
+    return metrics
 
 
 # -----------------------------------------------------------------------------

@@ -347,9 +347,9 @@ def _evaluate_point(model, task, cfg: SweepConfig, spec: str, store: ResultStore
 
 def _merge_parts(parts: list[dict], limit: int | None) -> dict:
     questions = [q for p in parts for q in p["questions"]]
-    metrics = {"acc": sum(q["correct"] for q in questions) / len(questions)}
-    if "acc_norm" in parts[0]["metrics"]:
-        metrics["acc_norm"] = sum(q["pred_norm"] == q["gold"] for q in questions) / len(questions)
+    from lens_heads.evaluate import accuracy_metrics
+
+    metrics = accuracy_metrics(questions, "acc_norm" in parts[0]["metrics"])
     counts = [p["eval_config"].get("zeroed_units") for p in parts]
     if all(c is not None for c in counts):
         zeroed, units = (sum(c[i] for c in counts) for i in (0, 1))

@@ -34,7 +34,6 @@ the task's own evaluated inputs, so it measures the same point as the sweep's 10
 from __future__ import annotations
 
 import math
-import re
 from typing import Sequence
 
 import torch
@@ -42,6 +41,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
+from lens_heads.interventions import ScoreThreshold, parse_spec
 
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
 THRESHOLD_RULES: tuple[str, ...] = ("quantile", "cdf")
@@ -159,31 +159,19 @@ def thresholds_of(hs, score_ids: Sequence[str], fractions: Sequence[float],
                                   {sid: SCORES[sid].inactive_when for sid in score_ids}, fractions, rule)
 
 
-STRICT_SUFFIX = ":strict"
-
-
 def score_ablation_spec(score_id: str, tau: float | None, strict: bool = False) -> str:
     """The per-input ablation spec for threshold ``tau`` ("none" when there is none: fraction 0);
     ``strict`` (the authors' rule) zeroes only scores strictly beyond tau."""
-    return "none" if tau is None else f"score:{score_id}@{tau!r}" + (STRICT_SUFFIX if strict else "")
-
-
-_PERCENT = re.compile(r"^\s*score:(?P<id>[^@]+)@(?P<pct>[^%]+)%\s*$")
+    return "none" if tau is None else str(ScoreThreshold(score_id, tau, strict))
 
 
 def parse_percent_spec(spec: str) -> tuple[str, float] | None:
     """``"score:ahon_ln@10%"`` -> ``("ahon_ln", 0.1)``; None for any spec not of that form."""
-    m = _PERCENT.match(spec)
-    if m is None:
+    s = spec.strip() if isinstance(spec, str) else spec
+    if not (isinstance(s, str) and s.startswith("score:") and s.endswith("%")):
         return None
-    try:
-        pct = float(m["pct"])
-    except ValueError:
-        raise LensHeadsError(f"bad ablation {spec!r}: {m['pct']!r} is not a percentage; "
-                             f"write score:ID@P%, e.g. score:ahon_ln@10%") from None
-    if math.isnan(pct) or not 0.0 <= pct <= 100.0:
-        raise LensHeadsError(f"bad ablation {spec!r}: the percentage must be in [0, 100]")
-    return m["id"].strip(), pct / 100.0
+    parsed = parse_spec(s)
+    return parsed.score_id, parsed.fraction
 
 
 def calibrated_spec(model, inputs: list[Tensor], score_id: str, fraction: float,

@@ -40,7 +40,7 @@ ROOT = data_root()
 def need(*relpaths: str) -> Path:
     """The data root, or skip the test when the shared files are not there."""
     if ROOT is None:
-        pytest.skip("shared data not found (set LENS_HEADS_DATA or place shared/data next to the repo)")
+        pytest.skip("shared data not found (set LENS_HEADS_DATA)")
     for rel in relpaths:
         if not (ROOT / rel).exists():
             pytest.skip(f"shared data file missing: {ROOT / rel}")
@@ -530,3 +530,16 @@ def test_lm_eval_parity_mmlu_all_subjects_5shot(tmp_path):
             assert rec.subject == s and task.build(rec) == by_doc[i], (s, i)
             n += 1
     assert n == 14042
+
+
+def test_no_data_root_without_the_variable(monkeypatch, tmp_path):
+    """The library has no deployment default (no folder beside the repository, none under the
+    working directory): without LENS_HEADS_DATA the named corpora and tasks come from the hub."""
+    from lens_heads.data import candidate_data_roots
+
+    monkeypatch.delenv("LENS_HEADS_DATA", raising=False)
+    (tmp_path / "shared" / "data").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert data_root() is None and candidate_data_roots() == []
+    monkeypatch.setenv("LENS_HEADS_DATA", str(tmp_path / "elsewhere"))
+    assert data_root() == tmp_path / "elsewhere"

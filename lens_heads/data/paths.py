@@ -12,12 +12,10 @@ Resolution order (first hit wins):
 
 1. an explicit ``data_root=`` argument;
 2. the environment variable ``LENS_HEADS_DATA`` (used as given, even if missing, so a
-   typo shows up as "not found locally" rather than silently using another copy);
-3. ``<repo>/../shared/data`` where ``<repo>`` is the folder holding the ``lens_heads``
-   package (the layout of a source checkout next to ``shared/``);
-4. ``./shared/data`` relative to the current working directory.
+   typo shows up as "not found locally" rather than silently using another copy).
 
-When nothing is found, loaders fall back to the Hugging Face hub.
+There is no other default: without either, loaders use the Hugging Face hub (and its local
+datasets cache). Tests and CI point ``LENS_HEADS_DATA`` at their copy.
 """
 
 from __future__ import annotations
@@ -27,32 +25,18 @@ from pathlib import Path
 
 DATA_ENV = "LENS_HEADS_DATA"
 
-# lens_heads/data/paths.py -> parents[0]=data, [1]=lens_heads, [2]=<repo>
-_REPO = Path(__file__).resolve().parents[2]
-
-
 def candidate_data_roots() -> list[Path]:
-    """The default search list (env var first), for messages and debugging."""
-    roots = []
+    """Where local copies are looked for: ``$LENS_HEADS_DATA`` when set, else nowhere."""
     env = os.environ.get(DATA_ENV)
-    if env:
-        roots.append(Path(env).expanduser())
-    roots.append(_REPO.parent / "shared" / "data")
-    roots.append(Path.cwd() / "shared" / "data")
-    return roots
+    return [Path(env).expanduser()] if env else []
 
 
 def data_root(explicit: str | os.PathLike | None = None) -> Path | None:
-    """Return the data root folder, or None when no local copy can be found."""
+    """The data root folder (explicit, else ``$LENS_HEADS_DATA``), or None: use the hub."""
     if explicit is not None:
         return Path(explicit).expanduser()
-    env = os.environ.get(DATA_ENV)
-    if env:
-        return Path(env).expanduser()
-    for root in candidate_data_roots():
-        if root.is_dir():
-            return root
-    return None
+    roots = candidate_data_roots()
+    return roots[0] if roots else None
 
 
 def local_file(relpath: str, explicit_root: str | os.PathLike | None = None) -> Path | None:
@@ -81,8 +65,7 @@ def load_hub_dataset(path: str, name: str | None, split: str, *, streaming: bool
         return load_dataset(path, name, split=split, streaming=streaming)
     except Exception as e:  # datasets raises many types (ConnectionError, FileNotFoundError, ValueError...)
         env = os.environ.get(DATA_ENV)
-        where = (f"{DATA_ENV}={env} is set and has no copy" if env
-                 else "searched: " + ", ".join(str(r) for r in candidate_data_roots()))
+        where = f"{DATA_ENV}={env} is set and has no copy" if env else f"set {DATA_ENV} to a folder holding one"
         hint = (
             " The hub is unreachable in offline mode (HF_HUB_OFFLINE / HF_DATASETS_OFFLINE is set) and the"
             " dataset is not in the local datasets cache."

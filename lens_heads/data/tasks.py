@@ -290,13 +290,18 @@ class Task:
         """acc_norm denominators: character length of each ``doc_to_choice`` string."""
         return [len(c) for c in self.spec.doc_to_choice(record)]
 
-    def score(self, record: MCRecord, loglikelihoods: Sequence[float]) -> dict[str, float]:
-        """lm-eval's multiple-choice metrics for one record from per-request log-likelihoods."""
+    def predictions(self, record: MCRecord, loglikelihoods: Sequence[float]) -> tuple[int, int]:
+        """(pred, pred_norm) as lm-eval: the first maximum of the per-choice log-likelihoods, and
+        of them divided by each choice's length in characters (``acc_norm``)."""
         lls = [float(x) for x in loglikelihoods]
         if len(lls) != len(record.choices):
             raise LensHeadsError(f"{self.name} doc {record.doc_id}: got {len(lls)} log-likelihoods for {len(record.choices)} choices")
         norm = [ll / n for ll, n in zip(lls, self.choice_lengths(record))]
-        pred, pred_norm = argmax_first(lls), argmax_first(norm)  # first maximum, like np.argmax
+        return argmax_first(lls), argmax_first(norm)  # first maximum, like np.argmax
+
+    def score(self, record: MCRecord, loglikelihoods: Sequence[float]) -> dict[str, float]:
+        """lm-eval's multiple-choice metrics for one record from per-request log-likelihoods."""
+        pred, pred_norm = self.predictions(record, loglikelihoods)
         return {"acc": float(pred == record.gold), "acc_norm": float(pred_norm == record.gold)}
 
     def fewshot(self, record: MCRecord, n_shot: int | None = None, seed: int = DEFAULT_SEED) -> list[MCRecord]:

@@ -8,7 +8,6 @@ bridge's ``hook_pattern`` sees real attention probabilities.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import io
 import logging
 import os
@@ -101,6 +100,7 @@ class LoadedModel:
     dtype: torch.dtype
     device: str
     prepends_bos: bool = field(default=False)
+    weights_digest: str | None = field(default=None, repr=False)  # model_digest of a folder, once computed
 
     @property
     def hf_model(self):
@@ -289,28 +289,20 @@ def boot(model, tokenizer, source: ModelSource, dtype, device) -> LoadedModel:
     return LoadedModel(bridge, tokenizer, geometry, source, dtype, device, prepends)
 
 
-_DIGESTS: dict[str, str] = {}
-
-
 def model_digest(model) -> str:
-    """sha256 of the weights' source: the GGUF digest, else the model folder's weight files,
-    else the spec itself (hub ids: the hub revision is not pinned)."""
+    """sha256 of the weights' source: the GGUF digest, else the model folder's weight files
+    (computed once per loaded model and kept on it), else the spec itself (hub ids)."""
     src = model.source
     if src.digest:
         return src.digest
     folder = Path(src.path)
     if not folder.is_dir():
         return f"spec:{src.spec}"
-    if src.path not in _DIGESTS:
-        h = hashlib.sha256()
-        for p in sorted(folder.iterdir()):
-            if p.is_file() and (p.suffix in (".safetensors", ".bin") or p.name == "config.json"):
-                h.update(p.name.encode() + b"\0")
-                with open(p, "rb") as f:
-                    for chunk in iter(lambda: f.read(1 << 20), b""):
-                        h.update(chunk)
-        _DIGESTS[src.path] = h.hexdigest()
-    return _DIGESTS[src.path]
+    if model.weights_digest is None:
+        files = [p for p in sorted(folder.iterdir())
+                 if p.is_file() and (p.suffix in (".safetensors", ".bin") or p.name == "config.json")]
+        model.weights_digest = zoo.sha256_files(files)
+    return model.weights_digest
 
 
 def load_model(spec, dtype: str | torch.dtype = "float32", device: str = "cpu") -> LoadedModel:

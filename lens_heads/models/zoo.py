@@ -73,11 +73,26 @@ def cache_dir() -> Path:
 
 
 def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
+    """sha256 of one file's bytes."""
     digest = hashlib.sha256()
+    _update(digest, path, chunk)
+    return digest.hexdigest()
+
+
+def sha256_files(paths, chunk: int = 1 << 22) -> str:
+    """sha256 over several files, each as its name, a NUL byte, then its bytes (a folder's
+    weights: renaming or changing any file changes it)."""
+    digest = hashlib.sha256()
+    for p in paths:
+        digest.update(Path(p).name.encode() + b"\0")
+        _update(digest, Path(p), chunk)
+    return digest.hexdigest()
+
+
+def _update(digest, path: Path, chunk: int) -> None:
     with open(path, "rb") as f:
         while block := f.read(chunk):
             digest.update(block)
-    return digest.hexdigest()
 
 
 def verify(path: Path, sha256: str) -> None:

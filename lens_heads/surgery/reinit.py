@@ -31,9 +31,9 @@ import torch
 from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
+from lens_heads.interventions import Head
 from lens_heads.models.geometry import PARTS, HeadGeometry, ParamSlice
 
-Head = tuple[int, int]
 INITS = ("xavier_uniform", "xavier_normal")
 GQA_POLICIES = ("q_only", "group")
 

@@ -11,29 +11,17 @@ from dataclasses import dataclass
 
 from lens_heads.diagnose import Diagnosis, check_classes, diagnose
 from lens_heads.errors import LensHeadsError
+from lens_heads.interventions import Head
+from lens_heads.interventions import parse_heads as _parse_heads
 
-Head = tuple[int, int]
 
 _SELECT = re.compile(r"^\s*([A-Za-z0-9_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
 
 
 def parse_heads(spec: str, geometry) -> list[Head]:
-    """``"3.1,4.2"`` -> [(3, 1), (4, 2)], range-checked against ``geometry`` (None: syntax only)."""
-    heads = []
-    for item in str(spec).split(","):
-        item = item.strip()
-        if not item:
-            continue
-        m = re.fullmatch(r"(\d+)\.(\d+)", item)
-        if not m:
-            raise LensHeadsError(f"bad head {item!r}: write heads as LAYER.HEAD, e.g. 3.1,4.2")
-        L, h = int(m.group(1)), int(m.group(2))
-        if geometry is not None:
-            geometry.check_head(L, h)
-        heads.append((L, h))
-    if not heads:
-        raise LensHeadsError("empty head list: give heads as LAYER.HEAD,LAYER.HEAD")
-    return sorted(set(heads))
+    """``"3.1,4.2"`` -> [(3, 1), (4, 2)] sorted and unique, range-checked against ``geometry``
+    (None: syntax only); the grammar is ``interventions.parse_heads``."""
+    return sorted(set(_parse_heads(spec, geometry)))
 
 
 def parse_select(spec: str) -> tuple[str, str, float]:

@@ -25,8 +25,9 @@ from jaxtyping import Float
 from lens_heads.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import hook_name, layer_of, run_with_hooks
+from lens_heads.interventions import Head
+from lens_heads.interventions import parse_heads as _parse_heads
 
-Head = tuple[int, int]
 
 
 def head_label(layer: int, head: int) -> str:
@@ -34,18 +35,9 @@ def head_label(layer: int, head: int) -> str:
 
 
 def parse_heads(spec: str, geometry) -> list[Head]:
-    """``"3.1,4.2"`` or ``"L3.H1,L4.H2"`` -> [(3, 1), (4, 2)], each checked against the geometry."""
-    heads: list[Head] = []
-    for item in filter(None, (s.strip() for s in spec.split(","))):
-        parts = item.upper().replace("L", "").replace("H", "").split(".")
-        if len(parts) != 2 or not all(p.isdigit() for p in parts):
-            raise LensHeadsError(f"bad head {item!r}: expected LAYER.HEAD, e.g. 3.1 or L3.H1")
-        layer, head = int(parts[0]), int(parts[1])
-        geometry.check_head(layer, head)
-        heads.append((layer, head))
-    if not heads:
-        raise LensHeadsError(f"no heads in {spec!r}: expected LAYER.HEAD[,LAYER.HEAD...]")
-    return heads
+    """``"3.1,4.2"`` or ``"L3.H1,L4.H2"`` -> [(3, 1), (4, 2)], each checked against the geometry
+    (``interventions.parse_heads``, the one head-list grammar)."""
+    return _parse_heads(spec, geometry)
 
 
 def bundle_js() -> str:

@@ -1,0 +1,263 @@
+"""What an ablation zeroes, as typed values: one frozen dataclass per kind, one parser, one printer.
+
+    spec = parse_spec("score:ahon_ln@0.41:strict")   # ScoreThreshold("ahon_ln", 0.41, strict=True)
+    str(spec) == "score:ahon_ln@0.41:strict"         # the printer; parse_spec(str(s)) == s
+    ablation = spec.bind(model.geometry)             # the runtime object (lens_heads.ablation)
+
+Kinds (``SPEC_KINDS``, keyed by the word before the first ``:``; docs/methods.md §2):
+
+    none                      NoHeads           nothing is zeroed
+    static:L.H,L.H            StaticHeads       a fixed head set on every input
+    score:ID@TAU[:strict]     ScoreThreshold    per input, by a score's same-pass value
+    score:ID@P%               ScoreFraction     the threshold that takes P % (set on inputs first)
+    random:P@SEED             RandomHeads       each (input, layer, head) with probability P
+
+The printed form is the store's key for a point (``str(spec)`` equals the spec strings stored
+before these types existed: floats print with ``repr``), so it must never change for a kind
+that exists. ``Head`` and ``parse_heads`` are the one head type and head-list parser.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from typing import ClassVar
+
+from lens_heads.errors import LensHeadsError
+
+Head = tuple[int, int]
+
+ABLATION_FORMS = "none | static:L.H,L.H | score:ID@THRESHOLD[:strict] | score:ID@P% | random:P@SEED"
+STRICT_SUFFIX = ":strict"
+_HEAD = re.compile(r"^\s*[Ll]?\s*(-?\d+)\s*\.\s*[Hh]?\s*(-?\d+)\s*$")
+
+
+def parse_heads(text: str, geometry=None) -> list[Head]:
+    """``"3.1,4.2"`` (or ``"L3.H1,L4.H2"``) -> [(3, 1), (4, 2)], in the order given, duplicates
+    kept; each checked against ``geometry`` when one is given (else only the syntax)."""
+    heads: list[Head] = []
+    for item in str(text).split(","):
+        if not item.strip():
+            continue
+        m = _HEAD.match(item)
+        if not m:
+            raise LensHeadsError(f"bad head {item.strip()!r}: write heads as LAYER.HEAD, e.g. 3.1,4.2")
+        layer, head = int(m.group(1)), int(m.group(2))
+        if geometry is not None:
+            geometry.check_head(layer, head)
+        heads.append((layer, head))
+    if not heads:
+        raise LensHeadsError("empty head list: give heads as LAYER.HEAD,LAYER.HEAD")
+    return heads
+
+
+def format_heads(heads) -> str:
+    return ",".join(f"{L}.{h}" for L, h in heads)
+
+
+def _number(text: str, what: str, spec: str, kind=float):
+    try:
+        value = kind(text.strip())
+    except ValueError:
+        article = "an integer" if kind is int else "a number"
+        raise LensHeadsError(f"bad ablation {spec!r}: {what} {text.strip()!r} is not {article}; "
+                             f"use one of: {ABLATION_FORMS}") from None
+    if kind is float and math.isnan(value):
+        raise LensHeadsError(f"bad ablation {spec!r}: {what} is nan")
+    return value
+
+
+def _score_id(text: str) -> str:
+    from lens_heads.scores.functions import SCORES  # scores sit left of interventions in the data flow
+
+    sid = text.strip()
+    if sid not in SCORES:
+        raise LensHeadsError(f"unknown score {sid!r}; choose one of: {', '.join(SCORES)}")
+    return sid
+
+
+@dataclass(frozen=True)
+class AblationSpec:
+    """What to zero. Subclasses set ``kind`` and implement ``body`` / ``from_body`` / ``bind``."""
+
+    kind: ClassVar[str] = ""
+    needs_calibration: ClassVar[bool] = False  # a target fraction: a threshold must be set on inputs first
+
+    def body(self) -> str:
+        raise NotImplementedError
+
+    @classmethod
+    def from_body(cls, body: str, spec: str) -> "AblationSpec":
+        raise NotImplementedError
+
+    def __str__(self) -> str:
+        body = self.body()
+        return self.kind if not body else f"{self.kind}:{body}"
+
+    def bind(self, geometry):
+        """The runtime ablation (hooks and counters) for a model of this geometry."""
+        raise NotImplementedError
+
+
+SPEC_KINDS: dict[str, type[AblationSpec]] = {}
+
+
+def register_kind(cls: type[AblationSpec]) -> type[AblationSpec]:
+    if cls.kind in SPEC_KINDS:
+        raise ValueError(f"ablation kind {cls.kind!r} is already registered")
+    SPEC_KINDS[cls.kind] = cls
+    return cls
+
+
+@register_kind
+@dataclass(frozen=True)
+class NoHeads(AblationSpec):
+    kind: ClassVar[str] = "none"
+
+    def body(self) -> str:
+        return ""
+
+    @classmethod
+    def from_body(cls, body: str, spec: str) -> "NoHeads":
+        if body:
+            raise LensHeadsError(f"bad ablation {spec!r}: 'none' takes nothing after it")
+        return cls()
+
+    def bind(self, geometry):
+        from lens_heads.ablation import NoAblation
+
+        return NoAblation()
+
+
+@register_kind
+@dataclass(frozen=True)
+class StaticHeads(AblationSpec):
+    heads: tuple[Head, ...]
+
+    kind: ClassVar[str] = "static"
+
+    def __post_init__(self):
+        if not self.heads:
+            raise LensHeadsError("static ablation needs at least one head (L.H)")
+        object.__setattr__(self, "heads", tuple(sorted(set((int(L), int(h)) for L, h in self.heads))))
+        # ranges are checked when bound to a model's geometry
+
+    def body(self) -> str:
+        return format_heads(self.heads)
+
+    @classmethod
+    def from_body(cls, body: str, spec: str) -> "StaticHeads":
+        return cls(tuple(parse_heads(body)))
+
+    def bind(self, geometry):
+        from lens_heads.ablation import StaticAblation
+
+        return StaticAblation(self.heads, geometry)
+
+
+@dataclass(frozen=True)
+class _ScoreSpec(AblationSpec):
+    kind: ClassVar[str] = "score"
+
+    @classmethod
+    def from_body(cls, body: str, spec: str) -> AblationSpec:
+        left, at, right = body.partition("@")
+        if not at or not left.strip() or not right.strip():
+            raise LensHeadsError(f"bad ablation {spec!r}: write score:ID@THRESHOLD or score:ID@P%, "
+                                 f"e.g. score:ahon_ln@0.41")
+        sid, right = _score_id(left), right.strip()
+        if right.endswith("%"):
+            pct = _number(right[:-1], "percentage", spec)
+            if not 0.0 <= pct <= 100.0:
+                raise LensHeadsError(f"bad ablation {spec!r}: the percentage must be in [0, 100]")
+            return ScoreFraction(sid, pct / 100.0)
+        strict = right.endswith(STRICT_SUFFIX)
+        if strict:
+            right = right[:-len(STRICT_SUFFIX)]
+        return ScoreThreshold(sid, _number(right, "threshold", spec), strict)
+
+
+@dataclass(frozen=True)
+class ScoreThreshold(_ScoreSpec):
+    score_id: str
+    threshold: float
+    strict: bool = False  # the authors' rule: zero only strictly beyond the threshold
+
+    def __post_init__(self):
+        if math.isnan(float(self.threshold)):
+            raise LensHeadsError("score ablation threshold must be a number, got nan")
+        object.__setattr__(self, "threshold", float(self.threshold))
+
+    def body(self) -> str:
+        return f"{self.score_id}@{self.threshold!r}" + (STRICT_SUFFIX if self.strict else "")
+
+    def bind(self, geometry):
+        from lens_heads.ablation import ScoreAblation
+
+        return ScoreAblation(self.score_id, self.threshold, geometry, self.strict)
+
+
+@dataclass(frozen=True)
+class ScoreFraction(_ScoreSpec):
+    """A target fraction: ``thresholds.calibrated_spec`` turns it into a ScoreThreshold."""
+
+    score_id: str
+    fraction: float
+
+    needs_calibration: ClassVar[bool] = True
+
+    def body(self) -> str:
+        return f"{self.score_id}@{100 * self.fraction:g}%"
+
+    def bind(self, geometry):
+        raise LensHeadsError(f"ablation {self}: a percentage needs a threshold calibrated on inputs "
+                             f"(thresholds.calibrated_spec); 'lens-heads evaluate' accepts score:ID@P%, "
+                             f"a sweep takes --scores ID --fractions P/100")
+
+
+SPEC_KINDS["score"] = _ScoreSpec
+
+
+@register_kind
+@dataclass(frozen=True)
+class RandomHeads(AblationSpec):
+    p: float
+    seed: int = 0
+
+    kind: ClassVar[str] = "random"
+
+    def __post_init__(self):
+        p = float(self.p)
+        if math.isnan(p) or not 0.0 <= p <= 1.0:
+            raise LensHeadsError(f"random ablation probability must be in [0, 1], got {self.p}")
+        object.__setattr__(self, "p", p)
+        object.__setattr__(self, "seed", int(self.seed))
+
+    def body(self) -> str:
+        return f"{self.p!r}@{self.seed}"
+
+    @classmethod
+    def from_body(cls, body: str, spec: str) -> "RandomHeads":
+        left, at, right = body.partition("@")
+        return cls(_number(left, "probability", spec), _number(right, "seed", spec, int) if at else 0)
+
+    def bind(self, geometry):
+        from lens_heads.ablation import RandomAblation
+
+        return RandomAblation(self.p, self.seed, geometry)
+
+
+def parse_spec(text: str) -> AblationSpec:
+    """The one parser of ablation specs (``ABLATION_FORMS``); ``str()`` of the result is its
+    canonical form (heads sorted, floats in repr)."""
+    if not isinstance(text, str) or not text.strip():
+        raise LensHeadsError(f"empty ablation spec; use one of: {ABLATION_FORMS}")
+    s = text.strip()
+    kind, sep, body = s.partition(":")
+    cls = SPEC_KINDS.get(kind.strip())
+    if cls is None:
+        raise LensHeadsError(f"unknown ablation kind {kind.strip()!r} in {text!r}; use one of: {ABLATION_FORMS}")
+    if cls is not NoHeads and (not sep or not body.strip()):
+        raise LensHeadsError(f"bad ablation {text!r}; use one of: {ABLATION_FORMS}")
+    return cls.from_body(body.strip(), text)
