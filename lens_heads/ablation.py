@@ -237,8 +237,8 @@ class ScoreAblation(Ablation):
 
         if score_id not in SCORES:
             raise LensHeadsError(f"unknown score {score_id!r}; choose one of: {', '.join(SCORES)}")
-        if math.isnan(threshold):
-            raise LensHeadsError("score ablation threshold must be a number, got nan")
+        if not math.isfinite(threshold):
+            raise LensHeadsError(f"score ablation threshold must be a finite number, got {threshold}")
         self.score_id, self.threshold, self.geometry = score_id, float(threshold), geometry
         self.strict = bool(strict)
         self.inactive_when = SCORES[score_id].inactive_when

@@ -131,6 +131,12 @@ def check_output_file(path: str | os.PathLike, what: str = "--out", *, make_pare
     for p in (path, *map(Path, sidecars)):
         if p.is_dir():
             raise LensHeadsError(f"{what} {path}: {p} is a folder; give a file name")
+        if p.is_file():  # it will be replaced: an immutable or read-only file shows here
+            try:
+                with open(p, "ab"):
+                    pass
+            except OSError as exc:
+                raise LensHeadsError(f"{what} {path}: cannot replace {p} ({exc.strerror or exc})") from None
     folder = path.parent if str(path.parent) else Path(".")
     if folder.exists() and not folder.is_dir():
         raise LensHeadsError(f"{what} {path}: {folder} is a file, not a folder")

@@ -185,8 +185,8 @@ class ScoreThreshold(_ScoreSpec):
     strict: bool = False  # the authors' rule: zero only strictly beyond the threshold
 
     def __post_init__(self):
-        if math.isnan(float(self.threshold)):
-            raise LensHeadsError("score ablation threshold must be a number, got nan")
+        if not math.isfinite(float(self.threshold)):
+            raise LensHeadsError(f"score ablation threshold must be a finite number, got {self.threshold}")
         object.__setattr__(self, "threshold", float(self.threshold))
 
     def body(self) -> str:
@@ -211,9 +211,9 @@ class ScoreFraction(_ScoreSpec):
         return f"{self.score_id}@{100 * self.fraction:g}%"
 
     def bind(self, geometry):
-        raise LensHeadsError(f"ablation {self}: a percentage needs a threshold calibrated on inputs "
-                             f"(thresholds.calibrated_spec); 'lens-heads evaluate' accepts score:ID@P%, "
-                             f"a sweep takes --scores ID --fractions P/100")
+        raise LensHeadsError(f"ablation {self}: a percentage needs a threshold set on the evaluated inputs "
+                             f"first: 'lens-heads evaluate --ablate {self}' does that; a sweep takes "
+                             f"--scores {self.score_id} --fractions {self.fraction:g}")
 
 
 SPEC_KINDS["score"] = _ScoreSpec

@@ -150,6 +150,8 @@ def load_authors_thresholds(path: str | os.PathLike, task: str, model: str) -> d
     ``thresholds.json``. ``model`` is a hub id (``Qwen/Qwen2.5-0.5B``) or their key for it
     (``Qwen_Qwen2.5-0.5B``). Fraction 0 maps to None (no ablation), as for computed thresholds."""
     path = Path(path)
+    if path.is_dir():
+        raise LensHeadsError(f"thresholds file {path} is a folder")
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
@@ -160,18 +162,25 @@ def load_authors_thresholds(path: str | os.PathLike, task: str, model: str) -> d
         tasks = ", ".join(data) if isinstance(data, dict) else "none"
         raise LensHeadsError(f"thresholds file {path} has no task {task!r} (it has: {tasks})")
     models = data[task]
+    if not isinstance(models, dict):
+        raise LensHeadsError(f"thresholds file {path}: {task!r} must map model keys to their thresholds "
+                             f"({{task: {{model: {{HeadType: [tau, ...]}}}}}})")
     key = model if model in models else model.replace("/", "_")
     if key not in models:
         raise LensHeadsError(f"thresholds file {path} has no model {model!r} for {task!r} "
                              f"(it has: {', '.join(models)})")
     out: dict[str, dict[float, float | None]] = {}
+    if not isinstance(models[key], dict):
+        raise LensHeadsError(f"thresholds file {path}: {task}/{key} must map head types to lists of "
+                             f"thresholds ({{HeadType: [tau at 0, 5, ..., 30 %]}})")
     for name, taus in models[key].items():
         sid = AUTHORS_SCORE_IDS.get(name)
         if sid is None:
             raise LensHeadsError(f"thresholds file {path}: unknown head type {name!r} "
                                  f"(known: {', '.join(sorted(set(AUTHORS_SCORE_IDS)))})")
         if (not isinstance(taus, list) or len(taus) != len(AUTHORS_FRACTIONS)
-                or not all(isinstance(t, (int, float)) and math.isfinite(t) for t in taus)):
+                or not all(isinstance(t, (int, float)) and not isinstance(t, bool) and math.isfinite(t)
+                           for t in taus)):
             raise LensHeadsError(f"thresholds file {path}: {key}/{name} must list {len(AUTHORS_FRACTIONS)} "
                                  f"numbers (tau at {', '.join(f'{p:g}' for p in AUTHORS_FRACTIONS)})")
         out[sid] = {p: (None if p == 0 else float(t)) for p, t in zip(AUTHORS_FRACTIONS, taus)}

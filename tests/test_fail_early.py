@@ -36,7 +36,10 @@ def immutable(tmp_path):
 @pytest.fixture
 def bad_files(tmp_path) -> dict[str, Path]:
     files = {"not_utf8.txt": b"\xff\xfeh\x00i\x00\n", "garbage.jsonl": os.urandom(2048),
-             "corrupt.parquet": b"PAR1" + os.urandom(1024), "empty.txt": b"\n\n"}
+             "corrupt.parquet": b"PAR1" + os.urandom(1024), "empty.txt": b"\n\n",
+             "mc.jsonl": b'{"q": "Which?", "c1": "a", "c2": "b", "a": 0}\n{"q": "Other?", "c1": "c", "c2": "d", "a": 1}\n',
+             "mc_bool.jsonl": b'{"q": "Which?", "c1": "a", "c2": "b", "a": true}\n',
+             "th_int.json": b'{"piqa": 5}', "th_list.json": b'{"piqa": {"X_Y": [1, 2]}}'}
     for name, data in files.items():
         (tmp_path / name).write_bytes(data)
     return {name: tmp_path / name for name in files}
@@ -116,6 +119,34 @@ def _cases(tmp_path, bad, model):
          ["corrupt.parquet"]),
         (["report", model, "--data", "c4train", "--out", str(tmp_path / "r.html")], ["Did you mean"]),
         (["report", model, "--sweep", str(tmp_path / "nosweep"), "--out", str(tmp_path / "r.html")], ["no such folder"]),
+        # found by a hostile run of 263 cases (each was a traceback or came after the model loaded)
+        (["info", model, "--n-inputs", "0"], ["--n-inputs must be >= 1"]),
+        (["info", model, "--data", str(bad["empty.txt"])], ["no texts in"]),
+        (["info", model, "--data", "c4x"], ["Did you mean 'c4'?"]),
+        (["evaluate", model, "--task", f"file:{bad['mc.jsonl']}?question=q&choices=c1,c2&answer=a&prompt={{q"],
+         ["bad prompt or choice template"]),
+        (["evaluate", model, "--task", f"file:{bad['mc_bool.jsonl']}?question=q&choices=c1,c2&answer=a"],
+         ["answer True is not an integer index"]),
+        (["evaluate", model, "--task", "piqa", "--n-shot", "5000"], ["5000-shot needs a few-shot pool"]),
+        (["evaluate", model, "--task", "piqa", "--ablate", "score:ahon_ln@inf"], ["finite number"]),
+        (["evaluate", model, "--task", "piqa", "--ablate", "score:awft@10%", "--thresholds-file", str(bad["th_int.json"]),
+          "--thresholds-model", "X/Y"], ["'piqa' must map model keys"]),
+        (["evaluate", model, "--task", "piqa", "--ablate", "score:awft@10%", "--thresholds-file", str(bad["th_list.json"]),
+          "--thresholds-model", "X/Y"], ["must map head types to lists"]),
+        (["repair", model, "--heads", "0.1", "--data", "c4-train", "--lr", "nan", "--out", str(tmp_path / "r")],
+         ["--lr must be a positive number"]),
+        (["repair", model, "--heads", "0.1", "--data", "c4-train", "--patience", "-1", "--out", str(tmp_path / "r")],
+         ["--patience must be >= 1"]),
+        (["repair", model, "--heads", "0.1", "--data", "c4-train", "--chunk-len", "1", "--out", str(tmp_path / "r")],
+         ["--chunk-len must be >= 2"]),
+        (["repair", model, "--heads", "0.1", "--data", "c4-train", "--eval-data", str(bad["empty.txt"]),
+          "--out", str(tmp_path / "r")], ["no texts in"]),
+        (["sweep", model, "--task", "piqa", "--status", "--out", str(tmp_path / "nosweep")], ["is no folder"]),
+        (["diagnose", model, "--prompt", "", "--out", str(tmp_path / "d.csv")], ["--prompt is empty"]),
+        (["diagnose", model, "--out", str(tmp_path / "nope" / "d.csv")], ["does not exist"]),
+        (["report", model, "--heads", "1.x", "--out", str(tmp_path / "r.html")], ["bad head '1.x'"]),
+        (["demo", "--model", model, "--limit", "500", "--out", str(tmp_path / "dm")], ["the demo ships 200"]),
+        (["demo", "--model", model, "--random-seeds", "-1", "--out", str(tmp_path / "dm")], ["--random-seeds must be >= 0"]),
     ]
 
 
@@ -125,7 +156,7 @@ def test_bad_inputs_rejected_before_the_model_loads(tmp_path, bad_files, no_mode
     work.mkdir()
     for argv, needles in _cases(work, bad_files, "smollm2-135m"):
         _rejected(argv, capsys, *needles, folder=work)
-    assert not (work / "r").exists() and not (work / "s").exists()
+    assert not (work / "r").exists() and not (work / "s").exists() and not (work / "dm").exists()
 
 
 def test_unwritable_output_folder_for_every_subcommand(immutable, no_model, capsys, shared_data, monkeypatch):
@@ -139,6 +170,21 @@ def test_unwritable_output_folder_for_every_subcommand(immutable, no_model, caps
                  ["report", m, "--out", str(immutable / "r.html")],
                  ["demo", "--model", m, "--out", str(immutable / "demo")]):
         _rejected(argv, capsys, "cannot write in", str(immutable), folder=immutable)
+
+
+def test_unreplaceable_output_file(tmp_path, no_model, capsys, shared_data, monkeypatch):
+    monkeypatch.setenv("LENS_HEADS_DATA", str(shared_data))
+    target = tmp_path / "old.csv"
+    target.write_text("kept")
+    if subprocess.run(["chattr", "+i", str(target)], capture_output=True).returncode != 0:
+        pytest.skip("chattr +i is not supported on this filesystem")
+    try:
+        for argv in (["score", "smollm2-135m", "--data", "c4", "--out", str(target)],
+                     ["diagnose", "smollm2-135m", "--data", "c4", "--out", str(target)]):
+            _rejected(argv, capsys, "cannot replace", "old.csv", folder=tmp_path)
+    finally:
+        subprocess.run(["chattr", "-i", str(target)], check=True)
+    assert target.read_text() == "kept"
 
 
 def test_output_checks_api(tmp_path):

@@ -71,6 +71,8 @@ def check_protocol_args(args) -> None:
     file, key = getattr(args, "thresholds_file", None), getattr(args, "thresholds_model", None)
     if (file is None) != (key is None):
         raise LensHeadsError("--thresholds-file and --thresholds-model go together")
+    if file is not None and Path(file).is_dir():
+        raise LensHeadsError(f"--thresholds-file {file} is a folder, not a thresholds.json file")
     if file is not None and not Path(file).is_file():
         raise LensHeadsError(f"--thresholds-file {file}: no such file")
     if args.fewshot_as_multiturn and args.apply_chat_template is False:

@@ -11,7 +11,7 @@ Everything is stored under OUT; rerunning resumes the sweep from its store.
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_protocol_args, check_protocol_args, protocol_from_args
+from lens_heads.cli.common import add_protocol_args, check_positive, check_protocol_args, protocol_from_args
 
 import time
 from importlib.resources import files
@@ -65,6 +65,9 @@ def run(args) -> int:
     from lens_heads.atomic import check_output_dir
 
     out = check_output_dir(Path(args.out))
+    check_positive(args, "n_inputs", "limit")
+    check_positive(args, "max_len", minimum=2)
+    check_positive(args, "random_seeds", minimum=0)
     task_spec = piqa_sample_spec()
     cfg = SweepConfig(task=task_spec, score_ids=resolve_score_ids(args.sweep_scores),
                       fractions=parse_fractions(args.fractions), random_seeds=list(range(args.random_seeds)),
@@ -75,6 +78,11 @@ def run(args) -> int:
         raise LensHeadsError("the demo sweeps a PIQA sample, which the authors' thresholds file does not cover; "
                              "use 'lens-heads sweep --task piqa --thresholds-file ...'")
     task = load_task(task_spec)
+    if args.limit > len(task.records):
+        raise LensHeadsError(f"--limit {args.limit}: the demo ships {len(task.records)} PIQA questions")
+    texts = load_texts(str(DEMO_DATA / C4_SAMPLE), n=args.n_inputs)
+    if len(texts) < args.n_inputs:
+        raise LensHeadsError(f"--n-inputs {args.n_inputs}: the demo ships {len(texts)} C4 texts")
     t0 = time.time()
 
     model = load_model(args.model, dtype=args.dtype, device=args.device)
@@ -83,7 +91,6 @@ def run(args) -> int:
     _stage(1, f"loaded {args.model} ({str(model.dtype).removeprefix('torch.')})", t0)
     g = model.geometry
     print(f"        {g.arch.name}: {g.n_layers} layers x {g.n_heads} heads ({g.n_kv_heads} KV heads)")
-    texts = load_texts(str(DEMO_DATA / C4_SAMPLE), n=args.n_inputs)
     inputs = tokenize_texts(model.tokenizer, texts, args.max_len)
 
     _stage(2, f"scoring {g.n_layers * g.n_heads} heads on {len(inputs)} C4 texts x <= {args.max_len} tokens", t0)

@@ -30,11 +30,15 @@ def run(args) -> int:
     # everything that can be checked without the model, before it loads
     if not str(args.out).endswith(".csv"):
         raise LensHeadsError(f"--out must be a .csv file, got {args.out}")
-    check_output_file(args.out, make_parents=True)
+    check_output_file(args.out)
     thresholds = DiagnosisThresholds(args.dead, args.bos_sink, args.low_entropy, args.local, args.band_fraction)
     check_positive(args, "max_len", minimum=2)
     check_positive(args, "n_inputs", "batch_size")
+    if args.prompt is not None and not args.prompt.strip():
+        raise LensHeadsError("--prompt is empty: give a text to diagnose on")
     texts = None if args.prompt is not None else load_texts(args.data, n=args.n_inputs)
+    if texts is not None and not texts:
+        raise LensHeadsError(f"no texts in {args.data!r} (an empty file, or its text field holds no strings)")
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     if args.prompt is not None:
         inputs, what = [args.prompt], "the given prompt"

@@ -56,6 +56,7 @@ def run(args) -> int:
     if args.thresholds_file is not None and percent is None:
         raise LensHeadsError("--thresholds-file gives thresholds for --ablate score:ID@P% only")
     task = load_task(args.task)  # bad task specs fail before the model loads
+    task.check_fewshot(args.n_shot, args.seed)  # so does a few-shot pool too small for --n-shot
     if args.thresholds_file is not None:
         from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
 

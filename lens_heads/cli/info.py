@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_model_args
+from lens_heads.cli.common import add_model_args, check_positive
 
 
 def register(sub) -> None:
@@ -16,9 +16,15 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from lens_heads.data import load_texts, tokenize_texts
+    from lens_heads.errors import LensHeadsError
     from lens_heads.models import load_model
     from lens_heads.models.summary import first_token_attention
 
+    check_positive(args, "n_inputs")
+    check_positive(args, "max_len", minimum=2)
+    texts = load_texts(args.data, n=args.n_inputs)  # before the model: a bad --data fails at once
+    if not texts:
+        raise LensHeadsError(f"no texts in {args.data!r} (an empty file, or its text field holds no strings)")
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     g = model.geometry
     print(f"model        {model.name}")
@@ -27,7 +33,6 @@ def run(args) -> int:
     print(f"BOS          tokenizer {'prepends' if model.prepends_bos else 'does not prepend'} a BOS token")
     if g.arch.alibi:
         print("ALiBi slopes " + " ".join(f"{s:.4g}" for s in g.alibi_slopes().tolist()))
-    texts = load_texts(args.data, n=args.n_inputs)
     inputs = tokenize_texts(model.tokenizer, texts, args.max_len)
     per_layer = first_token_attention(model, inputs)
     print(f"mean attention on the first token, {len(inputs)} {args.data} texts x <= {args.max_len} tokens:")

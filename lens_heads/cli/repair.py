@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_model_args
+from lens_heads.cli.common import add_model_args, check_positive
 
 
 def register(sub) -> None:
@@ -46,6 +46,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
+    import math
+
     from lens_heads.data import load_texts, tokenize_texts
     from lens_heads.diagnose import check_classes
     from lens_heads.errors import LensHeadsError
@@ -59,11 +61,11 @@ def run(args) -> int:
         check_classes(args.classes)
     if args.select is not None:
         parse_select(args.select)
-    for name in ("n_eval", "diag_n", "passes", "chunk_len", "micro_batch", "grad_accum", "epochs"):
-        if getattr(args, name) is not None and getattr(args, name) < 1:
-            raise LensHeadsError(f"--{name.replace('_', '-')} must be >= 1")
-    if args.steps is not None and args.steps < 1:
-        raise LensHeadsError("--steps must be >= 1")
+    check_positive(args, "n_eval", "diag_n", "passes", "micro_batch", "grad_accum", "epochs", "steps", "patience")
+    check_positive(args, "chunk_len", "eval_len", "diag_len", minimum=2)
+    check_positive(args, "checkpoint_every", "warmup", "n_train_docs", minimum=0)
+    if not (math.isfinite(args.lr) and args.lr > 0):
+        raise LensHeadsError(f"--lr must be a positive number, got {args.lr}")
     if args.heads is not None:
         parse_heads(args.heads, None)  # syntax now, ranges once the model is loaded
     check_output_dir(args.out)
@@ -74,6 +76,9 @@ def run(args) -> int:
     eval_texts = None if args.eval_data is None else load_texts(args.eval_data, n=args.n_eval)
     diag_spec = args.diag_data or args.eval_data
     diag_texts = None if diag_spec is None else load_texts(diag_spec, n=args.diag_n)
+    for given, got in ((args.data, texts), (args.eval_data, eval_texts), (diag_spec, diag_texts)):
+        if given is not None and got is not None and not got:
+            raise LensHeadsError(f"no texts in {given!r} (an empty file, or its text field holds no strings)")
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     check_out_dir(args.out, model.source)
     if args.heads is not None:

@@ -46,6 +46,10 @@ def run(args) -> int:
         given = getattr(args, name)
         if given is not None and not Path(given).exists():
             raise LensHeadsError(f"--{name} {given}: no such {'folder' if name == 'sweep' else 'file'}")
+    if args.heads is not None:
+        from lens_heads.interventions import parse_heads
+
+        parse_heads(args.heads)  # syntax now; ranges once the model is loaded
     if args.scores is None or args.diagnosis is None:
         load_texts(args.data, n=1)  # a bad --data fails now, not after the model loads
     cfg = ReportConfig(

@@ -72,11 +72,18 @@ def run(args) -> int:
         raise LensHeadsError("nothing to sweep: give --scores, --random-seeds > 0 or --ablate")
     for spec in cfg.extra_ablations:
         parse_ablation(spec, None)  # syntax and score names now; head ranges once the model is loaded
-    if not args.status:
+    if args.status:
+        from pathlib import Path
+
+        if not Path(args.out).is_dir():
+            raise LensHeadsError(f"--status: {args.out} is {'not a folder' if Path(args.out).exists() else 'no folder'}"
+                                 f" (give the --out of the sweep to look at)")
+    else:
         from lens_heads.atomic import check_output_dir
 
         check_output_dir(args.out)
     task = load_task(args.task, n_shot=args.n_shot)
+    task.check_fewshot(args.n_shot, args.seed)
     if args.thresholds_file is not None and score_ids:
         from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
 

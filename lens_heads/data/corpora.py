@@ -192,8 +192,8 @@ def _read_file(path: Path, text_field: str, n: int | None) -> list[str]:
         for i, row in enumerate(rows):
             if text_field not in row:
                 raise LensHeadsError(
-                    f"{path}: row {i} has no field {text_field!r}; fields available: {sorted(row)}. "
-                    f"Pass text_field=... to choose one."
+                    f"{path}: row {i} has no field {text_field!r} (fields: {', '.join(map(str, sorted(row)))}); "
+                    f"name the text field {text_field!r}, or pass text_field=... to load_texts in Python"
                 )
             t = row[text_field]
             if isinstance(t, str) and t.strip():

@@ -122,9 +122,13 @@ def load_mc_file(
         return [choice_template.format_map(_Fields({"choice": c, "index": j, "label": labels[j] if j < len(labels) else ""}))
                 for j, c in enumerate(rec.choices)]
 
-    # Fail now, not in the middle of an evaluation, if a template names a missing field.
-    doc_to_text(records[0])
-    doc_to_choice(records[0])
+    # Fail now, not in the middle of an evaluation, if a template names a missing field or is malformed.
+    try:
+        doc_to_text(records[0])
+        doc_to_choice(records[0])
+    except (ValueError, IndexError) as exc:  # str.format: "expected '}' before end of string", ...
+        raise LensHeadsError(f"{path}: bad prompt or choice template ({exc}); fields are written {{name}}, "
+                             f"a literal brace as {{{{ or }}}}") from None
 
     spec = TaskSpec(
         name=name or path.stem, loader=_fixed_loader(records, f"local:{path}"), splits=("file",),
@@ -145,6 +149,9 @@ def _fixed_loader(records: list[MCRecord], source: str):
 
 def _parse_answer(value: Any, answer_type: str, choices: list[str], labels: list[str], where: str) -> int:
     if answer_type == "index":
+        if isinstance(value, bool) or isinstance(value, float) and not float(value).is_integer():
+            raise LensHeadsError(f"{where}: answer {value!r} is not an integer index "
+                                 f"(use answer_type='label' or 'text' for other forms)")
         try:
             gold = int(str(value).strip()) if not isinstance(value, int) else value
         except ValueError:

@@ -330,6 +330,20 @@ class Task:
             raise LensHeadsError(f"{self.name}: record doc_id={record.doc_id} is not one of this task's records; "
                                  f"few-shot draws are defined for task.records only") from None
 
+    def check_fewshot(self, n_shot: int | None = None, seed: int = DEFAULT_SEED) -> None:
+        """Raise now (before any model work) when ``n_shot`` shots cannot be drawn for every
+        record: the pool is known from the data alone."""
+        k = self.spec.n_shot if n_shot is None else int(n_shot)
+        if k < 0:
+            raise LensHeadsError(f"n_shot must be >= 0, got {k}")
+        if k == 0 or not self.records:
+            return
+        if self.spec.sampler == "first_n":  # per-subject pools: one record of each subject
+            for rec in {r.subject: r for r in self.records}.values():
+                self.fewshot(rec, k, seed)
+        else:
+            self.fewshot(self.records[0], k, seed)  # draws every record's shots at once
+
     def _subject_pool(self, record: MCRecord) -> list[MCRecord]:
         pool = self.fewshot_pool
         if self.spec.fewshot_by_subject:
