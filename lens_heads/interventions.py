@@ -211,7 +211,7 @@ class ScoreFraction(_ScoreSpec):
         return f"{self.score_id}@{100 * self.fraction:g}%"
 
     def bind(self, geometry):
-        raise LensHeadsError(f"ablation {self}: a percentage needs a threshold set on the evaluated inputs "
+        raise LensHeadsError(f"ablation {self}: a percentage needs a threshold calibrated on inputs "
                              f"first: 'lens-heads evaluate --ablate {self}' does that; a sweep takes "
                              f"--scores {self.score_id} --fractions {self.fraction:g}")
 

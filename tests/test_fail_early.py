@@ -141,7 +141,7 @@ def _cases(tmp_path, bad, model):
          ["--chunk-len must be >= 2"]),
         (["repair", model, "--heads", "0.1", "--data", "c4-train", "--eval-data", str(bad["empty.txt"]),
           "--out", str(tmp_path / "r")], ["no texts in"]),
-        (["sweep", model, "--task", "piqa", "--status", "--out", str(tmp_path / "nosweep")], ["is no folder"]),
+        (["sweep", model, "--task", "piqa", "--status", "--out", str(tmp_path / "nosweep")], ["holds no baseline", "no folder"]),
         (["diagnose", model, "--prompt", "", "--out", str(tmp_path / "d.csv")], ["--prompt is empty"]),
         (["diagnose", model, "--out", str(tmp_path / "nope" / "d.csv")], ["does not exist"]),
         (["report", model, "--heads", "1.x", "--out", str(tmp_path / "r.html")], ["bad head '1.x'"]),

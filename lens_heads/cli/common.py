@@ -23,6 +23,13 @@ def check_positive(args, *names: str, minimum: int = 1) -> None:
             raise LensHeadsError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
 
 
+def no_texts(spec) -> "LensHeadsError":
+    """The one message for data that yields no text."""
+    from lens_heads.errors import LensHeadsError
+
+    return LensHeadsError(f"no texts in {spec!r} (empty data: an empty file, or its text field holds no strings)")
+
+
 def add_data_args(p: argparse.ArgumentParser, default: str | None = "c4") -> None:
     p.add_argument("--data", default=default, required=default is None,
                    help="corpus name (c4, c4-train, wikitext2) or a local .txt/.jsonl/.parquet file")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_data_args, add_model_args, check_positive
+from lens_heads.cli.common import add_data_args, add_model_args, check_positive, no_texts
 
 
 def register(sub) -> None:
@@ -38,7 +38,7 @@ def run(args) -> int:
         raise LensHeadsError("--prompt is empty: give a text to diagnose on")
     texts = None if args.prompt is not None else load_texts(args.data, n=args.n_inputs)
     if texts is not None and not texts:
-        raise LensHeadsError(f"no texts in {args.data!r} (an empty file, or its text field holds no strings)")
+        raise no_texts(args.data)
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     if args.prompt is not None:
         inputs, what = [args.prompt], "the given prompt"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_model_args, check_positive
+from lens_heads.cli.common import add_model_args, check_positive, no_texts
 
 
 def register(sub) -> None:
@@ -24,7 +24,7 @@ def run(args) -> int:
     check_positive(args, "max_len", minimum=2)
     texts = load_texts(args.data, n=args.n_inputs)  # before the model: a bad --data fails at once
     if not texts:
-        raise LensHeadsError(f"no texts in {args.data!r} (an empty file, or its text field holds no strings)")
+        raise no_texts(args.data)
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     g = model.geometry
     print(f"model        {model.name}")

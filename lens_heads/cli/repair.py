@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_model_args, check_positive
+from lens_heads.cli.common import add_model_args, check_positive, no_texts
 
 
 def register(sub) -> None:
@@ -78,7 +78,7 @@ def run(args) -> int:
     diag_texts = None if diag_spec is None else load_texts(diag_spec, n=args.diag_n)
     for given, got in ((args.data, texts), (args.eval_data, eval_texts), (diag_spec, diag_texts)):
         if given is not None and got is not None and not got:
-            raise LensHeadsError(f"no texts in {given!r} (an empty file, or its text field holds no strings)")
+            raise no_texts(given)
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     check_out_dir(args.out, model.source)
     if args.heads is not None:

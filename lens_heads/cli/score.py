@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lens_heads.cli.common import add_data_args, add_model_args, check_positive
+from lens_heads.cli.common import add_data_args, add_model_args, check_positive, no_texts
 
 
 def register(sub) -> None:
@@ -43,7 +43,7 @@ def run(args) -> int:
     ids = resolve_score_ids(args.scores)
     texts = load_texts(args.data, n=args.n_inputs)
     if not texts:
-        raise LensHeadsError(f"no texts in {args.data!r} (an empty file, or its text field holds no strings)")
+        raise no_texts(args.data)
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     seqs = tokenize_texts(model.tokenizer, texts, args.max_len, mode="documents")
     scores = score_heads(model, seqs, scores=ids, batch_size=args.batch_size, max_len=args.max_len,

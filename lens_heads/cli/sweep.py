@@ -76,8 +76,9 @@ def run(args) -> int:
         from pathlib import Path
 
         if not Path(args.out).is_dir():
-            raise LensHeadsError(f"--status: {args.out} is {'not a folder' if Path(args.out).exists() else 'no folder'}"
-                                 f" (give the --out of the sweep to look at)")
+            raise LensHeadsError(f"{args.out} holds no baseline (or no thresholds) of this sweep: it is "
+                                 f"{'not a folder' if Path(args.out).exists() else 'no folder'} (give the --out "
+                                 f"of the sweep to look at)")
     else:
         from lens_heads.atomic import check_output_dir
 
