@@ -62,6 +62,7 @@ def parse_args(argv):
     p.add_argument("--sweep-limit", type=int, default=200, help="PIQA sweep questions (default 200)")
     p.add_argument("--sweep-limit-mmlu", type=int, default=500, help="MMLU sweep questions (default 500)")
     p.add_argument("--limit-mmlu", type=int, default=2000, help="MMLU baseline questions (default 2000)")
+    p.add_argument("--limit-piqa", type=int, default=None, help="PIQA baseline questions (default all 1,838)")
     p.add_argument("--chat-model", default="qwen2.5-coder-0.5b")
     p.add_argument("--n-boot", type=int, default=1000)
     p.add_argument("--signal-se", type=float, default=2.0)
@@ -165,7 +166,7 @@ def plain_row(label: str, task: str, n: int) -> dict:
 def chat_baselines(model, label: str, args, out: Path) -> pd.DataFrame:
     """Rows merge into OUT/chat_baselines.csv by (task, questions), so sizes can be added."""
     rows = []
-    for tname, limit in (("piqa", None), ("mmlu", args.limit_mmlu)):
+    for tname, limit in (("piqa", args.limit_piqa), ("mmlu", args.limit_mmlu)):
         task = load_task(tname)
         cfg = SweepConfig(task=tname, score_ids=[], fractions=[0.0], random_seeds=[0], limit=limit,
                           batch_size=args.batch_size, n_boot=args.n_boot, protocol=CHAT)
