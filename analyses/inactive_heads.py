@@ -65,7 +65,9 @@ from lens_heads.errors import LensHeadsError  # noqa: E402
 from lens_heads.evaluate import select_records, task_inputs  # noqa: E402
 from lens_heads.scores import SCORES, least_active, resolve_score_ids, score_heads  # noqa: E402
 from lens_heads.store import ResultStore  # noqa: E402
-from lens_heads.sweep import RANDOM, SweepConfig, base_config, put_thresholds, run_sweep, stored_thresholds  # noqa: E402
+from lens_heads.interventions import StaticHeads  # noqa: E402
+from lens_heads.sweep import (RANDOM, SweepConfig, base_config, put_thresholds, run_sweep,  # noqa: E402
+                              static_scores_config, stored_thresholds)
 from lens_heads.thresholds import parse_fractions, thresholds_of  # noqa: E402
 from lens_heads.viz.figures import point_changes, sweep_curves  # noqa: E402
 
@@ -323,7 +325,7 @@ def static_specs(model, task, sweep: SweepConfig, args, store_dir: Path, compute
     same batches): one pass instead of two, each ~2 h on Qwen's 500 MMLU 5-shot prompts here."""
     sid = resolve_score_ids(args.static_score)[0]
     cfg = SweepConfig(task=sweep.task, score_ids=[], limit=sweep.limit)
-    key = {**base_config(model, task, cfg), "kind": "static_scores", "score": sid}
+    key = static_scores_config(base_config(model, task, cfg), sid)
     store = ResultStore(store_dir)
     rec = store.get("static_scores", key)
     if rec is None and not compute:
@@ -345,7 +347,7 @@ def static_specs(model, task, sweep: SweepConfig, args, store_dir: Path, compute
         if k == 0:
             continue
         chosen = sorted(order[:k])
-        out.append({"fraction": p, "k_heads": k, "spec": "static:" + ",".join(f"{L}.{h}" for L, h in chosen)})
+        out.append({"fraction": p, "k_heads": k, "spec": str(StaticHeads(tuple(chosen)))})
     return out
 
 

@@ -63,6 +63,7 @@ from lens_heads.claims import claim, wait_for
 from lens_heads.curves import bootstrap_indices, crossing_gap, max_within, normalised_auc, percentile_interval
 from lens_heads.errors import LensHeadsError
 from lens_heads.models.load import model_digest
+from lens_heads.interventions import RandomHeads
 from lens_heads.protocol import Protocol, load_authors_thresholds, thresholds_for_sweep
 from lens_heads.scores.functions import revision_key
 from lens_heads.atomic import atomic_write_csv
@@ -203,6 +204,14 @@ def threshold_config(base: dict, cfg: SweepConfig) -> dict:
             **({"score_revisions": revisions} if revisions else {})}
 
 
+def static_scores_config(base: dict, score_id: str) -> dict:
+    """The store key of a dataset-level ranking by ``score_id`` on a sweep's inputs (the static
+    ablation's head order), with the function's revision when its definition changed."""
+    revisions = revision_key([score_id])
+    return {**base, "kind": "static_scores", "score": score_id,
+            **({"score_revision": revisions[score_id]} if revisions else {})}
+
+
 def point_config(base: dict, point: SweepPoint) -> dict:
     """A point's store key: the run identity, its ablation spec, and its score function's
     revision when that definition has changed (so an old definition's point is never reused)."""
@@ -256,7 +265,7 @@ def plan_points(cfg: SweepConfig, thresholds: dict[str, dict[float, float | None
             pts.append(SweepPoint(sid, float(p), score_ablation_spec(sid, tau, cfg.protocol.strict), None, tau))
     for s in cfg.random_seeds:
         for p in cfg.fractions:
-            spec = "none" if p == 0 else f"random:{float(p)!r}@{s}"
+            spec = "none" if p == 0 else str(RandomHeads(float(p), s))
             pts.append(SweepPoint(RANDOM, float(p), spec, s, None))
     if not pts:  # extra ablations only (or nothing): still measure the baseline they are compared with
         pts.append(SweepPoint(BASELINE, 0.0, "none"))
