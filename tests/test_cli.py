@@ -48,3 +48,22 @@ def test_script_help(script):
                          cwd=ROOT, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     assert res.stdout.startswith("usage:")
+
+
+def test_info_first_token_attention_is_the_awft_score(tiny_model_dir, tiny_model, tmp_path, capsys):
+    """info's per-layer first-token attention is the layer mean of the dataset-level AWFT score."""
+    import json
+
+    from lens_heads.cli import main
+    from lens_heads.data import load_texts, tokenize_texts
+    from lens_heads.scores import score_heads
+
+    data = tmp_path / "t.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in
+                            ["The capital of France is Paris.", "Attention heads that do nothing", "Dormant heads"]))
+    assert main(["info", str(tiny_model_dir("llama")), "--data", str(data), "--n-inputs", "3", "--max-len", "16"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.strip().startswith("layer ")]
+    model = tiny_model("llama")
+    seqs = tokenize_texts(model.tokenizer, load_texts(str(data), n=3), 16)
+    want = score_heads(model, seqs, "awft", progress=False).mean["awft"].mean(-1)
+    assert [float(r[2]) for r in rows] == pytest.approx(want.tolist(), abs=5e-4)

@@ -1,4 +1,5 @@
-"""``lens-heads info MODEL``: geometry, BOS behaviour and per-layer first-token attention."""
+"""``lens-heads info MODEL``: geometry, BOS behaviour and per-layer first-token attention (the
+dataset-level AWFT score, docs/methods.md §1, averaged over each layer's heads)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ def run(args) -> int:
     from lens_heads.data import load_texts, tokenize_texts
     from lens_heads.errors import LensHeadsError
     from lens_heads.models import load_model
-    from lens_heads.models.summary import first_token_attention
+    from lens_heads.scores import score_heads
 
     check_positive(args, "n_inputs")
     check_positive(args, "max_len", minimum=2)
@@ -34,7 +35,8 @@ def run(args) -> int:
     if g.arch.alibi:
         print("ALiBi slopes " + " ".join(f"{s:.4g}" for s in g.alibi_slopes().tolist()))
     inputs = tokenize_texts(model.tokenizer, texts, args.max_len)
-    per_layer = first_token_attention(model, inputs)
+    # mean attention on the first token = the dataset-level AWFT score (one pattern statistic, one place)
+    per_layer = score_heads(model, inputs, "awft", progress=False).mean["awft"]
     print(f"mean attention on the first token, {len(inputs)} {args.data} texts x <= {args.max_len} tokens:")
     for layer, row in enumerate(per_layer):
         bar = "#" * int(round(row.mean().item() * 40))
