@@ -331,13 +331,14 @@ def static_specs(model, task, sweep: SweepConfig, args, store_dir: Path, compute
     if rec is None and not compute:
         return None
     if rec is None:
-        inputs = task_inputs(model, task, sweep.n_shot, sweep.limit, sweep.seed)
+        inputs = task_inputs(model, task, sweep.n_shot, sweep.limit, sweep.seed, sweep.protocol)
         base = base_config(model, task, sweep)
         todo = sweep.score_ids if stored_thresholds(store, base, sweep) is None else []
         hs = score_heads(model, inputs, list(dict.fromkeys([*todo, sid])), batch_size=sweep.threshold_batch_size,
                          keep_per_input=bool(todo), progress=True)
         if todo:
-            put_thresholds(store, base, sweep, thresholds_of(hs, todo, sweep.fractions), len(inputs))
+            put_thresholds(store, base, sweep, thresholds_of(hs, todo, sweep.fractions, sweep.protocol.threshold_rule),
+                           len(inputs))
         rec = {"mean": hs.mean[sid].tolist(), "n_inputs": hs.n}
         store.put("static_scores", key, rec)
     order = least_active(np.array(rec["mean"], dtype=float), SCORES[sid].inactive_when)  # NaN scores last

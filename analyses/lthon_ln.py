@@ -124,9 +124,10 @@ def mmlu_point(model, label: str, args) -> dict:
     full.validate()
     store, base = ResultStore(store_dir), base_config(model, task, full)
     if stored_thresholds(store, base, full) is None:
-        inputs = task_inputs(model, task, None, full.limit, full.seed)
+        inputs = task_inputs(model, task, None, full.limit, full.seed, full.protocol)
         put_thresholds(store, base, full, compute_thresholds(model, inputs, full.score_ids, full.fractions,
-                                                             full.threshold_batch_size), len(inputs))
+                                                             full.threshold_batch_size,
+                                                             rule=full.protocol.threshold_rule), len(inputs))
     cfg = replace(full, fractions=[0.0, 0.1])
     result = run_sweep(model, cfg, store_dir, task=task, progress=True)
     pt = result.summary[(result.summary["score_fn"] == "lthon_ln") & (result.summary["fraction"] == 0.1)].iloc[0]

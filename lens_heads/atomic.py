@@ -61,12 +61,7 @@ def atomic_write_all(writes: Sequence[tuple[str | os.PathLike, Callable[[str], o
             write(tmp)
             _plain_permissions(Path(tmp))
         for tmp, target in staged:
-            kept = None
-            if target.exists():
-                fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".old")
-                os.close(fd)
-                kept = Path(name)
-                os.replace(target, kept)
+            kept = _keep_aside(target)  # a second name for the old file; the target stays in place
             done.append((target, kept))
             os.replace(tmp, target)
     except BaseException:
@@ -83,6 +78,23 @@ def atomic_write_all(writes: Sequence[tuple[str | os.PathLike, Callable[[str], o
     for _, kept in done:
         if kept is not None:
             kept.unlink(missing_ok=True)
+
+
+def _keep_aside(target: Path) -> Path | None:
+    """A hidden second name for ``target``'s current file (a hard link, else a copy), or None."""
+    if not target.exists():
+        return None
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".old")
+    os.close(fd)
+    kept = Path(name)
+    kept.unlink()
+    try:
+        os.link(target, kept)
+    except OSError:  # no hard links here
+        import shutil
+
+        shutil.copy2(target, kept)
+    return kept
 
 
 def _plain_permissions(path: Path) -> None:

@@ -47,10 +47,15 @@ def _alive(pid: int) -> bool:
 
 def owner(path: Path) -> dict | None:
     """The claim's owner ({"host", "pid", "since"}), None when there is no (readable) claim."""
+    return _read(claim_path(path))
+
+
+def _read(c: Path) -> dict | None:
     try:
-        return json.loads(claim_path(path).read_text(encoding="utf-8"))
+        info = json.loads(c.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return info if isinstance(info, dict) and isinstance(info.get("pid"), int) else None
 
 
 def is_stale(path: Path, stale_s: float = STALE_S) -> bool:
@@ -60,12 +65,14 @@ def is_stale(path: Path, stale_s: float = STALE_S) -> bool:
         age = time.time() - c.stat().st_mtime
     except FileNotFoundError:
         return False
+    if age > stale_s:  # a live owner touches its claim every HEARTBEAT_S seconds
+        return True
     info = owner(path)
     if info is None:  # half-written or garbled: judged by its age alone
-        return age > stale_s
-    if info.get("host") == socket.gethostname():
-        return not _alive(int(info.get("pid", -1)))
-    return age > stale_s
+        return False
+    if info.get("host") == socket.gethostname():  # a dead pid here needs no waiting
+        return not _alive(info["pid"]) or (info["pid"] == os.getpid() and claim_path(path) not in _held)
+    return False
 
 
 def _create(c: Path) -> bool:
@@ -84,6 +91,7 @@ def try_claim(path: Path, stale_s: float = STALE_S) -> bool:
     c.parent.mkdir(parents=True, exist_ok=True)
     if _create(c):
         return True
+    judged = owner(path)
     if not is_stale(path, stale_s):
         return False
     taken = c.with_name(f"{c.name}.stale.{os.getpid()}")
@@ -91,12 +99,21 @@ def try_claim(path: Path, stale_s: float = STALE_S) -> bool:
         os.rename(c, taken)  # one taker wins; the others find the claim gone or fresh
     except FileNotFoundError:
         return _create(c)
+    if _read(taken) != judged:  # another taker replaced it meanwhile: that fresh claim is theirs
+        with contextlib.suppress(OSError):
+            os.link(taken, c)  # put it back (fails if a newer claim is there already)
+        taken.unlink(missing_ok=True)
+        return False
     taken.unlink(missing_ok=True)
     return _create(c)
 
 
+_held: set[Path] = set()  # claims this process holds now (a reused pid of ours is not an owner)
+
+
 def release(path: Path) -> None:
     c = claim_path(path)
+    _held.discard(c)
     info = owner(path)
     if info is not None and info.get("pid") == os.getpid() and info.get("host") == socket.gethostname():
         c.unlink(missing_ok=True)
@@ -117,6 +134,7 @@ def claim(path: str | os.PathLike, stale_s: float = STALE_S, heartbeat_s: float 
             with contextlib.suppress(OSError):
                 os.utime(claim_path(path))
 
+    _held.add(claim_path(path))
     t = threading.Thread(target=beat, daemon=True)
     t.start()
     try:

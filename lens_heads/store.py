@@ -47,6 +47,8 @@ class ResultStore:
             return None
         try:
             record = json.loads(path.read_text(encoding="utf-8"))
+        except FileNotFoundError:  # removed meanwhile (another process merged a point's parts)
+            return None
         except (OSError, json.JSONDecodeError) as exc:
             raise LensHeadsError(f"corrupt result file {path}: {exc}; delete it to recompute") from None
         stored = json.loads(json.dumps(record.get("config"), default=str))

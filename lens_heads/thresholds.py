@@ -97,7 +97,7 @@ def threshold_for(values: Float[Tensor, "n"], fraction: float, inactive_when: st
     if inactive_when not in ("high", "low"):
         raise LensHeadsError(f"inactive_when must be 'high' or 'low', got {inactive_when!r}")
     v = values.detach().flatten().double()
-    v = v[~torch.isnan(v)]
+    v = v[torch.isfinite(v)]  # NaN (undefined) and +-inf (a zero layer mean) take no part, as in the authors' CDF
     if p == 0.0:
         return None
     if v.numel() == 0:

@@ -367,3 +367,55 @@ def test_two_processes_on_one_sweep_folder_share_the_work(tiny_model_dir, tmp_pa
         assert (tmp_path / "shared" / name).read_bytes() == (tmp_path / "alone" / name).read_bytes()
     assert not list((tmp_path / "shared").rglob("*.claim"))
     assert len({r["pid"] for r in both}) == 2  # both took units
+
+
+def test_claims_stale_rules(tmp_path, monkeypatch):
+    """A claim is stale when its owner is gone: a dead pid on this host, this process's own pid
+    without holding it (a reused pid after a restart), an untouched claim past STALE_S, or a
+    garbled file past STALE_S; a live holder's claim is not."""
+    import json
+    import socket
+    import time
+
+    from lens_heads import claims
+
+    rec = tmp_path / "unit.json"
+    c = claims.claim_path(rec)
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+    c.write_text(json.dumps(me))
+    assert claims.is_stale(rec)  # our pid, not held by us: left by an earlier process with our pid
+    assert claims.try_claim(rec) and claims.owner(rec)["pid"] == os.getpid()
+    c.unlink()
+    with claims.claim(rec) as mine:
+        assert mine and not claims.is_stale(rec) and not claims.try_claim(rec)  # held here: live
+    assert not c.exists()
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    c.write_text(json.dumps({**me, "pid": int(dead.stdout)}))
+    assert claims.is_stale(rec)  # that process has exited
+    c.write_text(json.dumps({**me, "host": "elsewhere"}))
+    assert not claims.is_stale(rec)
+    old = time.time() - claims.STALE_S - 5
+    os.utime(c, (old, old))
+    assert claims.is_stale(rec)  # no heartbeat for STALE_S
+    c.write_text("[1, 2")  # garbled: judged by age
+    assert not claims.is_stale(rec)
+    os.utime(c, (old, old))
+    assert claims.is_stale(rec) and claims.try_claim(rec)
+    claims.release(rec)
+
+
+def test_store_get_tolerates_a_record_removed_meanwhile(tmp_path, monkeypatch):
+    from lens_heads.store import ResultStore
+
+    store = ResultStore(tmp_path)
+    store.put("parts", {"a": 1}, {"x": 1})
+    path = store.path("parts", {"a": 1})
+    real = Path.read_text
+
+    def vanish(self, *a, **k):
+        if self == path:
+            path.unlink()
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Path, "read_text", vanish)
+    assert store.get("parts", {"a": 1}) is None  # another process merged and discarded it

@@ -133,7 +133,7 @@ class TaskSpec:
             q, a = self.doc_to_choice(rec)[rec.gold], self.doc_to_target(rec)
         else:
             q, a = self.doc_to_text(rec), self.doc_to_choice(rec)[rec.gold]
-        if a == "":
+        if self.multiple_input and a == "":  # lm-eval: an empty target text is no answer; a choice index is
             return q
         return q + self.target_delimiter + a + self.fewshot_delimiter
 
@@ -163,7 +163,7 @@ class TaskSpec:
                 q, a = self.doc_to_choice(fs)[fs.gold], self.doc_to_target(fs)
             else:
                 q, a = self.doc_to_text(fs), self.doc_to_choice(fs)[fs.gold]
-            if a == "":
+            if self.multiple_input and a == "":  # lm-eval: a target text "" is no answer; a choice index always is
                 turns.append(Turn("user", q))
             else:
                 turns += [Turn("user", q, self.target_delimiter), Turn("assistant", a, self.fewshot_delimiter)]

@@ -86,7 +86,7 @@ def repair(model, selector: TargetSelector, train_texts: list[str], eval_texts: 
     hf = model.load_hf_model()
     # what a checkpoint must share with this run to be resumed (besides the training settings)
     identity = {"init": config.init, "gqa_policy": config.gqa_policy, "chunk_len": config.chunk_len,
-                "eval_len": config.eval_len, "repair_seed": config.seed, "passes": config.passes,
+                "eval_len": config.eval_len, "repair_seed": config.seed,
                 "model_digest": model_digest(model), "data_sha256": _tokens_digest(chunks, eval_inputs)}
     report = dict(model=model.name, selector=selector.describe(), config=asdict(config),
                   n_train_chunks=len(chunks), n_eval_docs=len(eval_inputs),

@@ -156,7 +156,8 @@ def train_surgery(
         if state["plan"] != plan.describe() or state["total"] != total:
             raise LensHeadsError(f"checkpoint in {checkpoint_dir} belongs to another run (targets or steps differ); "
                                  "use a new output folder or turn resume off")
-        theirs = {**_resume_settings(state.get("config", {})), **state.get("identity", {})}
+        # a checkpoint from before identities were recorded is judged by its training settings
+        theirs = {**_resume_settings(state.get("config", {})), **state.get("identity", identity or {})}
         differ = sorted(k for k in settings.keys() | theirs.keys() if settings.get(k) != theirs.get(k))
         if differ:
             said = "; ".join(f"{k}: checkpoint {theirs.get(k)!r}, now {settings.get(k)!r}" for k in differ)
