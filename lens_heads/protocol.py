@@ -7,7 +7,10 @@ Four settings decide whether a run reproduces the paper's numbers or today's lm-
   ``True`` / ``False`` pass ``add_special_tokens=True`` / ``False`` to every encode. In both
   versions a string that already starts with the BOS text is encoded without special tokens.
   lm-eval 0.4.5, which the paper used, encoded with ``False`` unless the argument was set,
-  and forced ``True`` for Gemma models.
+  and forced ``True`` for Gemma models. Known difference: lm-eval 0.4.13 also hands
+  ``add_bos_token=True`` to ``AutoTokenizer.from_pretrained``, which switches the BOS on for
+  Llama-type tokenizers whose own config turns it off; lens_heads, given a loaded tokenizer,
+  only passes ``add_special_tokens=True``.
 * ``apply_chat_template`` / ``fewshot_as_multiturn``: lm-eval's options of those names. The
   task's description becomes a system message, each shot a user turn (question) and an
   assistant turn (answer), the item a final user turn; with ``fewshot_as_multiturn=False``
