@@ -22,11 +22,15 @@ Plan:
 Every point is evaluated with ``evaluate.evaluate_task(..., ablation=...)`` and stored as one
 JSON file in a ``ResultStore`` (``DIR/points/<hash>.json``), keyed by a hash of what
 determines it: model digest, task fingerprint, n_shot, limit, few-shot seed, dtype,
-ablation spec and package version (the batch size is deliberately not part of the key).
-Thresholds are stored the same way (``DIR/thresholds``). A point is evaluated in parts of
-``chunk_questions`` questions, each stored (``DIR/parts``) until the point is complete, so a
+ablation spec, package version, the non-default settings of ``cfg.protocol`` and a score
+function's definition revision where it changed (the batch size is deliberately not part of
+the key). Thresholds are stored the same way (``DIR/thresholds``), from one scoring pass or
+from the authors' ``thresholds.json`` (``cfg.thresholds_file``). A point is evaluated in parts
+of ``chunk_questions`` questions, each stored (``DIR/parts``) until the point is complete, so a
 sweep killed at any moment resumes by computing only the missing parts and points, and its
 tables are computed from the stored records alone, so they equal those of an uninterrupted run.
+Each part, and the scoring pass, is claimed first (``lens_heads.claims``): processes sharing
+one folder take different units, and one waits for a unit another live process holds.
 
 Statistics (all on accuracy as a fraction in [0, 1]; "1 point" = ``tol`` = 0.01):
 
