@@ -45,7 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Run, base_parser, check_positive, markdown_table, model_label, out_folder, script_main, \
     split_list, write_csv, write_figure  # noqa: E402
 
-from lens_heads import load_model  # noqa: E402
+from lens_heads.models import load_model  # noqa: E402
 from lens_heads.models import check_device  # noqa: E402
 from lens_heads.data import load_task, load_texts, tokenize_texts  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402

@@ -56,7 +56,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Run, base_parser, check_positive, markdown_table, model_label, out_folder, script_main, \
     split_list, split_tasks, write_csv, write_figure  # noqa: E402
 
-from lens_heads import load_model  # noqa: E402
 from lens_heads.models import check_device  # noqa: E402
 from lens_heads.curves import bootstrap_indices, max_within, normalised_auc, paired_difference, \
     percentile_interval  # noqa: E402
@@ -66,8 +65,8 @@ from lens_heads.evaluate import select_records, task_inputs  # noqa: E402
 from lens_heads.scores import SCORES, least_active, resolve_score_ids, score_heads  # noqa: E402
 from lens_heads.store import ResultStore  # noqa: E402
 from lens_heads.interventions import StaticHeads  # noqa: E402
-from lens_heads.sweep import (RANDOM, SweepConfig, base_config, put_thresholds, run_sweep,  # noqa: E402
-                              static_scores_config, stored_thresholds)
+from lens_heads.study import ModelRef  # noqa: E402
+from lens_heads.sweep import RANDOM, StaticScoresRecord, SweepConfig, put_thresholds, stored_thresholds  # noqa: E402
 from lens_heads.thresholds import parse_fractions, thresholds_of  # noqa: E402
 from lens_heads.viz.figures import point_changes, sweep_curves  # noqa: E402
 
@@ -147,27 +146,27 @@ def sweep_limit(args, spec: str) -> int | None:
 # (a) baseline and the signal rule
 
 
-def baseline(model, task, spec: str, limit, args, store_dir: Path, compute: bool) -> dict | None:
+def baseline(ref: ModelRef, task, spec: str, limit, args, store_dir: Path, compute: bool) -> dict | None:
     """Unablated accuracy (stored in the pair's sweep store), bootstrap SE/CI, chance, signal;
     None when the store lacks it and ``compute`` is False."""
     cfg = SweepConfig(task=spec, score_ids=[], fractions=[0.0], random_seeds=[0], limit=limit,
                       batch_size=args.batch_size, n_boot=args.n_boot)
-    result = run_sweep(model, cfg, store_dir, task=task, progress=False, compute=compute)
+    result = ref.sweep(cfg, store_dir, task, compute=compute)
     if result is None:
         return None
     rec = result.records["none"]
     return {**accuracy_stats(task, rec, limit, args, cfg), "n_total": len(task.records),
-            "acc_norm": rec["metrics"].get("acc_norm", math.nan),
-            "eval_seconds": float(rec["eval_config"].get("seconds", math.nan))}
+            "acc_norm": rec.metrics.get("acc_norm", math.nan),
+            "eval_seconds": float(rec.eval_config.get("seconds", math.nan))}
 
 
-def accuracy_stats(task, rec: dict, limit, args, cfg: SweepConfig) -> dict:
+def accuracy_stats(task, rec, limit, args, cfg: SweepConfig) -> dict:
     """Accuracy of a stored unablated point with its bootstrap SE/CI, chance on the same
     questions, z = (accuracy - chance) / SE and the signal decision (``--signal-se``)."""
-    correct = np.array([float(q["correct"]) for q in rec["questions"]])
+    correct = np.array([float(q.correct) for q in rec.questions])
     boot = correct[bootstrap_indices(len(correct), args.n_boot, cfg.boot_seed)].mean(1)
     chance = float(np.mean([1.0 / len(r.choices) for r in select_records(task, limit, cfg.seed)]))
-    acc, se = float(rec["metrics"]["acc"]), float(boot.std(ddof=1))
+    acc, se = rec.accuracy, float(boot.std(ddof=1))
     lo, hi = percentile_interval(boot)
     return {"accuracy": acc, "boot_se": se, "ci_low": lo, "ci_high": hi, "chance": chance,
             "z": (acc - chance) / se if se > 0 else math.inf * np.sign(acc - chance),
@@ -254,7 +253,7 @@ def split_superseded(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
     return current.reset_index(drop=True), frame[old].reset_index(drop=True)
 
 
-def remeasured_rows(model, task, cfg: SweepConfig, store_dir: Path, carried: pd.DataFrame,
+def remeasured_rows(ref: ModelRef, task, cfg: SweepConfig, store_dir: Path, carried: pd.DataFrame,
                     carried_auc: pd.DataFrame, args, limit) -> tuple[list[dict], list[dict]]:
     """Table 2 and AUC rows for the functions of a carried-over sweep whose definition changed
     and whose whole curve the store holds under the new one (re-measured alone, with the
@@ -264,7 +263,7 @@ def remeasured_rows(model, task, cfg: SweepConfig, store_dir: Path, carried: pd.
         if revision_of(sid) == 1:
             continue
         one = replace(cfg, score_ids=[sid], random_seeds=[], extra_ablations=[], first=[])
-        result = run_sweep(model, one, store_dir, task=task, progress=False, compute=False)
+        result = ref.sweep(one, store_dir, task, compute=False)
         if result is None:
             continue
         w = result.within.set_index("score_fn").loc[sid]
@@ -274,7 +273,7 @@ def remeasured_rows(model, task, cfg: SweepConfig, store_dir: Path, carried: pd.
                    **{k: w[k] for k in ("max_pct_zeroed_within_1pt", "ci_low", "ci_high", "seed_min", "seed_max",
                                         "max_pct_measured", "crossing_gap_pct", "n_ablated_points", "note",
                                         "base_accuracy")},
-                   "n_questions": len(result.records["none"]["questions"]),
+                   "n_questions": len(result.records["none"].questions),
                    "lower_bound": bool(w["max_pct_zeroed_within_1pt"] >= w["max_pct_measured"]),
                    "signal": old["signal"].iloc[0], "sweep_z": stats["z"], "sweep_signal": stats["signal"],
                    "score_revision": revision_of(sid)})
@@ -317,7 +316,7 @@ def n_questions(task, limit) -> int:
 # (e) static ablation by a dataset-level score
 
 
-def static_specs(model, task, sweep: SweepConfig, args, store_dir: Path, compute: bool) -> list[dict] | None:
+def static_specs(ref: ModelRef, task, sweep: SweepConfig, args, store_dir: Path, compute: bool) -> list[dict] | None:
     """One static head set per fraction > 0: the k least active heads by the dataset-level score
     (None when the store lacks the scores and ``compute`` is False).
 
@@ -325,23 +324,24 @@ def static_specs(model, task, sweep: SweepConfig, args, store_dir: Path, compute
     same batches): one pass instead of two, each ~2 h on Qwen's 500 MMLU 5-shot prompts here."""
     sid = resolve_score_ids(args.static_score)[0]
     cfg = SweepConfig(task=sweep.task, score_ids=[], limit=sweep.limit)
-    key = static_scores_config(base_config(model, task, cfg), sid)
+    key = ref.identity(cfg, task).static_scores(sid)
     store = ResultStore(store_dir)
-    rec = store.get("static_scores", key)
+    rec = store.load(key, StaticScoresRecord)
     if rec is None and not compute:
         return None
     if rec is None:
+        model = ref.model
         inputs = task_inputs(model, task, sweep.n_shot, sweep.limit, sweep.seed, sweep.protocol)
-        base = base_config(model, task, sweep)
-        todo = sweep.score_ids if stored_thresholds(store, base, sweep) is None else []
+        identity = ref.identity(sweep, task)
+        todo = sweep.score_ids if stored_thresholds(store, identity, sweep) is None else []
         hs = score_heads(model, inputs, list(dict.fromkeys([*todo, sid])), batch_size=sweep.threshold_batch_size,
                          keep_per_input=bool(todo), progress=True)
         if todo:
-            put_thresholds(store, base, sweep, thresholds_of(hs, todo, sweep.fractions, sweep.protocol.threshold_rule),
-                           len(inputs))
-        rec = {"mean": hs.mean[sid].tolist(), "n_inputs": hs.n}
-        store.put("static_scores", key, rec)
-    order = least_active(np.array(rec["mean"], dtype=float), SCORES[sid].inactive_when)  # NaN scores last
+            put_thresholds(store, identity, sweep,
+                           thresholds_of(hs, todo, sweep.fractions, sweep.protocol.threshold_rule), len(inputs))
+        rec = StaticScoresRecord(hs.mean[sid].tolist(), hs.n)
+        store.save(key, rec)
+    order = least_active(np.array(rec.mean, dtype=float), SCORES[sid].inactive_when)  # NaN scores last
     out = []
     for p in args.fractions:
         k = math.ceil(p * len(order) - 1e-9)
@@ -363,13 +363,12 @@ def static_curve(result, statics: list[dict], args, x_max: float) -> tuple[pd.Da
                      "heads": s["spec"].removeprefix("static:")})
     points = pd.DataFrame(rows)
     # correctness matrix [point, question] aligned on the baseline's questions, same resamples as run_sweep
-    ref = [q["doc_id"] for q in result.records["none"]["questions"]]
+    ref = [q.doc_id for q in result.records["none"].questions]
     specs = ["none"] + [s["spec"] for s in statics]
-    C = np.array([[float({q["doc_id"]: q["correct"] for q in result.records[sp]["questions"]}[d]) for d in ref]
-                  for sp in specs])
+    C = np.array([[float(result.records[sp].correct_by_doc()[d]) for d in ref] for sp in specs])
     idx = bootstrap_indices(len(ref), args.n_boot, 0)
     boot = C[:, idx].mean(-1)  # [point, boot]
-    base = float(result.records["none"]["metrics"]["acc"])
+    base = result.records["none"].accuracy
     x = np.array([0.0] + list(points["pct_zeroed"]))
     y = np.array([base] + list(points["accuracy"]))
     w = max_within(x, y, base, 0.01)
@@ -410,11 +409,11 @@ def point_rows(result, label: str, tname: str, args, paper_pair: bool) -> list[d
     On the paper's pair, ``paper`` says what its Qwen2.5-0.5B row implies at the realised %
     ("within": inside its within-1-point range)."""
     recs = result.records
-    ref = [q["doc_id"] for q in recs["none"]["questions"]]
+    ref = [q.doc_id for q in recs["none"].questions]
 
     def correct(spec: str) -> np.ndarray:
-        by_id = {q["doc_id"]: float(q["correct"]) for q in recs[spec]["questions"]}
-        return np.array([by_id[d] for d in ref])
+        by_id = recs[spec].correct_by_doc()
+        return np.array([float(by_id[d]) for d in ref])
 
     idx = bootstrap_indices(len(ref), args.n_boot, 0)
     base = correct("none")
@@ -562,7 +561,7 @@ def curve_figure(result, points: pd.DataFrame, within: dict, sid: str, title: st
     """Accuracy vs % zeroed: the per-input curves and random (from the sweep) and the static
     curve (``static <sid>``), each labelled with its % within 1 point."""
     per_input = result.summary[~result.summary["score_fn"].str.startswith("static:")]
-    base = float(result.records["none"]["metrics"]["acc"])
+    base = result.records["none"].accuracy
     static = pd.concat([pd.DataFrame([{"fraction": 0.0, "pct_zeroed": 0.0, "accuracy": base}]),
                         points[["fraction", "pct_zeroed", "accuracy"]]]).assign(score_fn=f"static {sid}")
     summary = pd.concat([per_input, static], ignore_index=True)
@@ -576,23 +575,22 @@ def curve_figure(result, points: pd.DataFrame, within: dict, sid: str, title: st
 # --check-dtype: the bfloat16 pipeline vs the float32 one on a subset
 
 
-def check_dtype(spec: str, model, tasks: dict, args, out: Path) -> pd.DataFrame:
+def check_dtype(spec: str, ref: ModelRef, tasks: dict, args, out: Path) -> pd.DataFrame:
     """For each task: the unablated point and a per-input AHON(LN) 10 % point, each dtype with its
     own thresholds, through the store (OUT/store/<model>__<task>/dtype_check). Runs where bf16 is
     emulated too (slowly): the check is about the numbers, not the speed."""
     from lens_heads.models.load import native_bf16
 
     label, rows = model_label(spec), []
-    loaded = str(model.dtype).removeprefix("torch.")  # the run's model serves as one of the two
-    models = {d: model if d == loaded else load_model(spec, dtype=d, device=args.device)
-              for d in ("float32", "bfloat16")}
+    refs = {d: ref if d == ref.dtype_name else ModelRef(spec, d, args.device)  # the run's model is one of the two
+            for d in ("float32", "bfloat16")}
     for name, task in tasks.items():
         res = {}
-        for d, m in models.items():
+        for d, m in refs.items():
             cfg = SweepConfig(task=name, score_ids=["ahon_ln"], fractions=[0.1], random_seeds=[],
                               limit=args.check_dtype_limit, batch_size=args.batch_size, n_boot=args.n_boot)
-            res[d] = run_sweep(m, cfg, out / "store" / f"{label}__{name}" / "dtype_check", task=task,
-                               progress=False, compute=not args.from_store)
+            res[d] = m.sweep(cfg, out / "store" / f"{label}__{name}" / "dtype_check", task,
+                             compute=not args.from_store)
         if any(r is None for r in res.values()):
             continue
         for abl in ("none", "ahon_ln@0.1"):
@@ -601,15 +599,15 @@ def check_dtype(spec: str, model, tasks: dict, args, out: Path) -> pd.DataFrame:
                 pts = r.summary.loc[(r.summary["score_fn"] == "ahon_ln") & (r.summary["fraction"] > 0), "spec"]
                 spec_d = "none" if abl == "none" else pts.iloc[0]
                 recs[d] = r.records[spec_d]
-            a, b = (recs[d]["questions"] for d in ("float32", "bfloat16"))
-            dll = max(abs(x - y) for qa, qb in zip(a, b) for x, y in zip(qa["lls"], qb["lls"]))
+            a, b = (recs[d].questions for d in ("float32", "bfloat16"))
+            dll = max(abs(x - y) for qa, qb in zip(a, b) for x, y in zip(qa.lls, qb.lls))
             rows.append({"model": label, "task": name, "ablation": abl, "n_questions": len(a),
-                         "acc_float32": recs["float32"]["metrics"]["acc"],
-                         "acc_bfloat16": recs["bfloat16"]["metrics"]["acc"],
-                         "prediction_agreement": float(np.mean([qa["pred"] == qb["pred"] for qa, qb in zip(a, b)])),
+                         "acc_float32": recs["float32"].metrics["acc"],
+                         "acc_bfloat16": recs["bfloat16"].metrics["acc"],
+                         "prediction_agreement": float(np.mean([qa.pred == qb.pred for qa, qb in zip(a, b)])),
                          "max_abs_dll": dll,
-                         "zeroed_float32": recs["float32"]["zeroed_fraction"],
-                         "zeroed_bfloat16": recs["bfloat16"]["zeroed_fraction"],
+                         "zeroed_float32": recs["float32"].zeroed_fraction,
+                         "zeroed_bfloat16": recs["bfloat16"].zeroed_fraction,
                          "bf16_native": native_bf16(args.device)})
     return pd.DataFrame(rows)
 
@@ -667,19 +665,18 @@ def main(argv=None) -> int:
 
     for spec_m in args.models:
         label = model_label(spec_m)
-        model = load_model(spec_m, dtype=args.dtype, device=args.device)
-        dtypes[label] = str(model.dtype).removeprefix("torch.")
-        g = model.geometry
-        print(f"{label}: {g.n_layers} layers x {g.n_heads} heads, {dtypes[label]}, {run.elapsed():.0f} s", flush=True)
+        ref = ModelRef(spec_m, args.dtype, args.device)  # loaded only when something is computed
+        dtypes[label] = ref.dtype_name
+        print(f"{label}: {dtypes[label]}, {run.elapsed():.0f} s", flush=True)
         for spec_t, task in tasks.items():
             tname, limit = names[spec_t], task_limit(args, spec_t)
             store_dir = out / "store" / f"{label}__{tname}"
             # the store's, else an earlier run's on as many questions (not recomputed), else computed
-            b = baseline(model, task, spec_t, limit, args, store_dir, compute=False)
+            b = baseline(ref, task, spec_t, limit, args, store_dir, compute=False)
             if b is None and (b := earlier_row(earlier["baseline"], label, tname, n_questions(task, limit))):
                 carried.append(f"{label} / {tname}: baseline ({b['n_questions']} questions)")
             if b is None and not args.from_store:
-                b = baseline(model, task, spec_t, limit, args, store_dir, compute=True)
+                b = baseline(ref, task, spec_t, limit, args, store_dir, compute=True)
             if b is None:
                 missing.append(f"{label} / {tname}: baseline")
                 print(f"  {tname}: not in the store", flush=True)
@@ -695,13 +692,13 @@ def main(argv=None) -> int:
                               random_seeds=list(range(args.seeds)), limit=limit, batch_size=args.batch_size,
                               n_boot=args.n_boot, first=args.first)
             # the store's complete sweep, else an earlier run's rows for it (not recomputed), else computed
-            statics, result = static_specs(model, task, cfg, args, store_dir, compute=False), None
+            statics, result = static_specs(ref, task, cfg, args, store_dir, compute=False), None
             if statics is not None:
                 cfg = replace(cfg, extra_ablations=[s["spec"] for s in statics])
-                result = run_sweep(model, cfg, store_dir, task=task, progress=False, compute=False)
+                result = ref.sweep(cfg, store_dir, task, compute=False)
             if result is None and earlier_sweep(earlier["table2"], label, tname, n := n_questions(task, limit), cfg):
                 carried.append(f"{label} / {tname}: sweep ({n} questions)")
-                t2, auc = remeasured_rows(model, task, cfg, store_dir, earlier_rows(earlier["table2"], label, tname, n),
+                t2, auc = remeasured_rows(ref, task, cfg, store_dir, earlier_rows(earlier["table2"], label, tname, n),
                                           earlier["auc_ranking"][(earlier["auc_ranking"]["model"] == label)
                                                                  & (earlier["auc_ranking"]["task"] == tname)]
                                           if len(earlier["auc_ranking"]) else earlier["auc_ranking"], args, limit)
@@ -713,13 +710,12 @@ def main(argv=None) -> int:
                 continue
             if result is None and not args.from_store:
                 if statics is None:
-                    statics = static_specs(model, task, cfg, args, store_dir, compute=True)
+                    statics = static_specs(ref, task, cfg, args, store_dir, compute=True)
                     cfg = replace(cfg, extra_ablations=[s["spec"] for s in statics])
-                result = run_sweep(model, cfg, store_dir, task=task, progress=True)
+                result = ref.sweep(cfg, store_dir, task, progress=True)
             part = result
             if result is None:
-                part = None if statics is None else run_sweep(model, cfg, store_dir, task=task, progress=False,
-                                                              compute=False, partial=True)
+                part = None if statics is None else ref.sweep(cfg, store_dir, task, compute=False, partial=True)
             sweep_stats = None  # the rule of (a) on the sweep's own questions, once its baseline is stored
             if part is not None and "none" in part.records:
                 sweep_stats = accuracy_stats(task, part.records["none"], limit, args, cfg)
@@ -746,7 +742,7 @@ def main(argv=None) -> int:
                     "max_pct_measured", "crossing_gap_pct", "n_ablated_points", "note", "base_accuracy"]
             for r in result.within[keep].to_dict("records"):
                 table_rows.append({"model": label, "task": tname, **r,
-                                   "n_questions": len(result.records["none"]["questions"]),
+                                   "n_questions": len(result.records["none"].questions),
                                    "lower_bound": bool(r["max_pct_zeroed_within_1pt"] >= r["max_pct_measured"]),
                                    "signal": b["signal"], "sweep_z": sweep_stats["z"],
                                    "sweep_signal": sweep_stats["signal"]})
@@ -767,9 +763,9 @@ def main(argv=None) -> int:
                          out / "figures" / f"curves_{label}__{tname}.png")
             write_tables()
         if args.check_dtype:
-            dtype_rows.append(check_dtype(spec_m, model, {names[s]: t for s, t in tasks.items()}, args, out))
+            dtype_rows.append(check_dtype(spec_m, ref, {names[s]: t for s, t in tasks.items()}, args, out))
             write_tables()
-        del model
+        del ref
         gc.collect()
 
     write_tables()

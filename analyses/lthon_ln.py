@@ -43,7 +43,7 @@ from lens_heads.evaluate import select_records, task_inputs  # noqa: E402
 from lens_heads.models import load_model  # noqa: E402
 from lens_heads.protocol import Protocol  # noqa: E402
 from lens_heads.store import ResultStore  # noqa: E402
-from lens_heads.sweep import SweepConfig, base_config, put_thresholds, run_sweep, stored_thresholds  # noqa: E402
+from lens_heads.sweep import SweepConfig, put_thresholds, run_sweep, stored_thresholds  # noqa: E402
 from lens_heads.thresholds import compute_thresholds  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
@@ -122,10 +122,10 @@ def mmlu_point(model, label: str, args) -> dict:
     full = SweepConfig(task="mmlu", score_ids=["lthon_ln"], random_seeds=[], limit=args.sweep_limit_mmlu,
                        batch_size=args.batch_size, n_boot=args.n_boot)
     full.validate()
-    store, base = ResultStore(store_dir), base_config(model, task, full)
-    if stored_thresholds(store, base, full) is None:
+    store, identity = ResultStore(store_dir), full.identity(model, task)
+    if stored_thresholds(store, identity, full) is None:
         inputs = task_inputs(model, task, None, full.limit, full.seed, full.protocol)
-        put_thresholds(store, base, full, compute_thresholds(model, inputs, full.score_ids, full.fractions,
+        put_thresholds(store, identity, full, compute_thresholds(model, inputs, full.score_ids, full.fractions,
                                                              full.threshold_batch_size,
                                                              rule=full.protocol.threshold_rule), len(inputs))
     cfg = replace(full, fractions=[0.0, 0.1])
@@ -143,14 +143,14 @@ def mmlu_point(model, label: str, args) -> dict:
 
 def signal_stats(task, rec: dict, limit, args) -> dict:
     """The signal rule of inactive_heads.py (a): accuracy - chance > signal_se x bootstrap SE."""
-    correct = np.array([float(q["correct"]) for q in rec["questions"]])
+    correct = np.array([float(q.correct) for q in rec.questions])
     boot = correct[bootstrap_indices(len(correct), args.n_boot, 0)].mean(1)
     chance = float(np.mean([1.0 / len(r.choices) for r in select_records(task, limit, 1234)]))
-    acc, se = float(rec["metrics"]["acc"]), float(boot.std(ddof=1))
+    acc, se = rec.accuracy, float(boot.std(ddof=1))
     lo, hi = percentile_interval(boot)
     return {"accuracy": acc, "boot_se": se, "ci_low": lo, "ci_high": hi, "chance": chance,
             "z": (acc - chance) / se, "signal": bool(acc - chance > args.signal_se * se),
-            "n_questions": len(correct), "eval_min": float(rec["eval_config"]["seconds"]) / 60}
+            "n_questions": len(correct), "eval_min": float(rec.eval_config["seconds"]) / 60}
 
 
 def plain_row(label: str, task: str, n: int) -> dict:

@@ -1,48 +1,65 @@
 """Content-addressed result store with atomic writes (safe against SIGKILL).
 
-A result is keyed by a hash of the configuration that produced it (a JSON-able dict:
-model digest, task fingerprint, n_shot, limit, seed, dtype, ablation spec, package
-version, ...). Each result is one small, compact JSON file::
+A record is stored under the hash of its ``keys.StoreKey`` (built only in ``lens_heads.keys``
+from a run identity and a kind). Each record is one small, compact JSON file, its key's
+configuration saved inside it::
 
-    DIR/points/<hash>.json        one sweep point (per-question results)
-    DIR/thresholds/<hash>.json    score thresholds for a model x task
-    DIR/parts/<hash>.json         a point's questions in parts, until the point is complete
+    DIR/points/<hash>.json         one sweep point (per-question results)
+    DIR/thresholds/<hash>.json     score thresholds for a model x task
+    DIR/parts/<hash>.json          a point's questions in parts, until the point is complete
+    DIR/static_scores/<hash>.json  dataset-level scores a static ablation ranks heads by
 
 Files are written to a temporary file in the same folder, then ``os.replace``d: a reader
 sees either no file or a complete one, so a run killed at any moment resumes by
-recomputing only what is missing.
+recomputing only what is missing. Typed records (``sweep.records``) go in and out through
+``save`` / ``load``; ``get`` / ``put`` take and give the plain JSON.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterator, Protocol, TypeVar
 
 from lens_heads.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
+from lens_heads.keys import Kind, StoreKey, config_key
+
+__all__ = ["ResultStore", "Record", "config_key"]
 
 
-def config_key(config: dict[str, Any]) -> str:
-    """Stable hash of a JSON-able configuration (sorted keys, compact separators)."""
-    blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+class Record(Protocol):
+    """A typed record: its JSON form (without the key) and back."""
+
+    def to_json(self) -> dict[str, Any]: ...
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Record": ...
+
+
+R = TypeVar("R")
+
+
+def _plain(config) -> Any:
+    return json.loads(json.dumps(config, default=str))
 
 
 class ResultStore:
-    """JSON records under ``root/<kind>/<hash>.json``, keyed by their configuration."""
+    """JSON records under ``root/<kind folder>/<hash>.json``, keyed by their ``StoreKey``."""
 
     def __init__(self, root: str | os.PathLike):
         self.root = Path(root)
 
-    def path(self, kind: str, config: dict[str, Any]) -> Path:
-        return self.root / kind / f"{config_key(config)}.json"
+    def path(self, key: StoreKey) -> Path:
+        return self.root / key.kind.folder / f"{key.digest}.json"
 
-    def get(self, kind: str, config: dict[str, Any]) -> dict | None:
-        """The stored record for ``config``, or None. A record whose config differs is an error."""
-        path = self.path(kind, config)
+    def has(self, key: StoreKey) -> bool:
+        return self.path(key).is_file()
+
+    def get(self, key: StoreKey) -> dict | None:
+        """The stored JSON for ``key``, or None. A record whose configuration differs is an error."""
+        path = self.path(key)
         if not path.is_file():
             return None
         try:
@@ -51,31 +68,38 @@ class ResultStore:
             return None
         except (OSError, json.JSONDecodeError) as exc:
             raise LensHeadsError(f"corrupt result file {path}: {exc}; delete it to recompute") from None
-        stored = json.loads(json.dumps(record.get("config"), default=str))
-        if stored != json.loads(json.dumps(config, default=str)):
+        if _plain(record.get("config")) != _plain(key.config):
             raise LensHeadsError(f"result file {path} holds a different configuration (hash collision?)")
         return record
 
-    def put(self, kind: str, config: dict[str, Any], record: dict[str, Any]) -> Path:
-        """Store ``record`` (the config is saved inside it) atomically; returns the file path."""
-        path = self.path(kind, config)
-        text = json.dumps({**record, "config": config}, separators=(",", ":"), default=str)  # compact: committed
-        atomic_write_text(path, text, make_parents=True)
-        return path
+    def put(self, key: StoreKey, record: dict[str, Any]) -> Path:
+        """Store ``record`` (the key's configuration is saved inside it) atomically; its path."""
+        text = json.dumps({**record, "config": key.config}, separators=(",", ":"), default=str)  # compact: committed
+        return atomic_write_text(self.path(key), text, make_parents=True)
 
-    def discard(self, kind: str, config: dict[str, Any]) -> None:
-        """Remove the record for ``config`` if there is one (intermediate results once merged)."""
-        self.path(kind, config).unlink(missing_ok=True)
+    def load(self, key: StoreKey, cls: type[R]) -> R | None:
+        """The stored record for ``key`` as ``cls`` (a ``Record``), or None."""
+        data = self.get(key)
+        return None if data is None else cls.from_json(data)
 
-    def records(self, kind: str) -> Iterator[dict]:
+    def save(self, key: StoreKey, record: Record) -> Path:
+        return self.put(key, record.to_json())
+
+    def discard(self, key: StoreKey) -> None:
+        """Remove the record for ``key`` if there is one (intermediate results once merged)."""
+        self.path(key).unlink(missing_ok=True)
+
+    def records(self, kind: Kind) -> Iterator[dict]:
         """Every stored record of ``kind`` (each with its ``config``), in key order."""
-        for key in self.keys(kind):
-            path = self.root / kind / f"{key}.json"
+        for digest in self.keys(kind):
+            path = self.root / kind.folder / f"{digest}.json"
             try:
                 yield json.loads(path.read_text(encoding="utf-8"))
+            except FileNotFoundError:
+                continue
             except (OSError, json.JSONDecodeError) as exc:
                 raise LensHeadsError(f"corrupt result file {path}: {exc}; delete it to recompute") from None
 
-    def keys(self, kind: str) -> list[str]:
-        folder = self.root / kind
+    def keys(self, kind: Kind) -> list[str]:
+        folder = self.root / kind.folder
         return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []

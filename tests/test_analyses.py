@@ -456,21 +456,72 @@ def test_rows_of_an_old_definition_move_to_superseded():
 
 
 def test_committed_store_records_rekey_to_their_file_names():
-    """Every committed sweep record's configuration hashes to its own file name with today's key
-    code, and the run identity the sweep builds for it (base_config) has exactly its keys: no
-    stored result is orphaned by a change to how keys are built."""
-    from lens_heads.store import config_key
+    """Every committed store record's key, rebuilt by the key code (``keys.RunIdentity`` and its
+    kind's builder) from the fields it holds, equals its configuration and hashes to its file
+    name: no stored result is orphaned by a change to how keys are built. A record of a score
+    function's older definition rebuilds to another key (it is never reused)."""
+    from dataclasses import fields
+
+    from lens_heads.interventions import parse_spec
+    from lens_heads.keys import Kind, RunIdentity, config_key
+    from lens_heads.protocol import Protocol
+    from lens_heads.scores import SCORES
 
     store = ANALYSES / "results" / "inactive_heads" / "store"
     files = sorted(store.rglob("*.json"))
     assert len(files) >= 10
-    base_keys = {"model_digest", "task", "task_fingerprint", "n_shot", "limit", "seed", "dtype", "version"}
-    optional = {"add_bos_token", "apply_chat_template", "fewshot_as_multiturn", "threshold_rule"}  # Protocol.key()
+    protocol_fields = {f.name for f in fields(Protocol)}
+    superseded = 0
     for f in files:
         config = json.loads(f.read_text())["config"]
         assert config_key(config) == f.stem, f
-        kind = config.get("kind")
-        assert kind in ("point", "part", "thresholds", "static_scores"), f
-        if kind in ("point", "part", "thresholds"):
-            assert base_keys <= set(config) and not (set(config) - base_keys - optional - {
-                "kind", "ablation", "doc_ids", "score_ids", "fractions", "score_revisions", "score_revision"}), f
+        ident = RunIdentity(*(config[k] for k in ("model_digest", "task", "task_fingerprint", "n_shot", "limit",
+                                                  "seed", "dtype", "version")),
+                            protocol={k: v for k, v in config.items() if k in protocol_fields})
+        kind = Kind(config["kind"])
+        if kind is Kind.THRESHOLDS:
+            key, fns = ident.thresholds(config["score_ids"], config["fractions"]), config["score_ids"]
+        elif kind is Kind.STATIC_SCORES:
+            key, fns = ident.static_scores(config["score"]), [config["score"]]
+        else:
+            spec = parse_spec(config["ablation"])
+            fn = getattr(spec, "score_id", None)
+            key, fns = ident.point(config["ablation"], fn), [fn]
+            if kind is Kind.PART:
+                key = key.part(config["doc_ids"])
+        recorded = {*config.get("score_revisions", {}), *([fns[0]] if "score_revision" in config else [])}
+        old = [fn for fn in fns if fn in SCORES and SCORES[fn].revision > 1 and fn not in recorded]
+        if old:  # measured under an older definition: today's key differs by the revision alone
+            superseded += 1
+            assert key.digest != f.stem and {k: v for k, v in key.config.items()
+                                             if k not in ("score_revision", "score_revisions")} == config, f
+            continue
+        assert json.loads(json.dumps(key.config)) == config and key.digest == f.stem, f
+    assert 0 < superseded < len(files) / 2  # the old LTHON(LN) thresholds and points
+
+
+def test_from_store_rewrites_the_committed_tables_byte_for_byte(tmp_path, monkeypatch):
+    """inactive_heads.py --from-store, with the command the committed tables record, writes every
+    committed table again byte for byte (summary.md too, but for the run's own command, wall time
+    and date), without loading or even fetching a model."""
+    import lens_heads.models as models
+
+    committed = ANALYSES / "results" / "inactive_heads"
+    out = tmp_path / "inactive_heads"
+    shutil.copytree(committed, out)
+    mod = script("inactive_heads")
+    argv = ["--models", "smollm2-135m,qwen2.5-coder-0.5b,gemma-3-270m", "--tasks", "piqa,winogrande,mmlu",
+            "--limit-mmlu", "2000", "--sweep-limit", "200", "--sweep-limit-mmlu", "500", "--check-dtype",
+            "--check-dtype-limit", "100", "--from-store", "--dtype", "float32", "--out", str(out)]
+    assert f"`HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 python analyses/inactive_heads.py {' '.join(argv[:-1])} " \
+           f"analyses/results/inactive_heads`" in (committed / "summary.md").read_text()
+    for owner, attr in ((models, "load_model"), (models.load, "load_model"), (models.zoo, "fetch")):
+        monkeypatch.setattr(owner, attr, lambda *a, **k: pytest.fail("a model was loaded"))
+    assert mod.main(argv) == 0
+    tables = sorted(committed.glob("*.csv"))
+    assert len(tables) >= 10
+    for f in tables:
+        assert (out / f.name).read_bytes() == f.read_bytes(), f.name
+    run_lines = ("| command |", "| wall time |", "| finished |")
+    keep = lambda p: [x for x in p.read_text().splitlines() if not x.startswith(run_lines)]  # noqa: E731
+    assert keep(out / "summary.md") == keep(committed / "summary.md")

@@ -405,11 +405,12 @@ def test_claims_stale_rules(tmp_path, monkeypatch):
 
 
 def test_store_get_tolerates_a_record_removed_meanwhile(tmp_path, monkeypatch):
+    from lens_heads.keys import Kind, StoreKey
     from lens_heads.store import ResultStore
 
-    store = ResultStore(tmp_path)
-    store.put("parts", {"a": 1}, {"x": 1})
-    path = store.path("parts", {"a": 1})
+    store, key = ResultStore(tmp_path), StoreKey(Kind.PART, {"a": 1})
+    store.put(key, {"x": 1})
+    path = store.path(key)
     real = Path.read_text
 
     def vanish(self, *a, **k):
@@ -418,4 +419,4 @@ def test_store_get_tolerates_a_record_removed_meanwhile(tmp_path, monkeypatch):
         return real(self, *a, **k)
 
     monkeypatch.setattr(Path, "read_text", vanish)
-    assert store.get("parts", {"a": 1}) is None  # another process merged and discarded it
+    assert store.get(key) is None  # another process merged and discarded it

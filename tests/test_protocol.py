@@ -286,26 +286,26 @@ def test_authors_thresholds_file(tmp_path, bos_model):
 
 def test_default_protocol_keeps_store_keys_and_others_get_their_own(tiny_model, tmp_path):
     from lens_heads.data import load_task as lt
-    from lens_heads.sweep import base_config
-
     model, task = tiny_model("llama"), lt("piqa")
-    plain = base_config(model, task, SweepConfig(task="piqa", score_ids=[]))
+    plain = SweepConfig(task="piqa", score_ids=[]).identity(model, task).config()
     assert "apply_chat_template" not in plain and "threshold_rule" not in plain
-    chat = base_config(model, task, SweepConfig(task="piqa", score_ids=[], protocol=Protocol(threshold_rule="cdf")))
+    chat = SweepConfig(task="piqa", score_ids=[], protocol=Protocol(threshold_rule="cdf")).identity(model, task).config()
     assert {k: v for k, v in chat.items() if k != "threshold_rule"} == plain and chat["threshold_rule"] == "cdf"
 
 
 def test_lthon_ln_revision_keeps_old_thresholds_out(tiny_model, tmp_path):
     """A thresholds record stored under the old LTHON(LN) definition is never reused."""
     from lens_heads.store import ResultStore
-    from lens_heads.sweep import base_config, stored_thresholds, threshold_config
+    from lens_heads.keys import StoreKey
+    from lens_heads.sweep import stored_thresholds, thresholds_key
 
     model, task = tiny_model("llama"), load_task("piqa")
     cfg = SweepConfig(task="piqa", score_ids=["lthon_ln", "ahon_ln"], random_seeds=[], limit=4)
     cfg.validate()
-    store, base = ResultStore(tmp_path), base_config(model, task, cfg)
-    old = {k: v for k, v in threshold_config(base, cfg).items() if k != "score_revisions"}  # as stored before
-    store.put("thresholds", old, {"thresholds": {"lthon_ln": {}, "ahon_ln": {}}, "n_inputs": 4})
+    store, base = ResultStore(tmp_path), cfg.identity(model, task)
+    key = thresholds_key(base, cfg)
+    old = StoreKey(key.kind, {k: v for k, v in key.config.items() if k != "score_revisions"})  # as stored before
+    store.put(old, {"thresholds": {"lthon_ln": {}, "ahon_ln": {}}, "n_inputs": 4})
     assert stored_thresholds(store, base, cfg) is None
     only_ahon = SweepConfig(task="piqa", score_ids=["ahon_ln"], random_seeds=[], limit=4)
     only_ahon.validate()
@@ -314,8 +314,8 @@ def test_lthon_ln_revision_keeps_old_thresholds_out(tiny_model, tmp_path):
     alone = SweepConfig(task="piqa", score_ids=["lthon_ln"], random_seeds=[], limit=4)
     alone.validate()
     new = {repr(p): 0.5 + p for p in alone.fractions}  # as put_thresholds stores them
-    store.put("thresholds", threshold_config(base, alone), {"thresholds": {"lthon_ln": new}, "n_inputs": 4})
-    both = stored_thresholds(store, base, cfg)
+    store.put(thresholds_key(base, alone), {"thresholds": {"lthon_ln": new}, "n_inputs": 4})
+    both = stored_thresholds(store, base, cfg).to_json()
     assert both["thresholds"]["lthon_ln"] == new and set(both["thresholds"]) == {"lthon_ln", "ahon_ln"}
 
 

@@ -20,6 +20,7 @@ import torch
 from lens_heads.curves import bootstrap_indices, crossing_gap, max_within, normalised_auc
 from lens_heads.errors import LensHeadsError
 from lens_heads.atomic import atomic_write_text
+from lens_heads.keys import Kind, StoreKey
 from lens_heads.store import ResultStore, config_key
 from lens_heads.sweep import plan_points, SweepConfig, SweepPoint, tables
 from lens_heads.thresholds import parse_fractions, threshold_for, thresholds_from_scores
@@ -105,26 +106,34 @@ def test_parse_fractions():
             parse_fractions(bad)
 
 
+def stored(model, cfg, out, task, partial=False):
+    """The sweep's tables from the store alone (no computing)."""
+    from lens_heads.sweep import tabulate
+
+    return tabulate(out, cfg.identity(model, task), cfg, task, partial=partial)
+
+
 # --- store ------------------------------------------------------------------------------
 
 
 def test_store_round_trip_and_atomicity(tmp_path):
     store = ResultStore(tmp_path)
     cfg = {"model_digest": "abc", "ablation": "random:0.1@0", "limit": None}
-    assert store.get("points", cfg) is None
-    path = store.put("points", cfg, {"metrics": {"acc": 0.5}})
+    key = StoreKey(Kind.POINT, cfg)
+    assert store.get(key) is None
+    path = store.put(key, {"metrics": {"acc": 0.5}})
     assert path.parent == tmp_path / "points" and path.stem == config_key(cfg)
-    assert store.get("points", cfg)["metrics"] == {"acc": 0.5}
+    assert store.get(key)["metrics"] == {"acc": 0.5}
     assert config_key({"limit": None, "ablation": "random:0.1@0", "model_digest": "abc"}) == path.stem
     assert config_key({**cfg, "limit": 5}) != path.stem
     assert [p.name for p in (tmp_path / "points").iterdir()] == [path.name]  # no temp files left
     # a file that holds another configuration is refused, not silently used
     path.write_text(json.dumps({"config": {"other": 1}}))
     with pytest.raises(LensHeadsError, match="different configuration"):
-        store.get("points", cfg)
+        store.get(key)
     path.write_text("{trunc")
     with pytest.raises(LensHeadsError, match="corrupt"):
-        store.get("points", cfg)
+        store.get(key)
 
 
 def test_atomic_write_failure_leaves_nothing(tmp_path):
@@ -139,8 +148,11 @@ def test_atomic_write_failure_leaves_nothing(tmp_path):
 
 
 def _record(correct, zf):
-    qs = [{"doc_id": i, "correct": bool(c)} for i, c in enumerate(correct)]
-    return {"metrics": {"acc": float(np.mean(correct))}, "zeroed_fraction": zf, "questions": qs}
+    from lens_heads.evaluate import QuestionResult
+    from lens_heads.sweep import PointRecord
+
+    qs = [QuestionResult(i, int(not c), 0, bool(c), [0.0, 0.0]) for i, c in enumerate(correct)]
+    return PointRecord("t", 0, {"acc": float(np.mean(correct))}, zf, qs, {})
 
 
 def test_tables_bootstrap_is_paired_and_matches_a_naive_loop():
@@ -396,12 +408,12 @@ def test_parts_merge_to_the_one_shot_point_and_resume(tiny_model, task_file, tmp
     assert whole.records.keys() == parts.records.keys()
     for spec, a in whole.records.items():
         b = parts.records[spec]
-        assert [q["pred"] for q in a["questions"]] == [q["pred"] for q in b["questions"]], spec
-        assert np.allclose([q["lls"] for q in a["questions"]], [q["lls"] for q in b["questions"]], atol=1e-5)
-        assert a["metrics"] == b["metrics"]
-        assert a["zeroed_fraction"] == pytest.approx(b["zeroed_fraction"]), spec
-        assert b["eval_config"]["n_questions"] == len(TASK_ROWS)
-    assert parts.records["static:0.1,1.2"]["zeroed_fraction"] == pytest.approx(2 / 8)
+        assert [q.pred for q in a.questions] == [q.pred for q in b.questions], spec
+        assert np.allclose([q.lls for q in a.questions], [q.lls for q in b.questions], atol=1e-5)
+        assert a.metrics == b.metrics
+        assert a.zeroed_fraction == pytest.approx(b.zeroed_fraction), spec
+        assert b.eval_config["n_questions"] == len(TASK_ROWS)
+    assert parts.records["static:0.1,1.2"].zeroed_fraction == pytest.approx(2 / 8)
     pd.testing.assert_frame_equal(whole.summary, parts.summary)
 
 
@@ -453,27 +465,28 @@ def test_first_points_are_evaluated_first_and_a_stopped_run_shows_them(tiny_mode
     """With first=[ahon_ln@0.5, random@0.5@1], a run killed after three points holds the baseline
     and exactly those two; the partial tables list both, with the values the finished sweep gives."""
     import lens_heads.sweep as sw
+    import lens_heads.sweep.run as sw_run
     from lens_heads.data import load_task
 
     model, task = tiny_model("llama"), load_task(f"file:{task_file}")
     cfg = lambda: SweepConfig(task=f"file:{task_file}", score_ids=["awft", "ahon_ln"], fractions=[0.0, 0.5],  # noqa: E731
                               random_seeds=[0, 1], batch_size=4, n_boot=100, first=["ahon_ln@0.5", "random@0.5@1"])
-    done, real = [], sw._evaluate_point
+    done, real = [], sw_run.run_unit
 
-    def dying(model, task, cfg, spec, store, pcfg):
+    def dying(model, task, plan, unit, store):  # each point is one unit here (chunk > questions)
         if len(done) == 3:
             raise KeyboardInterrupt("killed")
-        done.append(spec)
-        return real(model, task, cfg, spec, store, pcfg)
+        done.append(unit.spec)
+        return real(model, task, plan, unit, store)
 
-    monkeypatch.setattr(sw, "_evaluate_point", dying)
+    monkeypatch.setattr(sw_run, "run_unit", dying)
     with pytest.raises(KeyboardInterrupt):
         sw.run_sweep(model, cfg(), tmp_path / "s", task=task, progress=False)
     assert done[0] == "none" and done[1].startswith("score:ahon_ln@") and done[2] == "random:0.5@1"
-    part = sw.run_sweep(model, cfg(), tmp_path / "s", task=task, progress=False, compute=False, partial=True)
+    part = sw.sweep_status(model, cfg(), tmp_path / "s", task=task)
     assert set(part.summary.spec) == set(done)
     assert set(part.within.score_fn) == {"ahon_ln", "random"}  # ahon_ln whole, random: seed 1 alone
-    monkeypatch.setattr(sw, "_evaluate_point", real)
+    monkeypatch.setattr(sw_run, "run_unit", real)
     full = sw.run_sweep(model, cfg(), tmp_path / "s", task=task, progress=False)
     cols = ["spec", "accuracy", "pct_zeroed", "delta", "delta_ci_low", "delta_ci_high"]
     pd.testing.assert_frame_equal(full.summary[full.summary.spec.isin(done)].drop_duplicates("spec")[cols]
@@ -497,16 +510,14 @@ def test_a_narrower_sweep_reuses_a_wider_sweeps_thresholds(tiny_model, task_file
                      tmp_path / "s", task=task, progress=False)
     monkeypatch.setattr(th, "compute_thresholds", lambda *a, **k: pytest.fail("thresholds recomputed"))
     for ids in (["awft"], ["awft", "ahon_ln"]):
-        narrow = run_sweep(model, SweepConfig(score_ids=ids, fractions=[0.0, 0.5], **kw), tmp_path / "s", task=task,
-                           progress=False, compute=False)
+        narrow = stored(model, SweepConfig(score_ids=ids, fractions=[0.0, 0.5], **kw), tmp_path / "s", task)
         assert narrow is not None and narrow.complete
         assert narrow.thresholds == {sid: {0.0: None, 0.5: wide.thresholds[sid][0.5]} for sid in ids}
         w = wide.summary[wide.summary.fraction.isin([0.0, 0.5]) & wide.summary.score_fn.isin(ids)]
         assert sorted(narrow.summary.spec) == sorted(w.spec)
     assert len(list((tmp_path / "s" / "thresholds").glob("*.json"))) == 1
     # another fraction is not in the stored record: that sweep has no thresholds yet
-    assert run_sweep(model, SweepConfig(score_ids=["awft"], fractions=[0.0, 0.3], **kw), tmp_path / "s", task=task,
-                     progress=False, compute=False) is None
+    assert stored(model, SweepConfig(score_ids=["awft"], fractions=[0.0, 0.3], **kw), tmp_path / "s", task) is None
 
 
 def test_partial_tables_hold_the_complete_curves_with_their_final_values(tiny_model, task_file, tmp_path):
@@ -515,7 +526,7 @@ def test_partial_tables_hold_the_complete_curves_with_their_final_values(tiny_mo
     from lens_heads.curves import max_within
     from lens_heads.data import load_task
     from lens_heads.store import ResultStore
-    from lens_heads.sweep import base_config, run_sweep
+    from lens_heads.sweep import run_sweep
 
     model, task = tiny_model("llama"), load_task(f"file:{task_file}")
     cfg = lambda: SweepConfig(task=f"file:{task_file}", score_ids=["ahon_ln", "awft"], fractions=[0.0, 0.25, 0.5],  # noqa: E731
@@ -524,14 +535,14 @@ def test_partial_tables_hold_the_complete_curves_with_their_final_values(tiny_mo
     full = run_sweep(model, cfg(), out, task=task, progress=False)
     assert full.complete and full.n_points == full.n_stored == 1 + 2 * 2 + 2 * 2 + 1
 
-    store, base = ResultStore(out), base_config(model, task, cfg())
+    store, identity = ResultStore(out), cfg().identity(model, task)
     awft_spec = full.summary.query("score_fn == 'awft' and fraction == 0.5").spec.iloc[0]
-    for spec in (awft_spec, "random:0.25@1"):
-        store.path("points", {**base, "kind": "point", "ablation": spec}).unlink()
+    for spec, fn in ((awft_spec, "awft"), ("random:0.25@1", "random")):
+        store.path(identity.point(spec, fn)).unlink()
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
 
-    assert run_sweep(model, cfg(), out, task=task, progress=False, compute=False) is None
-    part = run_sweep(model, cfg(), out, task=task, progress=False, compute=False, partial=True)
+    assert stored(model, cfg(), out, task) is None
+    part = stored(model, cfg(), out, task, partial=True)
     assert {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()} == before  # nothing written
     assert not part.complete and (part.n_points, part.n_stored) == (full.n_points, full.n_points - 2)
     assert set(part.within.score_fn) == {"ahon_ln", "random"}
@@ -553,8 +564,8 @@ def test_partial_tables_hold_the_complete_curves_with_their_final_values(tiny_mo
     pd.testing.assert_frame_equal(full.summary.query("score_fn == 'ahon_ln'")[shared].reset_index(drop=True),
                                   part.summary.query("score_fn == 'ahon_ln'")[shared].reset_index(drop=True))
 
-    store.path("points", {**base, "kind": "point", "ablation": "none"}).unlink()
-    assert run_sweep(model, cfg(), out, task=task, progress=False, compute=False, partial=True) is None
+    store.path(identity.point("none")).unlink()
+    assert stored(model, cfg(), out, task, partial=True) is None
 
 
 def test_cli_status_shows_a_stopped_sweeps_complete_curves(tiny_model_dir, task_file, tmp_path, capsys):

@@ -51,7 +51,7 @@ def run(args) -> int:
     from lens_heads.errors import LensHeadsError
     from lens_heads.models import load_model
     from lens_heads.scores import resolve_score_ids
-    from lens_heads.sweep import SweepConfig, run_sweep
+    from lens_heads.sweep import SweepConfig, run_sweep, sweep_status
     from lens_heads.thresholds import parse_fractions
 
     # cheap checks first, then the task, then the model; nothing is written until all pass
@@ -99,7 +99,7 @@ def run(args) -> int:
         print(f"protocol: {cfg.protocol}")
 
     if args.status:
-        result = run_sweep(model, cfg, args.out, task=task, progress=False, compute=False, partial=True)
+        result = sweep_status(model, cfg, args.out, task=task)
         if result is None:
             raise LensHeadsError(f"{args.out} holds no baseline (or no thresholds) of this sweep yet: "
                                  "nothing to show (same model, task and settings as the run?)")

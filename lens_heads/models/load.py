@@ -289,19 +289,23 @@ def boot(model, tokenizer, source: ModelSource, dtype, device) -> LoadedModel:
     return LoadedModel(bridge, tokenizer, geometry, source, dtype, device, prepends)
 
 
-def model_digest(model) -> str:
-    """sha256 of the weights' source: the GGUF digest, else the model folder's weight files
-    (computed once per loaded model and kept on it), else the spec itself (hub ids)."""
-    src = model.source
+def source_digest(src: "ModelSource") -> str:
+    """sha256 of the weights behind a source, without loading them: the GGUF digest, else the
+    model folder's weight files and config.json, else the spec itself (hub ids)."""
     if src.digest:
         return src.digest
     folder = Path(src.path)
     if not folder.is_dir():
         return f"spec:{src.spec}"
+    files = [p for p in sorted(folder.iterdir())
+             if p.is_file() and (p.suffix in (".safetensors", ".bin") or p.name == "config.json")]
+    return zoo.sha256_files(files)
+
+
+def model_digest(model) -> str:
+    """``source_digest`` of a loaded model's source (computed once and kept on the model)."""
     if model.weights_digest is None:
-        files = [p for p in sorted(folder.iterdir())
-                 if p.is_file() and (p.suffix in (".safetensors", ".bin") or p.name == "config.json")]
-        model.weights_digest = zoo.sha256_files(files)
+        model.weights_digest = source_digest(model.source)
     return model.weights_digest
 
 

@@ -1,0 +1,153 @@
+"""Store keys: the one place that says what identifies a stored result (docs/methods.md §8).
+
+A result is stored under the hash of a JSON-able configuration. That configuration is built
+here and nowhere else, from two typed values:
+
+* ``RunIdentity``: what every result of one (model, task) run shares -- the weights digest, the
+  task and its records' fingerprint, n-shot, question limit, few-shot seed, dtype, lens_heads
+  version and the non-default settings of the ``Protocol``;
+* a ``StoreKey`` of one ``Kind`` built from it: the thresholds of a scoring pass, one sweep
+  point (its ablation spec), one part of a point (its doc ids), or the dataset-level
+  scores a static ablation ranks heads by. A score function whose definition changed
+  (``ScoreFn.revision`` > 1) adds its revision, so a record of the old definition is never reused.
+
+Every key of the stores committed under ``analyses/results`` re-keys to its own file name with
+this code (a test checks it): the field names, their order of insertion and the float encoding
+(JSON's shortest round-trip ``repr``) are part of the format and never change silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Mapping, Sequence
+
+
+def config_key(config: Mapping[str, Any]) -> str:
+    """The stable hash of a JSON-able configuration: sha256 of its canonical JSON (sorted keys,
+    compact separators, floats as Python's shortest round-trip repr), first 32 hex digits."""
+    blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+class Kind(str, Enum):
+    """A kind of stored record: its folder in the store and its ``kind`` field in the key."""
+
+    THRESHOLDS = "thresholds"
+    POINT = "point"
+    PART = "part"
+    STATIC_SCORES = "static_scores"
+
+    @property
+    def folder(self) -> str:
+        return {"point": "points", "part": "parts"}.get(self.value, self.value)
+
+
+@dataclass(frozen=True)
+class StoreKey:
+    """One record's identity: its kind and the configuration whose hash names its file."""
+
+    kind: Kind
+    config: Mapping[str, Any] = field(hash=False)
+
+    @property
+    def digest(self) -> str:
+        return config_key(self.config)
+
+    def part(self, doc_ids: Sequence[int]) -> "StoreKey":
+        """The key of this point's part over ``doc_ids`` (a run of its questions)."""
+        if self.kind is not Kind.POINT:
+            raise ValueError("only a point has parts")
+        return StoreKey(Kind.PART, {**self.config, "kind": Kind.PART.value, "doc_ids": list(doc_ids)})
+
+
+def task_fingerprint(task) -> str:
+    """sha256 over the task's name, split, source and records (question, choices, gold, subject)."""
+    h = hashlib.sha256(f"{task.name}|{task.split}|{task.source}".encode())
+    for r in task.records:
+        h.update(json.dumps([r.doc_id, r.question, r.choices, r.gold, r.subject], default=str).encode())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class RunIdentity:
+    """What every stored result of one run shares (the batch size is deliberately not in it:
+    results do not depend on it)."""
+
+    model_digest: str
+    task: str  # the task spec as given ("piqa", "file:...")
+    task_fingerprint: str
+    n_shot: int
+    limit: int | None
+    seed: int  # few-shot sampling seed
+    dtype: str  # "float32", "bfloat16", ...
+    version: str  # lens_heads version
+    protocol: Mapping[str, Any] = field(default_factory=dict, hash=False)  # Protocol.key(): non-default settings
+
+    @classmethod
+    def build(cls, model_digest: str, dtype: str, task, task_spec: str, n_shot: int | None, limit: int | None,
+              seed: int, protocol=None, version: str | None = None) -> "RunIdentity":
+        """From the weights' digest and dtype (no loaded model needed), a loaded ``Task`` and the
+        run's settings; ``n_shot=None`` is the task's default."""
+        from lens_heads.provenance import lens_heads_version
+
+        return cls(model_digest, task_spec, task_fingerprint(task), task.spec.n_shot if n_shot is None else n_shot,
+                   limit, seed, str(dtype).removeprefix("torch."),
+                   lens_heads_version() if version is None else version,
+                   dict(protocol.key()) if protocol is not None else {})
+
+    @classmethod
+    def of(cls, model, task, task_spec: str, n_shot: int | None, limit: int | None, seed: int,
+           protocol=None) -> "RunIdentity":
+        """The identity of a run of a loaded model."""
+        from lens_heads.models.load import model_digest
+
+        return cls.build(model_digest(model), str(model.dtype), task, task_spec, n_shot, limit, seed, protocol)
+
+    def config(self) -> dict[str, Any]:
+        """The fields every key starts with, in their stored order (the protocol last, and only
+        its non-default settings, so default-protocol keys are as they always were)."""
+        return {"model_digest": self.model_digest, "task": self.task, "task_fingerprint": self.task_fingerprint,
+                "n_shot": self.n_shot, "limit": self.limit, "seed": self.seed, "dtype": self.dtype,
+                "version": self.version, **self.protocol}
+
+    # -- the keys built from it ------------------------------------------------------------
+
+    def thresholds(self, score_ids: Sequence[str], fractions: Sequence[float]) -> StoreKey:
+        """The thresholds of one scoring pass over the run's unablated inputs."""
+        revisions = _revisions(score_ids)
+        return StoreKey(Kind.THRESHOLDS, {**self.config(), "kind": Kind.THRESHOLDS.value,
+                                          "score_ids": list(score_ids),
+                                          "fractions": sorted(float(p) for p in fractions),
+                                          **({"score_revisions": revisions} if revisions else {})})
+
+    def point(self, spec: str, score_fn: str | None = None) -> StoreKey:
+        """One sweep point: the ablation ``spec`` evaluated; ``score_fn`` the function whose
+        thresholds made it (its revision joins the key; the baseline ``none`` is shared)."""
+        revisions = _revisions([score_fn]) if spec != "none" and score_fn else {}
+        return StoreKey(Kind.POINT, {**self.config(), "kind": Kind.POINT.value, "ablation": str(spec),
+                                     **({"score_revision": revisions[score_fn]} if revisions else {})})
+
+    def static_scores(self, score_id: str) -> StoreKey:
+        """The dataset-level scores by ``score_id`` on the run's inputs (a static ablation's ranking)."""
+        revisions = _revisions([score_id])
+        return StoreKey(Kind.STATIC_SCORES, {**self.config(), "kind": Kind.STATIC_SCORES.value, "score": score_id,
+                                             **({"score_revision": revisions[score_id]} if revisions else {})})
+
+    def same_run(self, config: Mapping[str, Any]) -> bool:
+        """Whether a stored key's configuration belongs to this run (whatever its kind)."""
+        from dataclasses import fields
+
+        from lens_heads.protocol import Protocol
+
+        run_fields = {*self.config(), *(f.name for f in fields(Protocol))}
+        mine = json.loads(json.dumps(self.config(), default=str))
+        return {k: v for k, v in config.items() if k in run_fields} == mine
+
+
+def _revisions(score_ids: Sequence[str]) -> dict[str, int]:
+    from lens_heads.scores.functions import revision_key
+
+    return revision_key(list(score_ids))

@@ -1,0 +1,116 @@
+"""What a sweep measures (``SweepConfig``) and the typed name of one of its points (``PointId``)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from lens_heads.errors import LensHeadsError
+from lens_heads.protocol import Protocol
+from lens_heads.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fraction
+
+RANDOM = "random"  # score_fn of the random-heads points
+BASELINE = "baseline"  # score_fn of the unablated point when no curve supplies it
+
+
+@dataclass(frozen=True)
+class PointId:
+    """One point of a sweep's plan by name: ``ID@FRACTION`` (a score function's point),
+    ``random@FRACTION@SEED``, or an extra ablation's spec (``extra``). One parser, one printer."""
+
+    score_fn: str
+    fraction: float = math.nan
+    seed: int | None = None
+    extra: str | None = None  # the spec of an extra ablation (then score_fn == extra)
+
+    GRAMMAR = "ID@FRACTION or random@FRACTION@SEED"
+
+    @classmethod
+    def parse(cls, text: str, extras=()) -> "PointId":
+        text = text.strip()
+        if text in extras:
+            return cls(text, math.nan, None, text)
+        name, *rest = text.split("@")
+        try:
+            fraction = float(rest[0])
+            seed = int(rest[1]) if len(rest) == 2 else None
+        except (IndexError, ValueError):
+            raise LensHeadsError(f"first: bad point {text!r}; write {cls.GRAMMAR}") from None
+        if len(rest) != (2 if name == RANDOM else 1):
+            raise LensHeadsError(f"first: bad point {text!r}; write {cls.GRAMMAR}")
+        return cls(name, fraction, seed)
+
+    def __str__(self) -> str:
+        if self.extra is not None:
+            return self.extra
+        return f"{self.score_fn}@{self.fraction:g}" + (f"@{self.seed}" if self.score_fn == RANDOM else "")
+
+
+@dataclass
+class SweepConfig:
+    task: str  # a task name ("mmlu", "piqa", "winogrande") or "file:..." spec
+    score_ids: list[str]
+    fractions: list[float] = field(default_factory=lambda: list(DEFAULT_FRACTIONS))
+    random_seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
+    n_shot: int | None = None  # None: the task's default
+    limit: int | None = None
+    seed: int = 1234  # few-shot sampling seed (lm-eval's default)
+    batch_size: int = 16
+    extra_ablations: list[str] = field(default_factory=list)
+    n_boot: int = 1000
+    boot_seed: int = 0
+    tol: float = 0.01  # one accuracy point
+    threshold_batch_size: int = SCORING_BATCH
+    chunk_questions: int | None = 250  # questions per stored part of a point (None: one part); not in the key
+    first: list[str] = field(default_factory=list)  # point labels evaluated right after the baseline; not in the key
+    protocol: Protocol = field(default_factory=Protocol)  # BOS, chat template, threshold rule
+    thresholds_file: str | None = None  # the authors' thresholds.json instead of a scoring pass
+    thresholds_model: str | None = None  # its model key (hub id), with thresholds_file
+
+    def validate(self) -> None:
+        """Check the settings; fractions become sorted, unique and always include 0 (the baseline)."""
+        self.fractions = sorted({0.0, *(check_fraction(p) for p in self.fractions)})
+        self.random_seeds = list(dict.fromkeys(int(s) for s in self.random_seeds))
+        self.score_ids = list(dict.fromkeys(self.score_ids))
+        if self.limit is not None and self.limit < 1:
+            raise LensHeadsError(f"limit must be >= 1, got {self.limit}")
+        if self.n_shot is not None and self.n_shot < 0:
+            raise LensHeadsError(f"n_shot must be >= 0, got {self.n_shot}")
+        if any(s < 0 for s in self.random_seeds):
+            raise LensHeadsError("random seeds must be >= 0")
+        if self.batch_size < 1:
+            raise LensHeadsError(f"batch_size must be >= 1, got {self.batch_size}")
+        if self.chunk_questions is not None and self.chunk_questions < 1:
+            raise LensHeadsError(f"chunk_questions must be >= 1, got {self.chunk_questions}")
+        if not isinstance(self.protocol, Protocol):
+            raise LensHeadsError(f"protocol must be a lens_heads.protocol.Protocol, got {type(self.protocol).__name__}")
+        if (self.thresholds_file is None) != (self.thresholds_model is None):
+            raise LensHeadsError("thresholds_file and thresholds_model go together (the file's model key)")
+        self.first = list(dict.fromkeys(str(self._check_first(PointId.parse(f, self.extra_ablations)))
+                                        for f in self.first))
+
+    def _check_first(self, pid: PointId) -> PointId:
+        """``pid`` checked against this sweep's plan (before any threshold is computed)."""
+        if pid.extra is not None:
+            return pid
+        if pid.fraction == 0 or pid.fraction not in self.fractions:
+            raise LensHeadsError(f"first: {str(pid)!r}: the sweep's fractions > 0 are "
+                                 f"{', '.join(f'{p:g}' for p in self.fractions if p > 0)}")
+        if pid.score_fn == RANDOM and pid.seed not in self.random_seeds:
+            raise LensHeadsError(f"first: {str(pid)!r}: the sweep's random seeds are {self.random_seeds}")
+        if pid.score_fn != RANDOM and pid.score_fn not in self.score_ids:
+            raise LensHeadsError(f"first: {str(pid)!r}: {pid.score_fn!r} is not among the sweep's score functions")
+        return pid
+
+    def identity(self, model, task):
+        """The ``keys.RunIdentity`` of this sweep on a loaded model."""
+        from lens_heads.keys import RunIdentity
+
+        return RunIdentity.of(model, task, self.task, self.n_shot, self.limit, self.seed, self.protocol)
+
+    def identity_for(self, model_digest: str, dtype: str, task):
+        """The same without a loaded model: from the weights' digest and the dtype."""
+        from lens_heads.keys import RunIdentity
+
+        return RunIdentity.build(model_digest, dtype, task, self.task, self.n_shot, self.limit, self.seed,
+                                 self.protocol)

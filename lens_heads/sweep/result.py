@@ -1,0 +1,96 @@
+"""``SweepResult``: a sweep's two tables and the records they were computed from, saved and loaded."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from lens_heads.errors import LensHeadsError
+from lens_heads.sweep.records import PointRecord, Thresholds
+
+SUMMARY, WITHIN = "summary.csv", "within_1pt.csv"
+SUMMARY_REQUIRED = ("score_fn", "fraction", "pct_zeroed", "accuracy")
+
+
+@dataclass
+class SweepResult:
+    """``summary``: one row per (score_fn, fraction[, seed]) point (``stats.point_summary``);
+    ``within``: per function, max % zeroed within 1 point and normalised AUC with intervals
+    (``stats.tables``); ``records``: spec -> stored point; ``n_stored`` of ``n_points`` planned
+    points are stored (equal unless the result is partial)."""
+
+    summary: pd.DataFrame
+    within: pd.DataFrame | None
+    thresholds: Thresholds = field(default_factory=dict)
+    records: dict[str, PointRecord] = field(default_factory=dict)
+    n_points: int = 0
+    n_stored: int = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.n_stored == self.n_points
+
+    @property
+    def base_accuracy(self) -> float:
+        """Accuracy with nothing zeroed (the ``none`` point; else the rows at fraction 0)."""
+        s = self.summary
+        rows = s[s["spec"] == "none"] if "spec" in s.columns else s.iloc[0:0]
+        if rows.empty:
+            rows = s[(s["fraction"] == 0) | (s["score_fn"] == "none")]
+        return float(rows["accuracy"].mean()) if not rows.empty else float("nan")
+
+    def save(self, folder: str | os.PathLike) -> Path:
+        """Write ``summary.csv`` and ``within_1pt.csv`` into ``folder``, both or neither."""
+        from lens_heads.atomic import atomic_write_all
+
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        frames = [(SUMMARY, self.summary)] + ([(WITHIN, self.within)] if self.within is not None else [])
+        atomic_write_all([(out / name, lambda tmp, f=frame: Path(tmp).write_text(
+            f.to_csv(index=False, lineterminator="\n"), encoding="utf-8", newline="")) for name, frame in frames])
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, with_records: bool = False) -> "SweepResult":
+        """A saved sweep: a folder with ``summary.csv`` (and ``within_1pt.csv``), or the summary
+        CSV itself. ``with_records``: also the point records its ``point_hash`` column names,
+        from the folder's store. Thresholds come from the summary's ``threshold`` column."""
+        path = Path(path)
+        summary_path = path / SUMMARY if path.is_dir() else path
+        if not summary_path.is_file():
+            raise LensHeadsError(f"no sweep summary at {summary_path}" if path.exists()
+                                 else f"sweep path not found: {path}")
+        summary = _read_csv(summary_path, "sweep summary")
+        missing = [c for c in SUMMARY_REQUIRED if c not in summary.columns]
+        if missing:
+            raise LensHeadsError(f"sweep summary {summary_path} lacks column(s) {', '.join(missing)} "
+                                 f"(has: {', '.join(map(str, summary.columns))})")
+        within_path = summary_path.parent / WITHIN
+        within = _read_csv(within_path, "within-1-point table") if within_path.is_file() \
+            and within_path.stat().st_size else None
+        thresholds: Thresholds = {}
+        if "threshold" in summary.columns:
+            for r in summary.dropna(subset=["threshold"]).itertuples():
+                thresholds.setdefault(str(r.score_fn), {})[float(r.fraction)] = float(r.threshold)
+        records: dict[str, PointRecord] = {}
+        if with_records and "point_hash" in summary.columns:
+            import json
+
+            for spec, h in summary[["spec", "point_hash"]].drop_duplicates().itertuples(index=False):
+                f = summary_path.parent / "points" / f"{h}.json"
+                if isinstance(h, str) and f.is_file():
+                    records[spec] = PointRecord.from_json(json.loads(f.read_text(encoding="utf-8")))
+        n = int(summary["spec"].nunique()) if "spec" in summary.columns else len(summary)
+        return cls(summary, within, thresholds, records, n_points=n, n_stored=n)
+
+
+def _read_csv(path: Path, what: str) -> pd.DataFrame:
+    try:
+        return pd.read_csv(path)
+    except pd.errors.EmptyDataError:
+        raise LensHeadsError(f"{what} {path} is empty") from None
+    except (pd.errors.ParserError, UnicodeDecodeError, OSError) as exc:
+        raise LensHeadsError(f"cannot read {what} {path}: {str(exc).splitlines()[0]}") from None

@@ -1,0 +1,215 @@
+"""Running a sweep: the thresholds' scoring pass, the part units, resume; and tabulating a store.
+
+``run_sweep`` evaluates what the plan's store lacks and tabulates; ``tabulate`` only reads the
+store (no model: a weights digest and dtype identify the run) and is what ``--status`` and
+``--from-store`` use. Every unit is claimed first (``lens_heads.claims``): processes sharing
+one folder take different units, and one waits for a unit another live process holds.
+"""
+
+from __future__ import annotations
+
+import time
+
+from lens_heads.claims import claim, wait_for
+from lens_heads.keys import RunIdentity
+from lens_heads.progress import progress_bar
+from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
+from lens_heads.store import ResultStore
+from lens_heads.sweep.config import SweepConfig
+from lens_heads.sweep.plan import PartUnit, SweepPlan, plan_points, partial_config, put_thresholds, \
+    stored_thresholds, thresholds_key
+from lens_heads.sweep.records import PointRecord, Thresholds
+from lens_heads.sweep.result import SweepResult
+from lens_heads.sweep.stats import point_summary, tables
+
+CLAIM_POLL_S = 2.0  # how often a process waiting for another's unit looks again
+
+
+# -----------------------------------------------------------------------------
+# Thresholds
+
+
+def authors_thresholds(cfg: SweepConfig, task) -> Thresholds:
+    table = load_authors_thresholds(cfg.thresholds_file, task.name, cfg.thresholds_model)
+    return thresholds_for_sweep(table, cfg.score_ids, cfg.fractions, f"{cfg.thresholds_file} ({cfg.thresholds_model})")
+
+
+def read_thresholds(store: ResultStore, identity: RunIdentity, cfg: SweepConfig, task) -> Thresholds | None:
+    """The sweep's thresholds without computing: the authors' file, or the store's (None when missing)."""
+    if not cfg.score_ids:
+        return {}
+    if cfg.thresholds_file is not None:
+        return authors_thresholds(cfg, task)
+    rec = stored_thresholds(store, identity, cfg)
+    return None if rec is None else rec.thresholds
+
+
+def ensure_thresholds(model, store: ResultStore, identity: RunIdentity, cfg: SweepConfig, task,
+                      progress: bool) -> Thresholds:
+    """The sweep's thresholds, from one scoring pass over the unablated request sequences when
+    the store lacks them (by whichever process claims that pass)."""
+    from lens_heads.evaluate import task_inputs
+    from lens_heads.thresholds import compute_thresholds
+
+    found = read_thresholds(store, identity, cfg, task)
+    key = thresholds_key(identity, cfg)
+    path = store.path(key)
+    while found is None:
+        with claim(path) as mine:
+            if mine and not path.is_file():
+                inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.protocol)
+                computed = compute_thresholds(model, inputs, cfg.score_ids, cfg.fractions, cfg.threshold_batch_size,
+                                              progress=progress, rule=cfg.protocol.threshold_rule)
+                found = put_thresholds(store, identity, cfg, computed, len(inputs)).thresholds
+        if found is None:
+            wait_for(path, CLAIM_POLL_S)
+            found = read_thresholds(store, identity, cfg, task)
+    return found
+
+
+# -----------------------------------------------------------------------------
+# Units
+
+
+def run_unit(model, task, plan: SweepPlan, unit: PartUnit, store: ResultStore) -> bool:
+    """Evaluate one part and store it, unless it (or its point) is stored or another live
+    process holds it. True when the part's record exists afterwards."""
+    from lens_heads.ablation import parse_ablation
+    from lens_heads.evaluate import evaluate_task
+
+    if store.has(unit.key) or store.has(unit.point):
+        return True
+    cfg = plan.cfg
+    with claim(store.path(unit.key)) as mine:
+        if not mine:
+            return False
+        if store.has(unit.key) or store.has(unit.point):  # done meanwhile by another process
+            return True
+        result = evaluate_task(model, task, n_shot=cfg.n_shot, seed=cfg.seed,
+                               ablation=parse_ablation(unit.spec, model.geometry), batch_size=cfg.batch_size,
+                               progress=False, doc_ids=list(unit.doc_ids), protocol=cfg.protocol)
+        store.save(unit.key, PointRecord.from_result(result))
+    return True
+
+
+def merge_point(plan: SweepPlan, spec: str, store: ResultStore) -> PointRecord | None:
+    """The point's record: stored, or merged from its stored parts (then stored and its parts
+    discarded); None while any part is missing. No model needed.
+
+    Every question's prompt, and every ablation's decision, depends only on that question, so
+    the merged record equals one evaluation of all the questions: accuracy is the mean over
+    questions (MMLU's size-weighted subjects included) and the zeroed fraction adds up counts."""
+    key = plan.point_key(spec)
+    rec = store.load(key, PointRecord)
+    if rec is not None:
+        return rec
+    units = plan.parts(spec)
+    parts = [store.load(u.key, PointRecord) for u in units]
+    if any(p is None for p in parts):
+        return store.load(key, PointRecord)  # merged meanwhile by another process (which dropped the parts)
+    rec = PointRecord.merge(parts, plan.cfg.limit)
+    rec.point_hash = key.digest
+    store.save(key, rec)  # the point first, then its parts go
+    for u in units:
+        store.discard(u.key)
+    return rec
+
+
+# -----------------------------------------------------------------------------
+# The sweep
+
+
+def _check(model, cfg: SweepConfig, task):
+    from lens_heads.ablation import parse_ablation
+    from lens_heads.data import load_task
+
+    cfg.validate()
+    task = task if task is not None else load_task(cfg.task)
+    for s in cfg.extra_ablations:  # validate before writing
+        parse_ablation(s, model.geometry if model is not None else None)
+    return task
+
+
+def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True) -> SweepResult:
+    """Run (or resume) a sweep: its thresholds, then every missing unit, then the two tables
+    (written to ``out_dir`` as ``summary.csv`` and ``within_1pt.csv``)."""
+    task = _check(model, cfg, task)
+    store = ResultStore(out_dir)
+    identity = cfg.identity(model, task)
+    thresholds = ensure_thresholds(model, store, identity, cfg, task, progress)
+    plan = SweepPlan.build(identity, cfg, task, thresholds)
+    records: dict[str, PointRecord] = {}
+    bar = progress_bar(len(plan.order), "sweep points", enabled=progress, unit="point", leave=True)
+    try:
+        pending = list(plan.order)
+        while pending:  # points whose parts other processes hold come round again
+            deferred = []
+            for spec in pending:
+                rec = store.load(plan.point_key(spec), PointRecord)
+                if rec is None:
+                    bar.set_postfix_str(spec, refresh=True)
+                    held = [u for u in plan.parts(spec) if not run_unit(model, task, plan, u, store)]
+                    rec = None if held else merge_point(plan, spec, store)
+                    if rec is None:
+                        deferred.append(spec)
+                        continue
+                records[spec] = rec
+                bar.update(1)
+            if deferred and len(deferred) == len(pending):  # all of it held elsewhere: wait for it
+                time.sleep(CLAIM_POLL_S)
+            pending = deferred
+    finally:
+        bar.close()
+    summary, within = tables(plan.points, records, cfg)
+    result = SweepResult(summary, within, thresholds, records, n_points=len(plan.order), n_stored=len(plan.order))
+    result.save(out_dir)
+    return result
+
+
+def tabulate(out_dir, identity: RunIdentity, cfg: SweepConfig, task, partial: bool = False) -> SweepResult | None:
+    """The sweep's tables from the store alone (no model, nothing written): None when it lacks
+    the thresholds or, unless ``partial``, any point. Points whose parts are all stored are
+    merged (in memory) like a finished point.
+
+    ``partial=True`` tabulates what a sweep still running (or stopped) holds: ``summary`` has a
+    row for every stored point (``in_curve``: whether it belongs to a complete curve),
+    ``within`` the curves whose every point is stored (``partial_config``); None without the
+    thresholds or the baseline. Its within-1-point values are final, its AUCs are not (their
+    common range depends on the curves still missing)."""
+    cfg.validate()
+    store = ResultStore(out_dir)
+    thresholds = read_thresholds(store, identity, cfg, task)
+    if thresholds is None:
+        return None
+    plan = SweepPlan.build(identity, cfg, task, thresholds)
+    records = {}
+    for spec in plan.order:
+        rec = store.load(plan.point_key(spec), PointRecord)
+        if rec is None:
+            parts = [store.load(u.key, PointRecord) for u in plan.parts(spec)]
+            if parts and all(p is not None for p in parts):
+                rec = PointRecord.merge(parts, cfg.limit)
+                rec.point_hash = plan.point_key(spec).digest
+        if rec is not None:
+            records[spec] = rec
+    n = len(plan.order)
+    if len(records) == n:
+        summary, within = tables(plan.points, records, cfg)
+        return SweepResult(summary, within, thresholds, records, n_points=n, n_stored=n)
+    if not partial or "none" not in records:
+        return None
+    stored = set(records)
+    part_cfg = partial_config(cfg, plan.points, stored)
+    part_points = [p for p in plan_points(part_cfg, thresholds) if p.spec in stored]
+    done = [p for p in plan.points if p.spec in stored]  # also the points of curves not complete yet
+    _, within = tables(part_points, records, part_cfg)
+    summary = point_summary(done, records, cfg)
+    summary["in_curve"] = summary["spec"].isin({p.spec for p in part_points})  # False: a curve still incomplete
+    return SweepResult(summary, within, thresholds, records, n_points=n, n_stored=len(stored))
+
+
+def sweep_status(model, cfg: SweepConfig, out_dir, task=None) -> SweepResult | None:
+    """``tabulate(..., partial=True)`` for a loaded model."""
+    task = _check(model, cfg, task)
+    return tabulate(out_dir, cfg.identity(model, task), cfg, task, partial=True)
+
