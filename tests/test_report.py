@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.report import ReportConfig, build_report
+from lens_heads.study import ReportConfig, build_report
 from lens_heads.scores import SCORES
 
 from conftest import SAMPLE_TEXTS
@@ -296,20 +296,3 @@ def test_report_renders_offline_in_chromium(report, tmp_path):
     colours = im.getcolors(1 << 22)
     assert len(colours) > 200  # figures and tables, not a blank page
     assert max(n for n, _ in colours) < 0.8 * im.size[0] * im.size[1]
-
-
-def test_within_from_a_summary_alone_reports_a_tied_score_as_no_curve():
-    from lens_heads.curves import max_within
-    from lens_heads.report import within_from_summary
-
-    rows = [("none", 0.0, None, 0.0, 0.70)]
-    rows += [("ahon_ln", p, t, x, y) for p, t, x, y in [(0.0, None, 0.0, 0.70), (0.1, 0.5, 10.0, 0.695),
-                                                         (0.2, 0.6, 20.0, 0.65)]]
-    rows += [("ftvvn_ln", p, t, x, y) for p, t, x, y in [(0.0, None, 0.0, 0.70), (0.1, 1.0, 100.0, 0.53),
-                                                          (0.2, 1.0, 100.0, 0.53)]]
-    summary = pd.DataFrame(rows, columns=["score_fn", "fraction", "threshold", "pct_zeroed", "accuracy"])
-    w = within_from_summary(summary).set_index("score_fn")
-    assert np.isnan(w.loc["ftvvn_ln", "max_pct_zeroed_within_1pt"]) and "ties" in w.loc["ftvvn_ln", "note"]
-    assert w.loc["ahon_ln", "max_pct_zeroed_within_1pt"] == pytest.approx(
-        max_within([0, 0, 10, 20], [0.70, 0.70, 0.695, 0.65], 0.70, 0.01))
-    assert w.loc["ahon_ln", "note"] == ""

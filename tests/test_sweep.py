@@ -616,3 +616,24 @@ def test_cli_status_lists_the_points_of_curves_not_complete(tiny_model_dir, task
     assert line.split()[0] == "random:0.25@0" and f"{r.pct_zeroed:6.2f} % zeroed" in line
     assert line.endswith(f"{100 * r.delta:+.1f} [{100 * r.delta_ci_low:+.1f}, {100 * r.delta_ci_high:+.1f}]")
     assert not any(ln.strip().startswith("random ") for ln in shown)  # no random curve: its one seed is incomplete
+
+
+def test_sweep_result_saves_and_loads_back(tiny_model, task_file, tmp_path):
+    """SweepResult.load gives back the tables run_sweep wrote, its thresholds, and (with_records)
+    the stored point records by the summary's point_hash; the tables are byte-identical on re-save."""
+    from lens_heads.data import load_task
+    from lens_heads.sweep import SweepResult, run_sweep
+
+    model, task = tiny_model("llama"), load_task(f"file:{task_file}")
+    cfg = SweepConfig(task=f"file:{task_file}", score_ids=["ahon_ln"], fractions=[0.0, 0.5], random_seeds=[0],
+                      batch_size=4, n_boot=50)
+    out = tmp_path / "s"
+    result = run_sweep(model, cfg, out, task=task, progress=False)
+    back = SweepResult.load(out, with_records=True)
+    pd.testing.assert_frame_equal(back.summary, result.summary, check_dtype=False)
+    pd.testing.assert_frame_equal(back.within, result.within, check_dtype=False)
+    assert back.thresholds == {"ahon_ln": {0.5: result.thresholds["ahon_ln"][0.5]}}  # none at 0: nothing zeroed
+    assert back.records == result.records and back.complete and back.n_points == len(result.records)
+    before = {p.name: p.read_bytes() for p in out.glob("*.csv")}
+    back.save(tmp_path / "again")
+    assert {p.name: p.read_bytes() for p in (tmp_path / "again").glob("*.csv")} == before

@@ -16,13 +16,13 @@ import pytest
 import torch
 
 from lens_heads.errors import LensHeadsError
+from lens_heads.sweep import SweepResult
 from lens_heads.viz import (
     AttentionView,
     attention_heads,
     diagnosis_map,
     parse_heads,
     point_changes,
-    read_sweep,
     score_distributions,
     score_heatmap,
     sweep_curves,
@@ -167,7 +167,8 @@ def test_score_heatmap_draws_the_scores(scores_of):
 
 
 def test_sweep_curves_from_a_real_sweep(sweep_dir):
-    summary, within = read_sweep(sweep_dir)
+    saved = SweepResult.load(sweep_dir)
+    summary, within = saved.summary, saved.within
     fig = sweep_curves(summary, within)
     ax = fig.axes[0]
     lines = {ln.get_label(): ln for ln in ax.get_lines()}
@@ -240,12 +241,12 @@ def test_sweep_curves_leave_out_a_score_that_ties_across_heads():
 
 def test_read_sweep_bad_input(tmp_path):
     with pytest.raises(LensHeadsError, match="no sweep summary"):
-        read_sweep(tmp_path)
+        SweepResult.load(tmp_path)
     (tmp_path / "summary.csv").write_text("")
     with pytest.raises(LensHeadsError, match="empty"):
-        read_sweep(tmp_path)
+        SweepResult.load(tmp_path)
     with pytest.raises(LensHeadsError, match="not found"):
-        read_sweep(tmp_path / "nope")
+        SweepResult.load(tmp_path / "nope")
 
 
 def test_score_distributions_one_violin_per_model(scores_of):

@@ -57,7 +57,7 @@ def run(args) -> int:
     from lens_heads.data import load_task, load_texts, tokenize_texts
     from lens_heads.diagnose import diagnose
     from lens_heads.models import load_model
-    from lens_heads.report import ReportConfig, build_report
+    from lens_heads.study import ReportConfig, build_report
     from lens_heads.scores import resolve_score_ids, score_heads
     from lens_heads.sweep import SweepConfig, run_sweep
     from lens_heads.thresholds import parse_fractions

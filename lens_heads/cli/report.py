@@ -29,7 +29,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from lens_heads.report import ReportConfig, build_report
+    from lens_heads.study import ReportConfig, build_report
 
     from pathlib import Path
 

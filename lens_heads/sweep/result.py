@@ -71,6 +71,15 @@ class SweepResult:
         within_path = summary_path.parent / WITHIN
         within = _read_csv(within_path, "within-1-point table") if within_path.is_file() \
             and within_path.stat().st_size else None
+        # the in-memory types the tables had when saved: blank seeds and notes, integer counts
+        if "seed" in summary.columns:
+            summary["seed"] = summary["seed"].astype("Int64")
+        if within is not None:
+            for col in ("note",):
+                if col in within.columns:
+                    within[col] = within[col].fillna("").astype(str)
+            if "n_seeds" in within.columns:
+                within["n_seeds"] = within["n_seeds"].astype("Int64")
         thresholds: Thresholds = {}
         if "threshold" in summary.columns:
             for r in summary.dropna(subset=["threshold"]).itertuples():

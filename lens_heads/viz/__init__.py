@@ -3,14 +3,11 @@ figures (``figures``). Views read results; only ``attention_heads`` runs the mod
 forward of one text, for its patterns)."""
 
 from lens_heads.viz.figures import (
-    DIAGNOSIS_CLASSES,
-    canonical_class,
-    class_label,
+    DIAGNOSIS_COLOURS,
     base_accuracy,
     diagnosis_map,
     point_changes,
     random_baseline,
-    read_sweep,
     score_distributions,
     score_grid,
     score_heatmap,
@@ -27,6 +24,6 @@ from lens_heads.viz.patterns import (
 
 __all__ = [
     "AttentionView", "attention_heads", "bundle_script", "head_label", "parse_heads",
-    "score_heatmap", "score_grid", "sweep_curves", "point_changes", "read_sweep", "base_accuracy", "random_baseline",
-    "score_distributions", "wasserstein_matrix", "diagnosis_map", "DIAGNOSIS_CLASSES", "canonical_class", "class_label",
+    "score_heatmap", "score_grid", "sweep_curves", "point_changes", "base_accuracy", "random_baseline",
+    "score_distributions", "wasserstein_matrix", "diagnosis_map", "DIAGNOSIS_COLOURS",
 ]

@@ -7,8 +7,6 @@ built without pyplot: nothing is shown, no global figure state is touched, any b
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
 from typing import Mapping, Sequence
 
 import matplotlib
@@ -19,14 +17,12 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from lens_heads.errors import LensHeadsError
+from lens_heads.head_classes import CLASSES
+from lens_heads.head_classes import canonical as canonical_class
+from lens_heads.head_classes import label as class_label
 
-DIAGNOSIS_CLASSES: dict[str, tuple[str, str]] = {  # class -> (label, colour), in the order tested
-    "dead": ("DEAD", "#1f1f1f"),
-    "bos_sink": ("BOS-sink", "#d62728"),
-    "low_entropy": ("low-entropy", "#ff7f0e"),
-    "local": ("local", "#9467bd"),
-    "healthy": ("healthy", "#2ca02c"),
-}
+DIAGNOSIS_COLOURS: dict[str, str] = {"dead": "#1f1f1f", "bos_sink": "#d62728", "low_entropy": "#ff7f0e",
+                                     "local": "#9467bd", "healthy": "#2ca02c"}  # per head_classes.CLASSES
 _EXTRA_COLOURS = ["#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
 
 
@@ -94,23 +90,6 @@ def score_heatmap(frame: pd.DataFrame, score_fn: str, annotate: bool | None = No
 SUMMARY_COLUMNS = ["score_fn", "fraction", "pct_zeroed", "accuracy", "ci_low", "ci_high", "seed", "threshold"]
 
 
-def read_sweep(path: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame | None]:
-    """``(summary, within_1pt or None)`` from a sweep folder (or a summary CSV)."""
-    path = Path(path)
-    summary_path = path / "summary.csv" if path.is_dir() else path
-    if not summary_path.is_file():
-        raise LensHeadsError(f"no sweep summary at {summary_path}" if path.exists()
-                             else f"sweep path not found: {path}")
-    try:
-        summary = pd.read_csv(summary_path)
-    except pd.errors.EmptyDataError:
-        raise LensHeadsError(f"sweep summary {summary_path} is empty") from None
-    _require(summary, ["score_fn", "fraction", "pct_zeroed", "accuracy"], f"sweep summary {summary_path}")
-    within_path = summary_path.parent / "within_1pt.csv"
-    within = pd.read_csv(within_path) if within_path.is_file() and within_path.stat().st_size else None
-    return summary, within
-
-
 def base_accuracy(summary: pd.DataFrame) -> float:
     """Accuracy with nothing zeroed: the rows at fraction 0 (or score_fn "none")."""
     base = summary[(summary["fraction"] == 0) | (summary["score_fn"] == "none")]
@@ -136,12 +115,12 @@ def random_baseline(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def sweep_curves(summary: pd.DataFrame, within: pd.DataFrame | None = None,
-                 base: float | None = None, title: str | None = None) -> Figure:
-    """Accuracy vs % heads zeroed: one line per score function, the random baseline (mean over
-    seeds, with its band), the base accuracy and the "-1 point" line."""
+                 base: float | None = None, title: str | None = None, tol: float = 0.01) -> Figure:
+    """Accuracy (a fraction in [0, 1], as sweeps store it) vs % heads zeroed: one line per score
+    function, the random baseline (mean over seeds, with its band), the base accuracy and the
+    "-1 point" line (``base - tol``)."""
     _require(summary, ["score_fn", "fraction", "pct_zeroed", "accuracy"], "sweep summary")
     base = base_accuracy(summary) if base is None else float(base)
-    one_point = 1.0 if summary["accuracy"].max() > 1.0 else 0.01  # accuracy in % or in [0, 1]
     labels, tied = {}, set()
     if within is not None and {"score_fn", "max_pct_zeroed_within_1pt"} <= set(within.columns):
         labels = {r.score_fn: f" ({r.max_pct_zeroed_within_1pt:.1f} %)" for r in within.itertuples()}
@@ -170,7 +149,7 @@ def sweep_curves(summary: pd.DataFrame, within: pd.DataFrame | None = None,
                         lw=0, label="random band")
     if np.isfinite(base):
         ax.axhline(base, color="black", lw=1, label=f"base {base:.3g}")
-        ax.axhline(base - one_point, color="black", lw=1, ls=":", label="base - 1 point")
+        ax.axhline(base - tol, color="black", lw=1, ls=":", label="base - 1 point")
     _zeroed_axes(ax, "accuracy", title or "Accuracy as heads are zeroed")
     return fig
 
@@ -304,25 +283,15 @@ def wasserstein_matrix(samples: Mapping[str, Sequence[float] | np.ndarray]) -> t
 
 # --- diagnosis --------------------------------------------------------------------------
 
-def canonical_class(name: str) -> str:
-    """"BOS-sink" / "bos_sink" / "DEAD" -> the diagnose module's names ("bos_sink", "dead")."""
-    return str(name).strip().replace("-", "_").lower()
-
-
-def class_label(name: str) -> str:
-    c = canonical_class(name)
-    return DIAGNOSIS_CLASSES[c][0] if c in DIAGNOSIS_CLASSES else str(name)
-
-
 def diagnosis_map(diag: pd.DataFrame) -> Figure:
     """Class of every head (layer x head, categorical colours), with each head's ALiBi slope
     on an axis above it when the frame has finite ``alibi_slope`` values."""
     _require(diag, ["layer", "head", "class"], "diagnosis frame")
     names = diag["class"].astype(str).map(canonical_class)
     present = list(names.unique())
-    classes = [c for c in DIAGNOSIS_CLASSES if c in present] + [c for c in present if c not in DIAGNOSIS_CLASSES]
+    classes = [c for c in CLASSES if c in present] + [c for c in present if c not in CLASSES]
     extra = iter(_EXTRA_COLOURS * 4)
-    colours = [DIAGNOSIS_CLASSES[c][1] if c in DIAGNOSIS_CLASSES else next(extra) for c in classes]
+    colours = [DIAGNOSIS_COLOURS[c] if c in DIAGNOSIS_COLOURS else next(extra) for c in classes]
     code = {c: i for i, c in enumerate(classes)}
     n_layers, n_heads = int(diag["layer"].max()) + 1, int(diag["head"].max()) + 1
     grid = np.full((n_layers, n_heads), np.nan)

@@ -26,18 +26,12 @@ from lens_heads.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import hook_name, layer_of, run_with_hooks
 from lens_heads.interventions import Head
-from lens_heads.interventions import parse_heads as _parse_heads
+from lens_heads.interventions import parse_heads  # noqa: F401  (the one head-list grammar, re-exported)
 
 
 
 def head_label(layer: int, head: int) -> str:
     return f"L{layer}.H{head}"
-
-
-def parse_heads(spec: str, geometry) -> list[Head]:
-    """``"3.1,4.2"`` or ``"L3.H1,L4.H2"`` -> [(3, 1), (4, 2)], each checked against the geometry
-    (``interventions.parse_heads``, the one head-list grammar)."""
-    return _parse_heads(spec, geometry)
 
 
 def bundle_js() -> str:

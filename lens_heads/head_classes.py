@@ -1,0 +1,22 @@
+"""The diagnosis classes of a head (docs/methods.md §7), in the order they are tested, with
+their display names: the one list that diagnosis, figures and the report share."""
+
+from __future__ import annotations
+
+CLASSES: tuple[str, ...] = ("dead", "bos_sink", "low_entropy", "local", "healthy")
+SICK: tuple[str, ...] = CLASSES[:-1]
+LABELS: dict[str, str] = {"dead": "DEAD", "bos_sink": "BOS-sink", "low_entropy": "low-entropy", "local": "local",
+                          "healthy": "healthy"}
+SHORT: dict[str, str] = {"dead": "DEAD", "bos_sink": "sink", "low_entropy": "low-H", "local": "local",
+                         "healthy": "ok"}
+
+
+def canonical(name: str) -> str:
+    """"BOS-sink" / "bos_sink" / "DEAD" -> the class id ("bos_sink", "dead")."""
+    return str(name).strip().replace("-", "_").lower()
+
+
+def label(name: str) -> str:
+    """The display name of a class (the name itself when it is not one of ``CLASSES``)."""
+    c = canonical(name)
+    return LABELS.get(c, str(name))

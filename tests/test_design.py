@@ -1,0 +1,77 @@
+"""The package's design rules, checked on its source: views import nothing that computes, no
+module imports from the package root, typed identities round-trip through their one parser."""
+
+from __future__ import annotations
+
+import ast
+import math
+import random
+from pathlib import Path
+
+import pytest
+
+from lens_heads.errors import LensHeadsError
+from lens_heads.sweep import PointId
+
+PACKAGE = Path(__file__).resolve().parent.parent / "lens_heads"
+COMPUTING = ("lens_heads.scores", "lens_heads.diagnose", "lens_heads.sweep", "lens_heads.evaluate",
+             "lens_heads.study", "lens_heads.surgery", "lens_heads.thresholds")
+
+
+def _imports(path: Path, skip_type_checking: bool = True) -> list[str]:
+    """Every module ``path`` imports (at any depth), leaving out ``if TYPE_CHECKING:`` blocks."""
+    tree = ast.parse(path.read_text())
+    skipped = set()
+    if skip_type_checking:
+        for node in ast.walk(tree):
+            if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
+                skipped |= {id(n) for child in node.body for n in ast.walk(child)}
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            out += [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            out.append(node.module or "")
+    return out
+
+
+def test_the_report_imports_nothing_that_computes():
+    imported = _imports(PACKAGE / "report.py")
+    assert "lens_heads.viz" in imported  # the test reads the real imports
+    assert [m for m in imported if m.startswith(COMPUTING)] == []
+
+
+def test_no_module_imports_from_the_package_root():
+    offenders = [(str(p.relative_to(PACKAGE)), m) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"
+                 or p.parent != PACKAGE for m in _imports(p, skip_type_checking=False) if m == "lens_heads"]
+    assert offenders == []
+
+
+def test_point_ids_round_trip_through_their_one_parser():
+    rnd = random.Random(0)
+    for _ in range(500):
+        fn = rnd.choice(["ahon_ln", "awft", "random", "lthon_ln_text"])
+        fraction = rnd.choice([rnd.random(), 0.05, 0.1, 0.3, 1.0, rnd.random() * 1e-4])
+        pid = PointId(fn, fraction, rnd.randint(0, 99) if fn == "random" else None)
+        again = PointId.parse(str(pid))
+        assert str(again) == str(pid) and again.score_fn == fn and again.seed == pid.seed
+        assert math.isclose(again.fraction, float(f"{fraction:g}"))
+    extra = PointId.parse("static:0.1,1.2", extras=["static:0.1,1.2"])
+    assert extra.extra == "static:0.1,1.2" and str(extra) == "static:0.1,1.2"
+    for bad in ("ahon_ln", "ahon_ln@x", "random@0.1", "ahon_ln@0.1@2", "random@0.1@x"):
+        with pytest.raises(LensHeadsError, match="ID@FRACTION or random@FRACTION@SEED"):
+            PointId.parse(bad)
+
+
+def test_store_keys_are_built_in_one_place():
+    """No module but keys.py writes a key's ``kind`` field or hashes a configuration itself."""
+    offenders = []
+    for p in PACKAGE.rglob("*.py"):
+        if p.name in ("keys.py",):
+            continue
+        text = p.read_text()
+        if '"kind": "point"' in text or '"kind": "thresholds"' in text or "def config_key" in text:
+            offenders.append(str(p.relative_to(PACKAGE)))
+    assert offenders == []
