@@ -4,7 +4,8 @@ The notebook API, one name per step of the data flow
 (model -> scores -> head selections -> interventions -> results)::
 
     load_model -> score_heads (HeadScores.least_active) -> parse_ablation / StaticAblation
-    -> evaluate_task, run_sweep(SweepConfig) ; diagnose -> repair(TargetSelector, RepairConfig)
+    -> evaluate_task, run_sweep(SweepConfig) -> SweepResult (.save / .load; tabulate: no model)
+    ; diagnose -> repair(TargetSelector, RepairConfig) ; build_report(ReportConfig) -> one HTML page
 
 ``Protocol`` / ``paper_protocol(model)`` set lm-eval's ``add_bos_token`` and chat template and
 the threshold rule (the paper's settings, or lens_heads' defaults) for evaluate_task / run_sweep.
@@ -21,11 +22,13 @@ from lens_heads.scores import SCORES, HeadScores, score_heads  # noqa: E402
 from lens_heads.ablation import StaticAblation, parse_ablation  # noqa: E402
 from lens_heads.protocol import Protocol, load_authors_thresholds, paper_protocol  # noqa: E402
 from lens_heads.evaluate import evaluate_task  # noqa: E402
-from lens_heads.sweep import SweepConfig, run_sweep  # noqa: E402
+from lens_heads.sweep import SweepConfig, SweepResult, run_sweep, tabulate  # noqa: E402
 from lens_heads.diagnose import diagnose  # noqa: E402
 from lens_heads.surgery import RepairConfig, TargetSelector, TrainConfig, repair  # noqa: E402
+from lens_heads.study import ModelRef, ReportConfig, build_report  # noqa: E402
 
 __all__ = ["ARCHITECTURES", "ZOO", "HeadGeometry", "LensHeadsError", "LoadedModel", "load_model",
            "SCORES", "HeadScores", "score_heads", "StaticAblation", "parse_ablation", "Protocol",
            "paper_protocol", "load_authors_thresholds", "evaluate_task",
-           "SweepConfig", "run_sweep", "diagnose", "RepairConfig", "TargetSelector", "TrainConfig", "repair"]
+           "SweepConfig", "SweepResult", "run_sweep", "tabulate", "diagnose", "RepairConfig", "TargetSelector", "TrainConfig", "repair", "ModelRef",
+           "ReportConfig", "build_report"]

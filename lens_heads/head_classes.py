@@ -1,4 +1,4 @@
-"""The diagnosis classes of a head (docs/methods.md §7), in the order they are tested, with
+"""The diagnosis classes of a head (docs/methods.md §6), in the order they are tested, with
 their display names: the one list that diagnosis, figures and the report share."""
 
 from __future__ import annotations

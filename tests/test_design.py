@@ -75,3 +75,29 @@ def test_store_keys_are_built_in_one_place():
         if '"kind": "point"' in text or '"kind": "thresholds"' in text or "def config_key" in text:
             offenders.append(str(p.relative_to(PACKAGE)))
     assert offenders == []
+
+
+def test_the_readme_layout_table_matches_the_tree():
+    """Every module and subpackage of lens_heads/ is named in the README's layout table, and
+    every path the table names exists."""
+    import re
+
+    readme = (PACKAGE.parent / "README.md").read_text()
+    table = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    rows = [line for line in table.splitlines() if line.startswith("| `lens_heads/")]
+    named: set[str] = set()
+    for row in rows:
+        first = row.split("|")[1]
+        paths = re.findall(r"`([^`]+)`", first)
+        folder = ""
+        for i, path in enumerate(paths):
+            if i == 0:
+                folder = path.rsplit("/", 1)[0] if not path.endswith("/") else path.rstrip("/").rsplit("/", 1)[0]
+                full = path
+            else:
+                full = f"{folder}/{path}"
+            assert (PACKAGE.parent / full.rstrip("/")).exists(), full
+            named.add(full.rstrip("/").removeprefix("lens_heads/"))
+    tree = {p.name for p in PACKAGE.iterdir() if not p.name.startswith(("__", ".")) and p.name != "demo_data"
+            and (p.suffix == ".py" or p.is_dir())}
+    assert tree - named == set(), f"modules missing from the README layout: {sorted(tree - named)}"

@@ -21,7 +21,7 @@ The package, in the order data flows through it:
 * ``run``: the thresholds' scoring pass, the units, merging parts into points, resume;
   ``tabulate`` reads a store into tables with no model;
 * ``stats``: pure functions of the question x point correctness matrix (bootstrap intervals,
-  within-1-point, AUC; see its docstring and docs/methods.md §6);
+  within-1-point, AUC; see its docstring and docs/methods.md §5);
 * ``records`` / ``result``: the typed stored records and ``SweepResult`` (save / load).
 
 Every record is one JSON file in a ``ResultStore`` (``DIR/points``, ``DIR/parts``,

@@ -1,4 +1,4 @@
-"""Sweep statistics: pure functions of the question x point correctness matrix (docs/methods.md §6).
+"""Sweep statistics: pure functions of the question x point correctness matrix (docs/methods.md §5).
 
 All on accuracy as a fraction in [0, 1]; "1 point" = ``cfg.tol`` = 0.01:
 
