@@ -723,7 +723,8 @@ def main(argv=None) -> int:
                                    **sweep_stats})
                 paper_pair = (label, tname) == (model_label(args.paper_model), args.paper_task)
                 rows = point_rows(part, label, tname, args, paper_pair)
-                point_table.extend({**r, "sweep": "running" if result is None else "done"} for r in rows)
+                point_table.extend({**r, "sweep": "running" if result is None else "done",  # from the store:
+                                    "score_revision": revision_of(r["score_fn"])} for r in rows)  # today's definitions
                 if result is None and rows:  # no curve figure yet: the points themselves
                     write_figure(point_changes(pd.DataFrame(rows), f"{label} / {tname}: points stored so far "
                                                f"({part.n_stored} of {part.n_points}), change against the baseline"),
