@@ -26,8 +26,11 @@ mean over inputs, as for the head scores). Classes, tested in this order::
 The "band" is the set of head indices that are sick (any class but healthy) in more than 30 %
 of layers. For ALiBi models the slope of each head is reported beside its class.
 
-Streaming: one hook on ``hook_pattern`` per layer reduces the pattern to [batch, head]
-statistics inside the hook, so no pattern is kept.
+Streaming: the statistics are computed by ``lens_heads.scores.ScoreCollector`` (the one place
+that hooks attention patterns and reduces them over real positions): BOS mass and entropy as
+its scores ``awft`` / ``aeqd``, local mass as the extra statistic ``LOCAL_MASS``. Its hook on
+``hook_pattern`` reduces each layer's pattern to [batch, head] inside the hook, so no pattern
+is kept.
 """
 
 from __future__ import annotations
@@ -45,11 +48,10 @@ from torch import Tensor
 from lens_heads.data import iter_batches
 from lens_heads.atomic import atomic_write_csv
 from lens_heads.errors import LensHeadsError
-from lens_heads.hooks import hook_name, layer_of, run_with_hooks
-from lens_heads.scores import SCORES, Acts, BatchGeometry
+from lens_heads.head_classes import CLASSES, SICK, canonical  # the one class list
+from lens_heads.hooks import run_with_hooks
+from lens_heads.scores import SCORES, Acts, BatchGeometry, ScoreCollector, ScoreFn
 
-CLASSES: tuple[str, ...] = ("dead", "bos_sink", "low_entropy", "local", "healthy")
-SICK: tuple[str, ...] = CLASSES[:-1]
 LOCAL_WINDOW = 3
 
 
@@ -80,28 +82,40 @@ class DiagnosisThresholds:
 # Reductions of one attention pattern
 
 
+def _local_mass(acts: Acts) -> Float[Tensor, "batch head"]:
+    """Mean over real rows t >= first + 3 of A[t, t-2] + A[t, t-1] + A[t, t] (float32; NaN when
+    no row counts). The first real token of each row is where its mask first equals 1."""
+    A = acts.x.float()
+    T = A.shape[-1]
+    # window mass A[t,t] + A[t,t-1] + A[t,t-2] from the diagonals, for rows t >= 2
+    local = A.diagonal(0, -2, -1)[..., 2:] + A.diagonal(-1, -2, -1)[..., 1:] + A.diagonal(-2, -2, -1)
+    pos = torch.arange(T, device=A.device)
+    rows = acts.batch.maskf * (pos[None, :] >= acts.batch.first[:, None] + LOCAL_WINDOW).float()  # [b, T]
+    n_local = rows[:, 2:].sum(-1)[:, None]
+    return (local * rows[:, None, 2:]).sum(-1) / n_local  # 0/0 = NaN when no row counts
+
+
+# Not a registry score (it would join every ``score_heads(..., "all")``): the collector computes
+# it as an ``extra`` statistic beside awft / aeqd.
+LOCAL_MASS = ScoreFn("local_mass", ("pattern",), "high",
+                     "mass on the last 3 positions <= t, over rows t >= first + 3 (collapse diagnosis)",
+                     compute=_local_mass)
+# (bos_mass, entropy, local_mass): BOS mass and entropy are the head scores awft / aeqd (one
+# definition each, in lens_heads.scores)
+PATTERN_STATS: tuple[ScoreFn, ...] = (SCORES["awft"], SCORES["aeqd"], LOCAL_MASS)
+
+
 def pattern_stats(
     pattern: Float[Tensor, "batch head q k"], mask: Int[Tensor, "batch pos"]
 ) -> tuple[Float[Tensor, "batch head"], Float[Tensor, "batch head"], Float[Tensor, "batch head"]]:
     """Per-input (bos_mass, entropy, local_mass) of every head, padding excluded.
 
     Works for left or right padding: the first real token of each row is where its mask
-    first equals 1. local_mass is NaN for an input with fewer than 4 real tokens.
+    first equals 1. local_mass is NaN for an input with fewer than 4 real tokens. The same
+    ``PATTERN_STATS`` functions ``diagnose`` has the collector compute, on one given pattern.
     """
-    # BOS mass and entropy are the scores module's awft / aeqd reductions (one definition each)
     acts = Acts("pattern", pattern, BatchGeometry.from_mask(mask, pattern.device), 0, None, 1)
-    bos_mass, entropy = SCORES["awft"].compute(acts), SCORES["aeqd"].compute(acts)
-
-    A = pattern.float()
-    m = mask.to(A.device).float()  # [b, T]
-    T = A.shape[-1]
-    first = m.argmax(-1)  # [b] index of the first real token
-    # window mass A[t,t] + A[t,t-1] + A[t,t-2] from the diagonals, for rows t >= 2
-    local = A.diagonal(0, -2, -1)[..., 2:] + A.diagonal(-1, -2, -1)[..., 1:] + A.diagonal(-2, -2, -1)
-    pos = torch.arange(T, device=A.device)
-    rows = m * (pos[None, :] >= first[:, None] + LOCAL_WINDOW).float()  # [b, T]
-    n_local = rows[:, 2:].sum(-1)[:, None]
-    local_mass = (local * rows[:, None, 2:]).sum(-1) / n_local  # 0/0 = NaN when no row counts
+    bos_mass, entropy, local_mass = (fn.compute(acts) for fn in PATTERN_STATS)
     return bos_mass, entropy, local_mass
 
 
@@ -200,17 +214,21 @@ class Diagnosis:
         return atomic_write_csv(self.to_frame(), path, make_parents=True, float_format="%.6g")
 
     @classmethod
-    def load(cls, path: str | os.PathLike, thresholds: DiagnosisThresholds = DiagnosisThresholds()) -> "Diagnosis":
-        """Read a CSV written by ``save``; classes are recomputed with ``thresholds``."""
+    def load(cls, path: str | os.PathLike, thresholds: DiagnosisThresholds | None = None) -> "Diagnosis":
+        """Read a CSV written by ``save``. With ``thresholds`` the classes are recomputed with
+        them; without, the file's own ``class`` column is kept (the diagnosis as it was saved,
+        whatever thresholds made it), else they are recomputed with the defaults."""
         import pandas as pd
 
         try:
             df = pd.read_csv(path)
         except FileNotFoundError:
             raise LensHeadsError(f"diagnosis file not found: {path}") from None
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, OSError) as exc:
+            raise LensHeadsError(f"cannot read diagnosis file {path}: {str(exc).splitlines()[0]}") from None
         need = {"layer", "head", "bos_mass", "entropy", "local_mass"}
-        if not need <= set(df.columns):
-            raise LensHeadsError(f"{path}: not a diagnosis CSV (needs columns {sorted(need)})")
+        if not need <= set(df.columns) or df.empty:
+            raise LensHeadsError(f"{path} is not a diagnosis table (needs rows with columns {sorted(need)})")
         L, H = int(df["layer"].max()) + 1, int(df["head"].max()) + 1
         layers, heads = torch.tensor(df["layer"].tolist()), torch.tensor(df["head"].tolist())
         grids = {}
@@ -222,7 +240,18 @@ class Diagnosis:
         if "alibi_slope" in df.columns and df["alibi_slope"].notna().any():
             slopes = torch.full((H,), float("nan"))
             slopes[heads] = torch.tensor(df["alibi_slope"].tolist(), dtype=torch.float)
-        return cls(grids["bos_mass"], grids["entropy"], grids["local_mass"], slopes, thresholds)
+        diag = cls(grids["bos_mass"], grids["entropy"], grids["local_mass"], slopes,
+                   thresholds or DiagnosisThresholds())
+        if thresholds is None and "class" in df.columns:
+            saved = [list(row) for row in diag.classes]
+            for layer, head, name in zip(df["layer"], df["head"], df["class"].astype(str)):
+                saved[int(layer)][int(head)] = canonical(name)
+            unknown = {c for row in saved for c in row} - set(CLASSES)
+            if unknown:
+                raise LensHeadsError(f"{path}: unknown head class(es) {', '.join(sorted(unknown))}; "
+                                     f"known: {', '.join(CLASSES)}")
+            diag.classes = saved
+        return diag
 
 
 def check_classes(classes: Iterable[str] | str) -> set[str]:
@@ -262,6 +291,13 @@ def as_token_inputs(model, inputs) -> list[Tensor]:
     return out
 
 
+def _batch_sum(x: Float[Tensor, "batch layer head"]) -> Float[Tensor, "layer head"]:
+    """Sum over the batch in float32, one layer's [batch, head] slice at a time, as float64 on
+    the CPU. Per layer is the reduction order diagnoses have always used (one sum over the
+    whole [batch, layer, head] tensor rounds differently), so stored values stay bit-identical."""
+    return torch.stack([x[:, L].contiguous().sum(0) for L in range(x.shape[1])]).double().cpu()
+
+
 def diagnose(
     model, inputs, thresholds: DiagnosisThresholds = DiagnosisThresholds(), batch_size: int = 8
 ) -> Diagnosis:
@@ -271,18 +307,16 @@ def diagnose(
     sums = torch.zeros(3, g.n_layers, g.n_heads, dtype=torch.float64)
     local_n = torch.zeros(g.n_layers, g.n_heads, dtype=torch.float64)
     pad = model.tokenizer.pad_token_id or 0
+    bos_id, ent_id, loc_id = (fn.id for fn in PATTERN_STATS)
+    collector = ScoreCollector(model, [bos_id, ent_id], extra=[LOCAL_MASS])
     for _, ids, mask in iter_batches(seqs, batch_size, pad_id=pad, side="right"):
-        def hook(pattern, hook, mask=mask):
-            L = layer_of(hook)
-            bos, ent, loc = pattern_stats(pattern, mask)
-            sums[0, L] += bos.sum(0).double().cpu()
-            sums[1, L] += ent.sum(0).double().cpu()
-            ok = ~loc.isnan()
-            sums[2, L] += loc.nan_to_num(0.0).sum(0).double().cpu()
-            local_n[L] += ok.sum(0).double().cpu()
-
-        run_with_hooks(model, ids, mask, [(hook_name("pattern", L), hook) for L in range(g.n_layers)],
-                       return_logits=False)
+        run_with_hooks(model, ids, mask, collector.hooks(mask), return_logits=False)
+        stats = collector.batch_scores()  # id -> [batch, layer, head]
+        loc = stats[loc_id]
+        sums[0] += _batch_sum(stats[bos_id])
+        sums[1] += _batch_sum(stats[ent_id])
+        sums[2] += _batch_sum(loc.nan_to_num(0.0))
+        local_n += (~loc.isnan()).sum(0).double().cpu()
     n = len(seqs)
     slopes = g.alibi_slopes()
     return Diagnosis((sums[0] / n).float(), (sums[1] / n).float(), (sums[2] / local_n).float(),

@@ -18,18 +18,19 @@ this code (a test checks it): the field names, their order of insertion and the 
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Mapping, Sequence
+
+from lens_heads.hashing import sha256_bytes
 
 
 def config_key(config: Mapping[str, Any]) -> str:
     """The stable hash of a JSON-able configuration: sha256 of its canonical JSON (sorted keys,
     compact separators, floats as Python's shortest round-trip repr), first 32 hex digits."""
     blob = json.dumps(config, sort_keys=True, separators=(",", ":"), default=str)
-    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+    return sha256_bytes([blob.encode()])[:32]
 
 
 class Kind(str, Enum):
@@ -65,10 +66,9 @@ class StoreKey:
 
 def task_fingerprint(task) -> str:
     """sha256 over the task's name, split, source and records (question, choices, gold, subject)."""
-    h = hashlib.sha256(f"{task.name}|{task.split}|{task.source}".encode())
-    for r in task.records:
-        h.update(json.dumps([r.doc_id, r.question, r.choices, r.gold, r.subject], default=str).encode())
-    return h.hexdigest()
+    return sha256_bytes([f"{task.name}|{task.split}|{task.source}".encode(),
+                         *(json.dumps([r.doc_id, r.question, r.choices, r.gold, r.subject], default=str).encode()
+                           for r in task.records)])
 
 
 @dataclass(frozen=True)

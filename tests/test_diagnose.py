@@ -10,6 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from conftest import SAMPLE_TEXTS
 from lens_heads import LensHeadsError
 from lens_heads.cli import main
 from lens_heads.diagnose import Diagnosis, DiagnosisThresholds, classify, diagnose, pattern_stats
@@ -128,6 +129,48 @@ def test_diagnose_matches_hf_output_attentions(arch, tiny_model, tiny_model_dir)
         assert torch.equal(diag.alibi_slopes, g.alibi_slopes().float())
     else:
         assert diag.alibi_slopes is None
+
+
+def _hook_loop_diagnosis(model, texts, batch_size):
+    """The accumulator diagnose used before it ran on the score collector, kept as a frozen
+    reference: its own hook on each layer's hook_pattern, pattern_stats inside the hook, sums
+    over the batch per layer in float32, then float64 on the CPU."""
+    from lens_heads.data import iter_batches
+    from lens_heads.diagnose import as_token_inputs
+    from lens_heads.hooks import hook_name, layer_of, run_with_hooks
+
+    g = model.geometry
+    seqs = as_token_inputs(model, texts)
+    sums = torch.zeros(3, g.n_layers, g.n_heads, dtype=torch.float64)
+    local_n = torch.zeros(g.n_layers, g.n_heads, dtype=torch.float64)
+    for _, ids, mask in iter_batches(seqs, batch_size, pad_id=model.tokenizer.pad_token_id or 0, side="right"):
+        def hook(pattern, hook, mask=mask):
+            L = layer_of(hook)
+            bos, ent, loc = pattern_stats(pattern, mask)
+            sums[0, L] += bos.sum(0).double().cpu()
+            sums[1, L] += ent.sum(0).double().cpu()
+            sums[2, L] += loc.nan_to_num(0.0).sum(0).double().cpu()
+            local_n[L] += (~loc.isnan()).sum(0).double().cpu()
+
+        run_with_hooks(model, ids, mask, [(hook_name("pattern", L), hook) for L in range(g.n_layers)],
+                       return_logits=False)
+    n = len(seqs)
+    return (sums[0] / n).float(), (sums[1] / n).float(), (sums[2] / local_n).float()
+
+
+@pytest.mark.parametrize("arch", ["llama", "bloom", "gemma3"])
+def test_diagnose_is_bitwise_the_hook_loop(arch, tiny_model):
+    """Diagnosis through the score collector gives exactly (bitwise) the numbers of the old
+    hand-written pattern hooks, whatever the batch size (padding, several batches)."""
+    model = tiny_model(arch)
+    texts = SAMPLE_TEXTS + ["A B C", "x", "Hello world, this is a much longer text " * 5, "ab"]
+    for batch_size in (3, 8, 16):
+        diag = diagnose(model, texts, batch_size=batch_size)
+        want = _hook_loop_diagnosis(model, texts, batch_size)
+        for name, got, w in zip(("bos_mass", "entropy", "local_mass"),
+                                (diag.bos_mass, diag.entropy, diag.local_mass), want):
+            assert not got.isnan().any(), name
+            assert torch.equal(got, w), f"{arch} batch {batch_size} {name}: max diff {(got - w).abs().max()}"
 
 
 def test_band_counts_and_csv_round_trip(tmp_path):

@@ -265,6 +265,48 @@ def test_z_transform_sees_scores_and_ablates_downstream(tiny_model, tiny_model_d
     assert not torch.allclose(got["ahon_ln"][:, 1], plain[:, 1])
 
 
+def test_collector_extra_statistics(tiny_model, tiny_model_dir):
+    """An unregistered base statistic rides along: computed at its hook from the same pattern
+    (here the max attention over real keys, checked against HF output_attentions), returned by
+    batch_scores, hidden from z_transform, leaving the registry scores and SCORES untouched."""
+    from lens_heads.scores import Acts, ScoreFn
+
+    def max_attn(a: Acts) -> torch.Tensor:  # mean over real query rows of max_j A[t, j]
+        return a.mean_over_queries(a.x.float().amax(-1))
+
+    extra = ScoreFn("max_attn", ("pattern",), "high", "mean row max", compute=max_attn)
+    model = tiny_model("llama")
+    seqs = model.to_tokens(TEXTS[:3])
+    ids, mask = pad_batch(seqs, 3, "right")
+    col = ScoreCollector(model, ["awft", "ahon"], extra=[extra])
+    seen = []
+    run_with_hooks(model, ids, mask, col.hooks(mask, z_transform=lambda L, z, sc: seen.append(sorted(sc)) or z),
+                   return_logits=False)
+    got = col.batch_scores()
+    assert sorted(got) == ["ahon", "awft", "max_attn"] and seen == [["ahon", "awft"]] * 2
+    assert "max_attn" not in SCORES
+    plain = ScoreCollector(model, ["awft", "ahon"])
+    run_with_hooks(model, ids, mask, plain.hooks(mask), return_logits=False)
+    for s in ("awft", "ahon"):
+        assert torch.equal(got[s], plain.batch_scores()[s])
+    hf = _hf(tiny_model_dir("llama"))
+    for i, x in enumerate(seqs):
+        with torch.no_grad():
+            atts = hf(x[None], output_attentions=True).attentions
+        for L, A in enumerate(atts):
+            n = len(x)
+            want = [sum(max(A[0, h, t, j].item() for j in range(t + 1)) for t in range(n)) / n
+                    for h in range(A.shape[1])]
+            _close(got["max_attn"][i, L], torch.tensor(want, dtype=torch.float64), f"max_attn L{L}")
+    with pytest.raises(LensHeadsError, match="clashes"):
+        ScoreCollector(model, ["awft"], extra=[ScoreFn("awft", ("pattern",), "high", "dup", compute=max_attn)])
+    with pytest.raises(LensHeadsError, match="clashes"):
+        ScoreCollector(model, ["awft"], extra=[extra, extra])
+    derived_fn = ScoreFn("d", ("pattern",), "high", "derived", needs=("awft",), combine=lambda d: d["awft"])
+    with pytest.raises(LensHeadsError, match="base ScoreFn"):
+        ScoreCollector(model, ["awft"], extra=[derived_fn])
+
+
 def test_registry_and_resolution():
     assert len(SCORES) == 16  # the paper's 12, lthon_hn, fhon, fhon_ln, lthon_ln_text
     assert {SCORES[s].inactive_when for s in ("awft", "awft_ln")} == {"high"}

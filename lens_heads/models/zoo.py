@@ -10,7 +10,6 @@ of the zip archives (never importing or running code from them), checks the dige
 
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 import subprocess
@@ -21,6 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from lens_heads.errors import LensHeadsError
+# the digests live in lens_heads.hashing; zoo.sha256_file / zoo.sha256_files stay importable here
+from lens_heads.hashing import sha256_file, sha256_files  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -70,29 +71,6 @@ ZOO: dict[str, ZooModel] = {
 
 def cache_dir() -> Path:
     return Path(os.environ.get("LENS_HEADS_CACHE", Path.home() / ".cache" / "lens_heads"))
-
-
-def sha256_file(path: Path, chunk: int = 1 << 22) -> str:
-    """sha256 of one file's bytes."""
-    digest = hashlib.sha256()
-    _update(digest, path, chunk)
-    return digest.hexdigest()
-
-
-def sha256_files(paths, chunk: int = 1 << 22) -> str:
-    """sha256 over several files, each as its name, a NUL byte, then its bytes (a folder's
-    weights: renaming or changing any file changes it)."""
-    digest = hashlib.sha256()
-    for p in paths:
-        digest.update(Path(p).name.encode() + b"\0")
-        _update(digest, Path(p), chunk)
-    return digest.hexdigest()
-
-
-def _update(digest, path: Path, chunk: int) -> None:
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
 
 
 def verify(path: Path, sha256: str) -> None:

@@ -3,6 +3,11 @@
 Each hook reduces its activation to ``[batch, head]`` numbers at once and keeps nothing else
 (no activation cache). At ``hook_z`` of each layer the layer's scores are final, and an
 optional ``z_transform`` may replace z (per-input ablation builds on this).
+
+This is the one place that hooks attention patterns (and values, head outputs) and reduces
+them over a batch's real positions: besides registry scores, a collector computes any
+unregistered base ``ScoreFn`` passed as ``extra`` (collapse diagnosis's local mass,
+docs/methods.md §6, is one), with the same ``Acts`` and padding geometry.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import HookFn, HookKind, hook_name
 from lens_heads.scores.functions import SCORES, Acts, BatchGeometry, ScoreFn, _closure, resolve_score_ids
 
@@ -23,17 +29,24 @@ ZTransform = Callable[[int, Tensor, dict[str, Tensor]], Tensor]
 
 
 class ScoreCollector:
-    """Streaming per-head scores for one model; reusable across batches."""
+    """Streaming per-head scores for one model; reusable across batches.
 
-    def __init__(self, model, score_ids: Sequence[str]):
+    ``score_ids``: registry scores (docs/methods.md §1). ``extra``: base statistics outside the
+    registry (``ScoreFn`` with ``compute``), computed at their hook beside the scores and
+    returned by ``batch_scores`` under their ids; ``z_transform`` sees only ``score_ids``.
+    """
+
+    def __init__(self, model, score_ids: Sequence[str], extra: Sequence[ScoreFn] = ()):
         self.model = model
         self.score_ids = resolve_score_ids(score_ids)
+        self.extra = _check_extra(extra, self.score_ids)
         self.geometry = model.geometry
-        plan = _closure(self.score_ids)
+        plan = [SCORES[s] for s in _closure(self.score_ids)] + self.extra
         self._base: dict[HookKind, list[ScoreFn]] = {
-            k: [SCORES[s] for s in plan if SCORES[s].compute is not None and SCORES[s].reads == (k,)]
+            k: [fn for fn in plan if fn.compute is not None and fn.reads == (k,)]
             for k in ("pattern", "v", "z")}
-        self._derived = [SCORES[s] for s in plan if SCORES[s].combine is not None]
+        self._derived = [fn for fn in plan if fn.combine is not None]
+        self._out_ids = self.score_ids + [fn.id for fn in self.extra]
         self._grams: dict[int, Tensor] = {}
         self._batch: BatchGeometry | None = None
         self._layer: list[dict[str, Tensor]] = []
@@ -49,7 +62,7 @@ class ScoreCollector:
         b = attention_mask.shape[0]
         self._layer = [{} for _ in range(g.n_layers)]
         self._scores = {s: torch.full((b, g.n_layers, g.n_heads), float("nan"), device=self.model.device)
-                        for s in self.score_ids}
+                        for s in self._out_ids}
         out: list[tuple[str, HookFn]] = []
         for L in range(g.n_layers):
             for kind in ("pattern", "v"):
@@ -59,7 +72,7 @@ class ScoreCollector:
         return out
 
     def batch_scores(self) -> dict[str, Float[Tensor, "batch layer head"]]:
-        """Scores of the last batch (after the forward)."""
+        """Scores (and ``extra`` statistics) of the last batch (after the forward)."""
         return self._scores
 
     def gram(self, layer: int) -> Float[Tensor, "head d_head d_head"]:
@@ -90,11 +103,25 @@ class ScoreCollector:
             store = self._layer[L]
             for fn in self._derived:
                 store[fn.id] = fn.combine(store)
+            for s in self._out_ids:
+                self._scores[s][:, L] = store[s]
             layer_scores = {s: store[s] for s in self.score_ids}
-            for s, v in layer_scores.items():
-                self._scores[s][:, L] = v
             self._layer[L] = {}  # nothing of this layer is kept beyond the scores
             if z_transform is not None:
                 return z_transform(L, z, layer_scores)
             return None
         return hook
+
+
+def _check_extra(extra: Sequence[ScoreFn], score_ids: Sequence[str]) -> list[ScoreFn]:
+    """``extra`` as a list: base statistics (one hook each) whose ids clash with nothing."""
+    extra = list(extra)
+    seen = set(score_ids)
+    for fn in extra:
+        if not isinstance(fn, ScoreFn) or fn.compute is None:
+            raise LensHeadsError(f"extra statistic {getattr(fn, 'id', fn)!r} must be a base ScoreFn "
+                                 f"(with compute=, reading one hook)")
+        if fn.id in seen or fn.id in SCORES:
+            raise LensHeadsError(f"extra statistic {fn.id!r} clashes with a score id or another extra")
+        seen.add(fn.id)
+    return extra

@@ -5,7 +5,6 @@ which saves to and loads from a CSV/Parquet table with provenance sidecars.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import os
@@ -19,8 +18,10 @@ from torch import Tensor
 from lens_heads.atomic import atomic_write_all
 from lens_heads.data import iter_batches, tokenize_texts
 from lens_heads.errors import LensHeadsError
+from lens_heads.hashing import sha256_tokens
 from lens_heads.hooks import run_with_hooks
 from lens_heads.models.load import model_digest
+from lens_heads.progress import progress_bar
 from lens_heads.provenance import package_versions
 from lens_heads.scores.collector import ScoreCollector
 from lens_heads.scores.functions import SCORES, resolve_score_ids, revision_key
@@ -165,10 +166,14 @@ class HeadScores:
         fmt = _table_format(path)
         if not path.is_file():
             raise LensHeadsError(f"scores file not found: {path}")
-        frame = pd.read_csv(path) if fmt == "csv" else pd.read_parquet(path)
+        try:
+            frame = pd.read_csv(path) if fmt == "csv" else pd.read_parquet(path)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, ValueError, OSError) as exc:
+            raise LensHeadsError(f"cannot read scores file {path}: {str(exc).splitlines()[0]}") from None
         missing = {"layer", "head", "score_fn", "value"} - set(frame.columns)
-        if missing:
-            raise LensHeadsError(f"{path}: not a scores table (missing columns {sorted(missing)})")
+        if missing or frame.empty:
+            raise LensHeadsError(f"{path} is not a scores table (needs rows with columns layer, head, score_fn, "
+                                 f"value; missing {sorted(missing)})")
         meta_path, per_path = cls.sidecars(path)
         meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
         L, H = int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
@@ -270,8 +275,6 @@ def score_heads(
     ``inputs``: 1-D token tensors (used as given, truncated to ``max_len`` if set) or strings
     (tokenised as documents, truncated to ``max_len``). ``data`` names the data in the metadata.
     """
-    from tqdm.auto import tqdm
-
     ids = resolve_score_ids(scores)
     if batch_size < 1:
         raise LensHeadsError(f"batch_size must be >= 1, got {batch_size}")
@@ -281,7 +284,7 @@ def score_heads(
     moments = {s: _Moments((g.n_layers, g.n_heads)) for s in ids}
     per_input = ({s: torch.empty(len(seqs), g.n_layers, g.n_heads) for s in ids} if keep_per_input else None)
     pad = model.tokenizer.pad_token_id or 0
-    bar = tqdm(total=len(seqs), desc="scoring heads", unit="input", disable=not progress, leave=False)
+    bar = progress_bar(len(seqs), "scoring heads", enabled=progress, unit="input")
     try:
         for idx, ids_b, mask in iter_batches(seqs, batch_size, pad_id=pad, side="right"):
             run_with_hooks(model, ids_b, mask, collector.hooks(mask), return_logits=False)
@@ -299,10 +302,6 @@ def score_heads(
 
 
 def score_metadata(model, seqs: Sequence[Tensor], max_len: int | None, data: str | None) -> dict:
-    tokens = hashlib.sha256()
-    for s in seqs:
-        tokens.update(s.to(torch.int64).numpy().tobytes())
-        tokens.update(b"|")
     return {
         "model": model.source.spec,
         "model_digest": model_digest(model),
@@ -310,7 +309,7 @@ def score_metadata(model, seqs: Sequence[Tensor], max_len: int | None, data: str
         "dtype": str(model.dtype).removeprefix("torch."),
         "data": data,
         "max_len": max_len,
-        "tokens_sha256": tokens.hexdigest(),
+        "tokens_sha256": sha256_tokens(seqs),
         "n_tokens": int(sum(len(s) for s in seqs)),
         "versions": package_versions(),
     }
