@@ -153,7 +153,7 @@ class StaticAblation(Ablation):
 
     reuses_prefix = True
 
-    def __init__(self, heads: Sequence[tuple[int, int]], geometry):
+    def __init__(self, heads: Sequence[Head], geometry):
         if not heads:
             raise LensHeadsError("static ablation needs at least one head (L.H)")
         if geometry is None:  # syntax only (parse_ablation(spec, None)): ranges wait for a model

@@ -50,6 +50,7 @@ from lens_heads.atomic import atomic_write_csv
 from lens_heads.errors import LensHeadsError
 from lens_heads.head_classes import CLASSES, SICK, canonical  # the one class list
 from lens_heads.hooks import run_with_hooks
+from lens_heads.interventions import Head
 from lens_heads.scores import SCORES, Acts, BatchGeometry, ScoreCollector, ScoreFn
 
 LOCAL_WINDOW = 3
@@ -177,7 +178,7 @@ class Diagnosis:
     def healthy_count(self) -> int:
         return self.counts()["healthy"]
 
-    def heads(self, classes: Iterable[str] = SICK) -> list[tuple[int, int]]:
+    def heads(self, classes: Iterable[str] = SICK) -> list[Head]:
         """(layer, head) of every head in one of ``classes``, in layer-major order."""
         wanted = check_classes(classes)
         return [(L, h) for L in range(self.n_layers) for h in range(self.n_heads)

@@ -24,7 +24,8 @@ import numpy as np
 import pandas as pd
 
 from lens_heads.atomic import atomic_write_text
-from lens_heads.head_classes import CLASSES, SHORT, canonical, label
+from lens_heads.head_classes import CLASSES, SHORT, label
+from lens_heads.interventions import Head
 from lens_heads.viz import AttentionView, bundle_script, diagnosis_map, head_label, score_distributions, \
     score_heatmap, sweep_curves
 
@@ -76,11 +77,11 @@ class Section:
 
 
 def pick_views(scores: "HeadScores", diagnosis: "Diagnosis", score_fn: str, k: int, max_sinks: int,
-               extra: Sequence[tuple[int, int]] = ()) -> list[tuple[str, list[tuple[int, int]]]]:
+               extra: Sequence[Head] = ()) -> list[tuple[str, list[Head]]]:
     """(caption, heads) of each attention view: the k most inactive and k most active heads by
     ``score_fn`` (``HeadScores.least_active``; heads without a value left out), the DEAD and
     BOS-sink heads (highest BOS mass first, at most ``max_sinks``), and ``extra``."""
-    groups: list[tuple[str, list[tuple[int, int]]]] = []
+    groups: list[tuple[str, list[Head]]] = []
     if score_fn in scores.mean:
         values = scores.mean[score_fn]
         order = [hd for hd in scores.least_active(score_fn) if math.isfinite(float(values[hd]))]
@@ -107,7 +108,7 @@ def head_table(scores: "HeadScores", diagnosis: "Diagnosis", score_fn: str) -> p
     return table
 
 
-def head_titles(scores: "HeadScores", diagnosis: "Diagnosis", score_fn: str) -> dict[tuple[int, int], str]:
+def head_titles(scores: "HeadScores", diagnosis: "Diagnosis", score_fn: str) -> dict[Head, str]:
     """Compact titles that fit circuitsvis's head thumbnails: "0.87 · sink" (name added by the view)."""
     have = score_fn in scores.mean
     return {(L, h): (f"{float(scores.mean[score_fn][L, h]):.2f} · " if have and

@@ -20,6 +20,7 @@ from lens_heads.data import iter_batches, tokenize_texts
 from lens_heads.errors import LensHeadsError
 from lens_heads.hashing import sha256_tokens
 from lens_heads.hooks import run_with_hooks
+from lens_heads.interventions import Head
 from lens_heads.models.load import model_digest
 from lens_heads.progress import progress_bar
 from lens_heads.provenance import package_versions
@@ -30,7 +31,7 @@ from lens_heads.scores.functions import SCORES, resolve_score_ids, revision_key
 # Dataset-level scores
 
 
-def least_active(mean, inactive_when: str) -> list[tuple[int, int]]:
+def least_active(mean, inactive_when: str) -> list[Head]:
     """Every head of a dataset-level score ``mean`` [layer, head], least active first:
     ascending values for ``inactive_when="low"``, descending for ``"high"``, ties broken by
     (layer, head), heads whose score is undefined (NaN) last. The order static pruning by a
@@ -107,7 +108,7 @@ class HeadScores:
     def inactive_when(self, score_id: str) -> str:
         return SCORES[score_id].inactive_when
 
-    def least_active(self, score_id: str, k: int | None = None) -> list[tuple[int, int]]:
+    def least_active(self, score_id: str, k: int | None = None) -> list[Head]:
         """The ``k`` (default all) least active heads by this function's mean (see ``least_active``)."""
         if score_id not in self.mean:
             raise LensHeadsError(f"{score_id!r} was not scored; these scores hold: {', '.join(self.score_ids)}")
