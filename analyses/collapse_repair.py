@@ -44,13 +44,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Run, base_parser, check_positive, markdown_table, model_label, out_folder, script_main, \
     split_list, write_csv  # noqa: E402
 
-from lens_heads import load_model  # noqa: E402
+from lens_heads.models import load_model  # noqa: E402
 from lens_heads.models import check_device  # noqa: E402
 from lens_heads.atomic import atomic_write_text  # noqa: E402
 from lens_heads.data import load_texts, tokenize_texts  # noqa: E402
 from lens_heads.diagnose import CLASSES, diagnose, format_band  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
-from lens_heads.surgery import RepairConfig, TargetSelector, TrainConfig, export_model, parse_select, repair  # noqa: E402
+from lens_heads.surgery import (RepairConfig, RepairReport, TargetSelector, TrainConfig, export_model,  # noqa: E402
+                                parse_select, repair)
 
 REPAIRS = ("sinks", "low_output")
 
@@ -120,42 +121,53 @@ def diagnosis_row(label: str, diag) -> dict:
 # 2. repair
 
 
-def run_repair(model, name: str, args, train_texts, eval_texts, diag_inputs, work: Path) -> dict:
-    """One target rule; reuses OUT/work/repair_<name>/report.json when it holds the same run."""
-    selector = (TargetSelector(classes=("dead", "bos_sink")) if name == "sinks"
-                else TargetSelector(select=args.low_output_select))
+def repair_selector(name: str, args) -> TargetSelector:
+    return (TargetSelector(classes=("dead", "bos_sink")) if name == "sinks"
+            else TargetSelector(select=args.low_output_select))
+
+
+def run_repair(model, name: str, args, train_texts, eval_texts, diag_inputs, work: Path) -> RepairReport | str:
+    """One target rule: its report, or why nothing was repaired (no heads selected). Reuses
+    OUT/work/repair_<name>/report.json when it holds the same run."""
+    selector = repair_selector(name, args)
     train = TrainConfig(lr=args.lr, grad_accum=args.grad_accum, max_steps=args.steps, seed=args.seed)
     config = RepairConfig(passes=args.passes, gqa_policy=args.gqa_policy, chunk_len=args.chunk_len,
                           eval_len=args.eval_len, seed=args.seed, train=train)
     folder = work / f"repair_{name}"
     done = folder / "report.json"
     if done.is_file():  # a finished run of the same model, targets and settings: reuse it
-        report = json.loads(done.read_text())
+        try:
+            report = RepairReport.load(done)
+        except LensHeadsError:  # not a complete report: run again
+            report = None
         want = json.loads(json.dumps(asdict(config), default=str))
-        if (report.get("selector"), report.get("model"), report.get("config")) == (selector.describe(), model.name, want):
+        if report is not None and (report.selector, report.model, report.config) == (selector.describe(), model.name,
+                                                                                      want):
             return report
     try:
         return repair(model, selector, train_texts, eval_texts, diag_inputs, folder, config, resume=True)
     except LensHeadsError as exc:
         if "no heads selected" not in str(exc):
             raise
-        return {"selector": selector.describe(), "note": str(exc), "passes": []}
+        return str(exc)
 
 
-def repair_row(name: str, report: dict) -> dict:
-    row = {"repair": name, "targets": report.get("selector"), "note": report.get("note", "")}
-    passes = [p for p in report.get("passes", []) if "ppl_final" in p]
+def repair_row(name: str, selector: str, outcome: RepairReport | str) -> dict:
+    """One row of repair.csv: ``outcome`` is ``run_repair``'s report or its note."""
+    note = outcome if isinstance(outcome, str) else ""
+    row = {"repair": name, "targets": selector, "note": note}
+    passes = () if isinstance(outcome, str) else outcome.trained_passes
     if not passes:
         return row
-    last = passes[-1]
-    row.update({"n_targets_pass1": passes[0]["n_targets"], "healthy_before": report["healthy_before"],
-                "healthy_after": last["healthy_after"], "ppl_before": report["ppl_before"],
-                "ppl_after_reinit": passes[0]["ppl_after_reinit"], "ppl_final": last["ppl_final"],
-                "steps": sum(p["steps"] for p in passes), "passes": len(passes),
-                "train_wall_s": sum(p["train_wall_s"] for p in passes),
-                "n_eval_tokens": report["n_eval_tokens"], "n_train_chunks": report["n_train_chunks"],
-                "classes_before": json.dumps(report["classes_before"]),
-                "classes_after": json.dumps(last["classes_after"])})
+    report, last = outcome, passes[-1]
+    row.update({"n_targets_pass1": passes[0].n_targets, "healthy_before": report.healthy_before,
+                "healthy_after": last.healthy_after, "ppl_before": report.ppl_before,
+                "ppl_after_reinit": passes[0].ppl_after_reinit, "ppl_final": last.ppl_final,
+                "steps": sum(p.steps for p in passes), "passes": len(passes),
+                "train_wall_s": sum(p.train_wall_s for p in passes),
+                "n_eval_tokens": report.n_eval_tokens, "n_train_chunks": report.n_train_chunks,
+                "classes_before": json.dumps(report.classes_before),
+                "classes_after": json.dumps(last.classes_after)})
     return row
 
 
@@ -288,8 +300,8 @@ def main(argv=None) -> int:
         rows = []
         for name in args.repairs:
             print(f"repair {name} on {model_label(args.repair_model)} ({run.elapsed():.0f} s)", flush=True)
-            report = run_repair(model, name, args, train_texts, eval_texts, diag_inputs, work)
-            rows.append(repair_row(name, report))
+            outcome = run_repair(model, name, args, train_texts, eval_texts, diag_inputs, work)
+            rows.append(repair_row(name, repair_selector(name, args).describe(), outcome))
             write_csv(pd.DataFrame(rows), out / "repair.csv")
         del model
         gc.collect()

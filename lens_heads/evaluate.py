@@ -56,18 +56,19 @@ import random
 import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
-from typing import Any, Hashable, Sequence
+from typing import Any, Callable, Hashable, Sequence
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor
 
-from lens_heads.data.corpora import pad_batch
+from lens_heads.data.corpora import iter_batches, pad_batch
 from lens_heads.data.tasks import DEFAULT_SEED, ChatFormat, MCRecord, Task, load_task
 from lens_heads.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import run_with_hooks
+from lens_heads.progress import progress_bar
 from lens_heads.protocol import Protocol
 
 MIN_PREFIX = 32  # shortest shared prefix (tokens) worth a cached forward
@@ -304,13 +305,6 @@ def _run_grouped(model, prefix_len: int, rows: list[_Row], out: list[float], abl
         pbar.update(len(batch))
 
 
-def _progress(total: int, enabled: bool, desc: str):
-    """The project's one progress-bar idiom: a tqdm bar, silent when not ``enabled``."""
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, desc=desc, leave=False, disable=not enabled)
-
-
 def loglikelihoods_tokens(
     model,
     encoded: Sequence[tuple[list[int], list[int]]],
@@ -337,7 +331,7 @@ def loglikelihoods_tokens(
     out = [math.nan] * len(encoded)
     use_cache = reuse_prefix and (ablation is None or ablation.reuses_prefix)
     groups, singles = _prefix_groups(rows, min_prefix) if use_cache else ([], rows)
-    with _progress(len(rows), progress, "log-likelihoods") as pbar:
+    with progress_bar(len(rows), "log-likelihoods", enabled=progress) as pbar:
         for plen, grp in groups:
             _run_grouped(model, plen, grp, out, ablation, batch_size, pbar)
         _run_plain(model, singles, out, ablation, batch_size, pbar, last_only)
@@ -496,10 +490,39 @@ def accuracy_metrics(questions: Sequence[dict], with_norm: bool) -> dict[str, fl
 # Perplexity
 
 
+LogitsFn = Callable[[Tensor, Tensor, list[int]], Tensor]  # (input_ids, attention_mask, rows) -> logits
+
+
+@torch.no_grad()
+def token_nll(logits: LogitsFn, inputs: Sequence[Tensor], batch_size: int, pad_id: int,
+              on_batch: Callable[[int], object] | None = None) -> tuple[float, int]:
+    """Summed negative log-likelihood and the number of tokens it scores: every position
+    t >= 1 of every input, ``-log p(x_t | x_<t)`` (cross-entropy in float32, summed per batch),
+    each input its own window. The one implementation behind both perplexities
+    (docs/methods.md §4, §7).
+
+    Inputs are batched longest-first and padded right with ``pad_id`` (``iter_batches``);
+    ``logits(ids, mask, rows)`` gets each batch on the CPU with ``rows`` its positions in
+    ``inputs`` and returns logits [batch, pos, vocab] on any device. Padding is never scored;
+    an input shorter than 2 tokens scores nothing. ``on_batch(n)`` follows each batch of n inputs.
+    """
+    nll, count = 0.0, 0
+    for rows, ids, mask in iter_batches(inputs, batch_size, pad_id=pad_id, side="right"):
+        out = logits(ids, mask, rows)[:, :-1].float()
+        target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100).to(out.device)
+        nll += F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1),
+                               ignore_index=-100, reduction="sum").item()
+        count += int((target != -100).sum())
+        if on_batch is not None:
+            on_batch(len(rows))
+    return nll, count
+
+
 def perplexity(model, inputs: list[Int[Tensor, "pos"]], ablation=None, batch_size: int = 8,
                progress: bool = False) -> float:
     """Token-level perplexity: ``exp(-sum log p(x_t | x_<t) / n)`` over every input position
-    t >= 1 of every input, each input an independent window (no context carried across).
+    t >= 1 of every input, each input an independent window (no context carried across;
+    ``token_nll``, docs/methods.md §4).
 
     With non-overlapping chunks from ``tokenize_texts(..., mode="chunks")`` this is lm-eval's
     rolling log-likelihood with ``context_len=1`` except at chunk boundaries: lm-eval scores a
@@ -510,22 +533,14 @@ def perplexity(model, inputs: list[Int[Tensor, "pos"]], ablation=None, batch_siz
     """
     if not inputs:
         raise LensHeadsError("perplexity needs at least one input")
+    if any(torch.as_tensor(x).numel() < 2 for x in inputs):
+        raise LensHeadsError("perplexity inputs need at least 2 tokens each")
     pad = model.tokenizer.pad_token_id or 0
-    total, count = 0.0, 0
-    order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))
-    with _progress(len(inputs), progress, "perplexity") as pbar:
-        for s in range(0, len(order), batch_size):
-            idx = order[s:s + batch_size]
-            seqs = [torch.as_tensor(inputs[i], dtype=torch.long).reshape(-1) for i in idx]
-            if any(len(x) < 2 for x in seqs):
-                raise LensHeadsError("perplexity inputs need at least 2 tokens each")
-            ids, mask = pad_batch(seqs, pad, "right")
-            hooks = ablation.hooks(model, mask, idx) if ablation is not None else []
-            logits = _forward(model, ids, mask, hooks)
-            logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
-            tok = logp.gather(2, ids[:, 1:].to(logp.device)[..., None])[..., 0]
-            m = mask[:, 1:].to(tok.device).bool()
-            total += float(tok[m].sum())
-            count += int(m.sum())
-            pbar.update(len(idx))
-    return math.exp(-total / count)
+
+    def logits(ids: Tensor, mask: Tensor, rows: list[int]) -> Tensor:
+        hooks = ablation.hooks(model, mask, rows) if ablation is not None else []
+        return _forward(model, ids, mask, hooks)
+
+    with progress_bar(len(inputs), "perplexity", enabled=progress) as pbar:
+        nll, count = token_nll(logits, inputs, batch_size, pad, pbar.update)
+    return math.exp(nll / count)

@@ -67,8 +67,11 @@ def test_readme_python_walkthrough(tiny_model_dir, shared_data, tmp_path, monkey
 
     # the repair touched the chosen head only and exported a model that loads
     report = ns["report"]
-    assert report["passes"][0]["targets"] == ["0.1"] and report["passes"][0]["steps"] == 20
-    assert report["ppl_before"] > 1 and report["passes"][0]["ppl_final"] > 1
+    assert report.passes[0].targets == ("0.1",) and report.passes[0].steps == 20
+    assert report.ppl_before > 1 and report.passes[0].ppl_final > 1
+    from lens_heads.surgery import RepairReport
+
+    assert RepairReport.load(tmp_path / "runs" / "repaired") == report  # what it returned is what it saved
     repaired = lh.load_model(str(tmp_path / "runs" / "repaired"))
     assert repaired.geometry == model.geometry
     assert ns["diag"].n_inputs == 16

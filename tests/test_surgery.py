@@ -5,7 +5,6 @@ export reloads exactly, and bad input fails cleanly."""
 from __future__ import annotations
 
 import hashlib
-import json
 import math
 
 import pytest
@@ -15,8 +14,8 @@ from transformers import AutoModelForCausalLM
 from lens_heads import LensHeadsError, load_model
 from lens_heads.cli import main
 from lens_heads.hooks import hook_name, run_with_hooks
-from lens_heads.surgery import (RepairConfig, TargetSelector, TrainConfig, parse_heads, parse_select, plan_surgery,
-                                reinitialise, train_surgery)
+from lens_heads.surgery import (RepairConfig, RepairReport, TargetSelector, TrainConfig, parse_heads, parse_select,
+                                plan_surgery, reinitialise, train_surgery)
 from lens_heads.surgery.repair import prepare_data
 
 TEXT = "The capital of France is Paris. The capital of Italy is Rome. Attention heads that do nothing."
@@ -115,6 +114,38 @@ def test_training_changes_only_target_slices(arch, dtype, ckpt, tiny_model, tiny
     assert not any(p.requires_grad for p in hf.parameters())
 
 
+def test_one_perplexity_for_hf_and_bridge(tiny_model):
+    """surgery.train.perplexity (plain HF) and evaluate.perplexity (bridge) are one computation:
+    each equals an unbatched float64 loop; the HF one skips 1-token documents, the bridge one refuses them."""
+    from lens_heads.evaluate import perplexity as bridge_perplexity
+    from lens_heads.evaluate import token_nll
+    from lens_heads.surgery.train import perplexity as hf_perplexity
+
+    model = tiny_model("llama")
+    hf = model.load_hf_model()
+    docs = [torch.tensor(model.tokenizer(t)["input_ids"]) for t in
+            [TEXT, "Dormant heads attend to the first token.", "A B C D", "Question: why? Answer: sinks."]]
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for x in docs:
+            logp = torch.log_softmax(hf(input_ids=x[None]).logits[0, :-1].double(), -1)
+            nll -= float(logp.gather(1, x[1:, None]).sum())
+            n += len(x) - 1
+    naive = math.exp(nll / n)
+    pad = model.tokenizer.pad_token_id
+    for bs in (1, 3):
+        assert hf_perplexity(hf, docs + [docs[0][:1]], bs, pad) == pytest.approx(naive, rel=1e-6)
+        assert bridge_perplexity(model, docs, batch_size=bs) == pytest.approx(naive, rel=1e-6)
+    with pytest.raises(LensHeadsError, match="at least 2 tokens"):
+        bridge_perplexity(model, docs + [docs[0][:1]])
+    with pytest.raises(LensHeadsError, match="fewer than 2 tokens"):
+        hf_perplexity(hf, [docs[0][:1]])
+    # the shared core: uniform logits over V tokens score log V per token, padding excluded
+    seen, vocab = [], len(model.tokenizer)
+    total, count = token_nll(lambda ids, mask, rows: torch.zeros(*ids.shape, vocab), docs, 2, pad, seen.append)
+    assert count == n and seen == [2, 2] and total == pytest.approx(n * math.log(vocab), rel=1e-6)
+
+
 def test_resume_equals_uninterrupted(tiny_model, tmp_path):
     model = tiny_model("bloom")
     plan = plan_surgery(model.geometry, TARGETS["bloom"], "q_only")
@@ -172,10 +203,11 @@ def test_cli_repair_two_passes_exports_reloadable_model(tiny_model_dir, tmp_path
                "--diag-n", "4", "--diag-len", "32", "--chunk-len", "32", "--steps", "2", "--grad-accum", "2",
                "--lr", "1e-3", "--passes", "2", "--out", str(out), "--quiet"])
     assert rc == 0, capsys.readouterr().err
-    report = json.loads((out / "report.json").read_text())
-    assert report["passes"][0]["targets"] and report["passes"][0]["steps"] == 2
-    assert len(report["passes"]) == 2 and "healthy_after" in report["passes"][0]
-    assert report["healthy_before"] + report["classes_before"]["local"] <= 8
+    report = RepairReport.load(out / "report.json")
+    assert report.passes[0].targets and report.passes[0].steps == 2
+    assert len(report.passes) == 2 and report.passes[0].healthy_after is not None
+    assert report.healthy_before + report.classes_before["local"] <= 8
+    assert report.to_json() == (out / "report.json").read_text()
     assert _digest(src) == digest  # original model files untouched
 
     hf = AutoModelForCausalLM.from_pretrained(out, attn_implementation="eager").eval()

@@ -107,10 +107,11 @@ def run(args) -> int:
                           eval_len=args.eval_len, seed=args.seed, train=train)
     report = repair(model, selector, train_texts, eval_texts, diag_inputs, args.out, config,
                     resume=not args.no_resume, progress=not args.quiet)
-    print(f"healthy heads: {report['healthy_before']}"
-          + "".join(f" -> {p.get('healthy_after', '-')} (pass {p['pass']})" for p in report["passes"]))
-    print(f"held-out perplexity: {report['ppl_before']:.3f} (original)"
-          + "".join(f" -> {p['ppl_after_reinit']:.3f} (pass {p['pass']} re-init) -> {p['ppl_final']:.3f}"
-                    for p in report["passes"] if "ppl_final" in p))
+    print(f"healthy heads: {report.healthy_before}"
+          + "".join(f" -> {'-' if p.healthy_after is None else p.healthy_after} (pass {p.index})"
+                    for p in report.passes))
+    print(f"held-out perplexity: {report.ppl_before:.3f} (original)"
+          + "".join(f" -> {p.ppl_after_reinit:.3f} (pass {p.index} re-init) -> {p.ppl_final:.3f}"
+                    for p in report.trained_passes))
     print(f"wrote {args.out} (model, tokenizer, report.json)")
     return 0

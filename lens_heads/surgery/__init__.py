@@ -7,15 +7,18 @@
     checkpoint.py  safetensors + state checkpoints
     export.py      save_pretrained (+ tokenizer)
     repair.py      the two-pass protocol that ties them together
+    report.py      its report.json: RepairReport / RepairPass
 """
 
 from lens_heads.surgery.export import export_model
 from lens_heads.surgery.masks import MaskedParams, freeze_and_mask
 from lens_heads.surgery.reinit import GQA_POLICIES, INITS, SliceEdit, SurgeryPlan, plan_surgery, reinitialise
 from lens_heads.surgery.repair import RepairConfig, repair
+from lens_heads.surgery.report import RepairPass, RepairReport
 from lens_heads.surgery.targets import TargetSelector, parse_heads, parse_select
 from lens_heads.surgery.train import TrainConfig, TrainResult, perplexity, train_surgery
 
-__all__ = ["GQA_POLICIES", "INITS", "MaskedParams", "RepairConfig", "SliceEdit", "SurgeryPlan", "TargetSelector",
+__all__ = ["GQA_POLICIES", "INITS", "MaskedParams", "RepairConfig", "RepairPass",
+           "RepairReport", "SliceEdit", "SurgeryPlan", "TargetSelector",
            "TrainConfig", "TrainResult", "export_model", "freeze_and_mask", "parse_heads", "parse_select",
            "perplexity", "plan_surgery", "reinitialise", "repair", "train_surgery"]

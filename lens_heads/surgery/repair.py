@@ -7,13 +7,12 @@ re-diagnosed; pass 2 re-applies the selector there (heads still or newly sick), 
 for BLOOM the bridge computes Q/K/V from its own split copies).
 
 ``repair`` writes into ``out_dir``: ``checkpoints/pass{k}/`` (resumable), the exported model
-(``save_pretrained`` + tokenizer) and ``report.json`` (atomically).
+(``save_pretrained`` + tokenizer) and ``report.json`` (a :class:`RepairReport`, atomically).
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import time
 from dataclasses import asdict, dataclass, field, replace
@@ -25,9 +24,9 @@ from lens_heads.errors import LensHeadsError
 import torch
 
 from lens_heads.models.load import boot, model_digest
-from lens_heads.atomic import atomic_write_text
 from lens_heads.surgery.export import check_out_dir, export_model
 from lens_heads.surgery.reinit import plan_surgery, reinitialise
+from lens_heads.surgery.report import RepairPass, RepairReport
 from lens_heads.surgery.targets import TargetSelector
 from lens_heads.surgery.train import TrainConfig, perplexity, train_surgery
 
@@ -45,14 +44,11 @@ class RepairConfig:
 
 
 def _tokens_digest(*groups) -> str:
-    """sha256 over the token ids of the training chunks and held-out inputs."""
-    h = hashlib.sha256()
-    for group in groups:
-        for t in group:
-            h.update(t.to(torch.int64).numpy().tobytes())
-            h.update(b"|")
-        h.update(b"#")
-    return h.hexdigest()
+    """sha256 over the token ids of the training chunks and held-out inputs (the layout of
+    ``lens_heads.hashing.sha256_token_groups``)."""
+    from lens_heads.hashing import sha256_token_groups
+
+    return sha256_token_groups(*groups)
 
 
 def prepare_data(tokenizer, train_texts, eval_texts, config: RepairConfig):
@@ -67,8 +63,9 @@ def prepare_data(tokenizer, train_texts, eval_texts, config: RepairConfig):
 
 
 def repair(model, selector: TargetSelector, train_texts: list[str], eval_texts: list[str], diag_inputs,
-           out_dir, config: RepairConfig = RepairConfig(), resume: bool = True, progress: bool = True) -> dict:
-    """Run the protocol on ``model`` (a LoadedModel; left unchanged) and return the report."""
+           out_dir, config: RepairConfig = RepairConfig(), resume: bool = True,
+           progress: bool = True) -> RepairReport:
+    """Run the protocol on ``model`` (a LoadedModel; left unchanged); return the report it saved."""
     t0 = time.perf_counter()
     out = check_out_dir(out_dir, model.source)
     if config.passes < 1:
@@ -88,20 +85,21 @@ def repair(model, selector: TargetSelector, train_texts: list[str], eval_texts: 
     identity = {"init": config.init, "gqa_policy": config.gqa_policy, "chunk_len": config.chunk_len,
                 "eval_len": config.eval_len, "repair_seed": config.seed,
                 "model_digest": model_digest(model), "data_sha256": _tokens_digest(chunks, eval_inputs)}
-    report = dict(model=model.name, selector=selector.describe(), config=asdict(config),
+    config_json = json.loads(json.dumps(asdict(config), default=str))  # as report.json keeps it (lists, not tuples)
+    before = dict(model=model.name, selector=selector.describe(), config=config_json,
                   n_train_chunks=len(chunks), n_eval_docs=len(eval_inputs),
                   n_eval_tokens=int(sum(len(t) - 1 for t in eval_inputs)),
                   n_diag_inputs=diag.n_inputs, healthy_before=diag.healthy_count, classes_before=diag.counts(),
-                  band_before=diag.band(), ppl_before=perplexity(hf, eval_inputs, config.train.eval_batch_size, pad),
-                  passes=[])
+                  band_before=diag.band(), ppl_before=perplexity(hf, eval_inputs, config.train.eval_batch_size, pad))
+    passes: list[RepairPass] = []
     if progress:
-        print(f"before: {diag.summary()}; held-out perplexity {report['ppl_before']:.3f}", flush=True)
+        print(f"before: {diag.summary()}; held-out perplexity {before['ppl_before']:.3f}", flush=True)
     current = model
     for k in range(1, config.passes + 1):
         if k > 1:
             targets = selector.reselect(current, targets, diag, diag_inputs)
             if not targets:
-                report["passes"].append({"pass": k, **dict( targets=[], note="no heads left to repair")})
+                passes.append(RepairPass(index=k, targets=(), note="no heads left to repair"))
                 break
         plan = plan_surgery(g, targets, config.gqa_policy)
         reinitialise(hf, plan, config.init, seed=config.seed + k)
@@ -112,17 +110,16 @@ def repair(model, selector: TargetSelector, train_texts: list[str], eval_texts: 
                                resume=resume, pad_id=pad, progress=progress, identity=identity)
         current = boot(copy.deepcopy(hf), tok, model.source, model.dtype, model.device)
         diag = diagnose(current, diag_inputs, config.thresholds)
-        report["passes"].append({"pass": k, **dict(
-            targets=[f"{L}.{h}" for L, h in targets], n_targets=len(targets),
+        passes.append(RepairPass(
+            index=k, targets=tuple(f"{L}.{h}" for L, h in targets), n_targets=len(targets),
             edits=plan.describe()["edits"], ppl_after_reinit=result.history[0]["ppl"],
             history=result.history, ppl_final=perplexity(hf, eval_inputs, config.train.eval_batch_size, pad),
             steps=result.steps, epochs=result.epochs_run, stopped_early=result.stopped_early,
             healthy_after=diag.healthy_count, classes_after=diag.counts(), band_after=diag.band(),
-            train_wall_s=round(result.wall_s, 2))})
+            train_wall_s=round(result.wall_s, 2)))
         if progress:
-            print(f"after pass {k}: {diag.summary()}; held-out perplexity {report['passes'][-1]['ppl_final']:.3f}",
-                  flush=True)
+            print(f"after pass {k}: {diag.summary()}; held-out perplexity {passes[-1].ppl_final:.3f}", flush=True)
     export_model(hf, tok, out)
-    report["wall_s"] = round(time.perf_counter() - t0, 2)
-    atomic_write_text(out / "report.json", json.dumps(report, indent=2, default=str))
+    report = RepairReport(**before, passes=tuple(passes), wall_s=round(time.perf_counter() - t0, 2))
+    report.save(out / "report.json")
     return report

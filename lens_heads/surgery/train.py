@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor
 
-from lens_heads.data import iter_batches
 from lens_heads.errors import LensHeadsError
+from lens_heads.evaluate import token_nll
 from lens_heads.surgery.checkpoint import load_checkpoint, save_checkpoint
 from lens_heads.surgery.masks import freeze_and_mask
 from lens_heads.surgery.reinit import SurgeryPlan
@@ -69,23 +69,23 @@ class TrainResult:
     wall_s: float = 0.0
 
 
-@torch.no_grad()
 def perplexity(hf_model, inputs: list[Tensor], batch_size: int = 4, pad_id: int = 0) -> float:
-    """Token-weighted perplexity of a plain HF model on documents (each predicts tokens 1..T-1)."""
+    """Token-weighted perplexity of a plain HF model on documents (each predicts tokens 1..T-1),
+    in eval mode; the same computation as ``lens_heads.evaluate.perplexity`` (``token_nll``,
+    docs/methods.md §7). Documents of one token score nothing."""
     if not inputs:
         raise LensHeadsError("no held-out documents for perplexity")
     was_training = hf_model.training
     hf_model.eval()
     device = next(hf_model.parameters()).device
-    nll, count = 0.0, 0
-    for _, ids, mask in iter_batches(inputs, batch_size, pad_id=pad_id, side="right"):
-        ids, mask = ids.to(device), mask.to(device)
-        logits = hf_model(input_ids=ids, attention_mask=mask).logits[:, :-1].float()
-        target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100)
-        nll += F.cross_entropy(logits.reshape(-1, logits.shape[-1]), target.reshape(-1),
-                               ignore_index=-100, reduction="sum").item()
-        count += int((target != -100).sum())
-    hf_model.train(was_training)
+
+    def logits(ids: Tensor, mask: Tensor, _rows: list[int]) -> Tensor:
+        return hf_model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
+
+    try:
+        nll, count = token_nll(logits, inputs, batch_size, pad_id)
+    finally:
+        hf_model.train(was_training)
     if count == 0:
         raise LensHeadsError("held-out documents have fewer than 2 tokens each: no perplexity")
     return math.exp(nll / count)
