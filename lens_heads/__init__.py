@@ -24,11 +24,11 @@ from lens_heads.protocol import Protocol, load_authors_thresholds, paper_protoco
 from lens_heads.evaluate import evaluate_task  # noqa: E402
 from lens_heads.sweep import SweepConfig, SweepResult, run_sweep, tabulate  # noqa: E402
 from lens_heads.diagnose import diagnose  # noqa: E402
-from lens_heads.surgery import RepairConfig, TargetSelector, TrainConfig, repair  # noqa: E402
+from lens_heads.surgery import RepairConfig, RepairReport, TargetSelector, TrainConfig, repair  # noqa: E402
 from lens_heads.study import ModelRef, ReportConfig, build_report  # noqa: E402
 
 __all__ = ["ARCHITECTURES", "ZOO", "HeadGeometry", "LensHeadsError", "LoadedModel", "load_model",
            "SCORES", "HeadScores", "score_heads", "StaticAblation", "parse_ablation", "Protocol",
            "paper_protocol", "load_authors_thresholds", "evaluate_task",
-           "SweepConfig", "SweepResult", "run_sweep", "tabulate", "diagnose", "RepairConfig", "TargetSelector", "TrainConfig", "repair", "ModelRef",
+           "SweepConfig", "SweepResult", "run_sweep", "tabulate", "diagnose", "RepairConfig", "TargetSelector", "TrainConfig", "repair", "RepairReport", "ModelRef",
            "ReportConfig", "build_report"]

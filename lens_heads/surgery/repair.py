@@ -21,7 +21,6 @@ from dataclasses import asdict, dataclass, field, replace
 from lens_heads.data import tokenize_texts
 from lens_heads.diagnose import DiagnosisThresholds, diagnose
 from lens_heads.errors import LensHeadsError
-import torch
 
 from lens_heads.models.load import boot, model_digest
 from lens_heads.surgery.export import check_out_dir, export_model
