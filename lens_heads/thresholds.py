@@ -41,7 +41,7 @@ from jaxtyping import Float
 from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import ScoreThreshold, parse_spec
+from lens_heads.interventions import ScoreThreshold
 
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
 THRESHOLD_RULES: tuple[str, ...] = ("quantile", "cdf")
@@ -163,15 +163,6 @@ def score_ablation_spec(score_id: str, tau: float | None, strict: bool = False) 
     """The per-input ablation spec for threshold ``tau`` ("none" when there is none: fraction 0);
     ``strict`` (the authors' rule) zeroes only scores strictly beyond tau."""
     return "none" if tau is None else str(ScoreThreshold(score_id, tau, strict))
-
-
-def parse_percent_spec(spec: str) -> tuple[str, float] | None:
-    """``"score:ahon_ln@10%"`` -> ``("ahon_ln", 0.1)``; None for any spec not of that form."""
-    s = spec.strip() if isinstance(spec, str) else spec
-    if not (isinstance(s, str) and s.startswith("score:") and s.endswith("%")):
-        return None
-    parsed = parse_spec(s)
-    return parsed.score_id, parsed.fraction
 
 
 def calibrated_spec(model, inputs: list[Tensor], score_id: str, fraction: float,

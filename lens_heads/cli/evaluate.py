@@ -16,7 +16,8 @@ def register(sub) -> None:
     p = sub.add_parser("evaluate", help="multiple-choice accuracy (lm-eval scoring), optionally with heads ablated")
     add_model_args(p)
     p.add_argument("--task", required=True,
-                   help="mmlu, piqa, winogrande, or a local file: 'file:PATH?question=..&choices=..&answer=..'")
+                   help="mmlu, piqa, winogrande, or a local file: 'file:PATH?question=..&choices=..&answer=..' "
+                        "(fields may be dotted paths; per-row labels: labels_field=choices.label)")
     p.add_argument("--n-shot", type=int, default=None, help="few-shot examples (default: the task's; MMLU 5)")
     p.add_argument("--limit", type=int, default=None,
                    help="evaluate a seeded sample of N items, stratified by subject (MMLU) or gold label")
@@ -37,7 +38,7 @@ def run(args) -> int:
     from lens_heads.evaluate import evaluate_task
     from lens_heads.models import load_model
     from lens_heads.scores import resolve_score_ids
-    from lens_heads.thresholds import parse_percent_spec
+    from lens_heads.interventions import ScoreFraction, parse_spec
 
     from lens_heads.ablation import parse_ablation
     from lens_heads.atomic import check_output_file
@@ -47,7 +48,8 @@ def run(args) -> int:
         check_output_file(args.out)
     check_positive(args, "limit", "batch_size")
     check_positive(args, "n_shot", minimum=0)
-    percent = parse_percent_spec(args.ablate) if args.ablate is not None else None
+    typed = parse_spec(args.ablate) if args.ablate is not None else None  # the one spec grammar
+    percent = (typed.score_id, typed.fraction) if isinstance(typed, ScoreFraction) else None
     if percent is not None:
         resolve_score_ids([percent[0]])
     elif args.ablate is not None:
