@@ -386,6 +386,7 @@ def load_task(
     *,
     fewshot_split: str | None = None,
     n_shot: int | None = None,
+    include_path: str | os.PathLike | None = None,
 ) -> Task:
     """Load a task by registered name, TaskSpec, or local-file spec.
 
@@ -394,12 +395,18 @@ def load_task(
     path (with the default fields ``question``/``choices``/``answer``).
     ``split`` defaults to the spec's ``default_split``; ``fewshot_split`` overrides where
     shots come from (e.g. ``"train"`` for WinoGrande, online); ``n_shot`` overrides the
-    default number of shots (``task.spec.n_shot``).
+    default number of shots (``task.spec.n_shot``). Any lm-eval multiple-choice task too:
+    ``"lm-eval:NAME"`` or a task YAML path (``include_path``: a folder of task YAMLs), see
+    ``lm_eval_tasks``.
     """
     if isinstance(name_or_spec, TaskSpec):
         spec = name_or_spec
     else:
         s = os.fspath(name_or_spec)
+        from lens_heads.data.lm_eval_tasks import is_lm_eval_spec, load_lm_eval_task
+
+        if is_lm_eval_spec(s):
+            return load_lm_eval_task(s, include_path, n_shot)
         from lens_heads.data.mc_files import MC_SUFFIXES, load_mc_spec  # mc_files builds on this module
 
         if s.startswith("file:") or (s not in TASKS and Path(s).suffix.lower() in MC_SUFFIXES):
@@ -410,7 +417,8 @@ def load_task(
         if s not in TASKS:
             raise LensHeadsError(
                 f"Unknown task {s!r}. Valid names: {', '.join(sorted(TASKS))}; "
-                f"or a local file: 'file:PATH.jsonl?question=...&choices=a,b&answer=...'"
+                f"or a local file: 'file:PATH.jsonl?question=...&choices=a,b&answer=...'; "
+                f"or an lm-eval task: 'lm-eval:NAME' or a task YAML"
             )
         spec = TASKS[s]
     if n_shot is not None:

@@ -1,0 +1,186 @@
+"""Any lm-evaluation-harness multiple-choice task as a lens_heads ``Task`` (docs/methods.md §4).
+
+``load_lm_eval_task("lm-eval:arc_easy")`` (a registry name) or
+``load_lm_eval_task("path/to/task.yaml")`` (a task YAML; ``include_path`` adds a folder of
+them, as ``lm_eval --include_path`` does) builds the task with lm-eval's own ``TaskManager``.
+Nothing of lm-eval's templating is re-implemented: the documents, ``doc_to_text`` /
+``doc_to_choice`` / ``doc_to_target`` (Jinja or Python), delimiters, description, few-shot
+split and seeded sampler all stay lm-eval's. The prompts come from lm-eval's
+``build_all_requests`` over the whole evaluated split in document order -- the order in which
+its sampler draws shots -- once per (n-shot, seed), and are cached; lens_heads then scores the
+requests with its own engine (prefix reuse, last-position logits, per-input ablation).
+
+``MCRecord.doc_id`` is the document's index in the evaluated split; ``gold`` follows lm-eval's
+``process_results`` (an index, or the position of a target string among the choices).
+Only ``output_type: multiple_choice`` tasks are tasks here; a generation or perplexity task
+gets one clear error (run those through ``lens_heads.LensHeadsLM`` under lm-eval instead).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+from lens_heads.data.tasks import DEFAULT_SEED, ChatFormat, MCRecord, Task, TaskSpec
+from lens_heads.errors import LensHeadsError
+
+PREFIX = "lm-eval:"
+YAML_SUFFIXES = (".yaml", ".yml")
+
+
+def is_lm_eval_spec(spec: str) -> bool:
+    """A registry name written ``lm-eval:NAME``, or a path ending in .yaml / .yml."""
+    return spec.startswith(PREFIX) or spec.lower().endswith(YAML_SUFFIXES)
+
+
+def _yaml_task_name(path: Path) -> str:
+    import yaml
+
+    try:
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (yaml.YAMLError, UnicodeDecodeError) as exc:
+        raise LensHeadsError(f"{path}: not a task YAML lm-eval can read ({str(exc).splitlines()[0]})") from None
+    except yaml.constructor.ConstructorError:  # !function tags: lm-eval resolves them itself
+        doc = None
+    name = doc.get("task") if isinstance(doc, dict) else None
+    if not isinstance(name, str) or not name:
+        import re
+
+        m = re.search(r"^task:\s*['\"]?([^'\"\n#]+)", path.read_text(encoding="utf-8"), re.M)
+        if not m:
+            raise LensHeadsError(f"{path}: a task YAML needs a 'task: NAME' line")
+        name = m.group(1).strip()
+    return name
+
+
+def _build(spec: str, include_path: str | os.PathLike | None):
+    """(lm-eval task object, its name) for ``spec``."""
+    import logging
+
+    from lm_eval.tasks import TaskManager, get_task_dict
+
+    paths = [str(include_path)] if include_path is not None else []
+    if spec.startswith(PREFIX):
+        name = spec[len(PREFIX):].strip()
+    else:
+        path = Path(spec).expanduser()
+        if not path.is_file():
+            raise LensHeadsError(f"task YAML not found: {path}")
+        name = _yaml_task_name(path)
+        paths.insert(0, str(path.resolve().parent))
+    for p in paths:
+        if not Path(p).is_dir():
+            raise LensHeadsError(f"--include-path {p}: no such folder")
+    for logger in ("lm-eval", "lm_eval"):  # its per-task notes; errors still come through as exceptions
+        logging.getLogger(logger).setLevel(logging.ERROR)
+    manager = TaskManager(include_path=paths or None)
+    if name not in manager.all_tasks:
+        import difflib
+
+        close = difflib.get_close_matches(name, manager.all_tasks, n=3)
+        raise LensHeadsError(f"lm-eval has no task {name!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+    try:
+        tasks = get_task_dict([name], manager)
+    except Exception as exc:  # lm-eval raises many kinds for a dataset it cannot load offline
+        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise LensHeadsError(f"lm-eval task {name!r} could not be built: {msg} (its dataset must be in the "
+                             f"local HF datasets cache, or the YAML must point at local files)") from None
+    task = next(iter(_leaves(tasks)))
+    return task, name
+
+
+def _leaves(tasks: dict):
+    for v in tasks.values():
+        if isinstance(v, dict):
+            yield from _leaves(v)
+        else:
+            yield v
+
+
+def _gold(task, doc, choices: list[str]) -> int:
+    """lm-eval ``process_results``' gold index (multiple_input tasks: doc_to_text is the index)."""
+    gold = task.doc_to_text(doc) if task.multiple_input else task.doc_to_target(doc)
+    if isinstance(gold, list):
+        raise LensHeadsError(f"lm-eval task {task.config.task!r}: several gold answers per document are "
+                             "not supported (multiple_target)")
+    if isinstance(gold, str):
+        gold = choices.index(gold) if gold in choices else -1
+    return int(gold)
+
+
+@dataclass(repr=False)
+class LmEvalTask(Task):
+    """A ``Task`` whose prompts are lm-eval's (``build``); everything else is lens_heads'."""
+
+    lm_task: object = field(default=None, repr=False)
+    _built: dict = field(default_factory=dict, repr=False)
+
+    def build(self, record: MCRecord, n_shot: int | None = None, seed: int = DEFAULT_SEED,
+              chat: ChatFormat | None = None) -> list[tuple[str, str]]:
+        if chat is not None:
+            raise LensHeadsError(f"{self.name}: the chat template is not supported for lm-eval tasks yet; "
+                                 "run it under lm-eval with lens_heads.LensHeadsLM instead")
+        k = self.spec.n_shot if n_shot is None else int(n_shot)
+        if (k, seed) not in self._built:
+            self._built[(k, seed)] = self._requests(k, seed)
+        return self._built[(k, seed)][record.doc_id]
+
+    def _requests(self, k: int, seed: int) -> dict[int, list[tuple[str, str]]]:
+        t = self.lm_task
+        t.set_config(key="num_fewshot", value=k)
+        t.set_fewshot_seed(seed=seed)
+        try:
+            t.build_all_requests(limit=None)
+        except (ValueError, IndexError) as exc:
+            raise LensHeadsError(f"{self.name}: lm-eval cannot build {k}-shot prompts: {exc}") from None
+        out: dict[int, list[tuple[str, str]]] = {}
+        for inst in sorted(t.instances, key=lambda i: (i.doc_id, i.idx)):
+            out.setdefault(inst.doc_id, []).append(tuple(inst.arguments))
+        return out
+
+    def fewshot(self, record: MCRecord, n_shot: int | None = None, seed: int = DEFAULT_SEED) -> list[MCRecord]:
+        return []  # the shots are inside lm-eval's prompts (``build``)
+
+    def check_fewshot(self, n_shot: int | None = None, seed: int = DEFAULT_SEED) -> None:
+        k = self.spec.n_shot if n_shot is None else int(n_shot)
+        if k < 0:
+            raise LensHeadsError(f"n_shot must be >= 0, got {k}")
+        if self.records:
+            self.build(self.records[0], k, seed)  # lm-eval's own check of its few-shot pool
+
+
+def load_lm_eval_task(spec: str, include_path: str | os.PathLike | None = None,
+                      n_shot: int | None = None) -> LmEvalTask:
+    """The lm-eval task ``spec`` (``lm-eval:NAME`` or a YAML path) as a lens_heads task."""
+    task, name = _build(spec, include_path)
+    kind = task.config.output_type
+    if kind != "multiple_choice":
+        raise LensHeadsError(f"lm-eval task {name!r} is a {kind} task: evaluate and sweep score multiple-choice "
+                             f"tasks; run it with 'lens-heads lm-eval' (lens_heads.LensHeadsLM) instead")
+    docs = list(task.eval_docs)
+    records = []
+    for i, doc in enumerate(docs):
+        choices = [str(c) for c in task.doc_to_choice(doc)]
+        text = task.doc_to_text(doc)
+        records.append(MCRecord(i, text if isinstance(text, str) else "", choices, _gold(task, doc, choices),
+                                None, dict(doc)))
+    if not records:
+        raise LensHeadsError(f"lm-eval task {name!r}: its evaluation split has no documents")
+    metrics = tuple(m for m in ("acc", "acc_norm") if m in getattr(task, "_metric_fn_list", {"acc": 0}))
+    default_k = task.config.num_fewshot or 0
+    tspec = TaskSpec(name=name, loader=_no_loader, n_shot=default_k if n_shot is None else n_shot,
+                     doc_to_choice=lambda rec: list(rec.choices), target_delimiter=task.config.target_delimiter,
+                     fewshot_delimiter=task.config.fewshot_delimiter, metrics=metrics or ("acc",),
+                     multiple_input=bool(task.multiple_input), about=f"lm-eval task {name}")
+    split = task.config.test_split or task.config.validation_split or ""
+    source = f"lm-eval:{name}:{spec}" if not spec.startswith(PREFIX) else f"lm-eval:{name}"
+    return LmEvalTask(tspec, records, split, source, lm_task=task)
+
+
+def _no_loader(split: str, data_root=None):
+    raise LensHeadsError("an lm-eval task is loaded by load_lm_eval_task, not by split")
+
+
+__all__: Sequence[str] = ("PREFIX", "LmEvalTask", "is_lm_eval_spec", "load_lm_eval_task")
