@@ -16,8 +16,11 @@ def register(sub) -> None:
     p = sub.add_parser("evaluate", help="multiple-choice accuracy (lm-eval scoring), optionally with heads ablated")
     add_model_args(p)
     p.add_argument("--task", required=True,
-                   help="mmlu, piqa, winogrande, or a local file: 'file:PATH?question=..&choices=..&answer=..' "
-                        "(fields may be dotted paths; per-row labels: labels_field=choices.label)")
+                   help="mmlu, piqa, winogrande, a local file: 'file:PATH?question=..&choices=..&answer=..' "
+                        "(fields may be dotted paths; per-row labels: labels_field=choices.label), "
+                        "lm-eval:NAME or an lm-eval task YAML")
+    p.add_argument("--include-path", default=None,
+                   help="a folder of lm-eval task YAMLs, as lm_eval --include_path (for --task NAME or lm-eval:NAME)")
     p.add_argument("--n-shot", type=int, default=None, help="few-shot examples (default: the task's; MMLU 5)")
     p.add_argument("--limit", type=int, default=None,
                    help="evaluate a seeded sample of N items, stratified by subject (MMLU) or gold label")
@@ -57,7 +60,7 @@ def run(args) -> int:
     check_protocol_args(args)
     if args.thresholds_file is not None and percent is None:
         raise LensHeadsError("--thresholds-file gives thresholds for --ablate score:ID@P% only")
-    task = load_task(args.task)  # bad task specs fail before the model loads
+    task = load_task(args.task, include_path=args.include_path)  # bad task specs fail before the model loads
     task.check_fewshot(args.n_shot, args.seed)  # so does a few-shot pool too small for --n-shot
     if args.thresholds_file is not None:
         from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep

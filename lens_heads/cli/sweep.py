@@ -15,7 +15,9 @@ from lens_heads.cli.common import add_model_args, add_protocol_args, check_proto
 def register(sub) -> None:
     p = sub.add_parser("sweep", help="accuracy vs %% of heads zeroed, per score function and for random heads")
     add_model_args(p)
-    p.add_argument("--task", required=True, help="mmlu, piqa, winogrande or file:PATH?... (a local MC file)")
+    p.add_argument("--task", required=True, help="mmlu, piqa, winogrande, file:PATH?... (a local MC file), "
+                                                 "lm-eval:NAME or an lm-eval task YAML")
+    p.add_argument("--include-path", default=None, help="a folder of lm-eval task YAMLs (lm_eval --include_path)")
     p.add_argument("--scores", default="paper",
                    help="score ids, comma-separated, or 'paper' (the paper's 12, default) / 'all'; "
                         "'' for random heads only")
@@ -83,7 +85,7 @@ def run(args) -> int:
         from lens_heads.atomic import check_output_dir
 
         check_output_dir(args.out)
-    task = load_task(args.task, n_shot=args.n_shot)
+    task = load_task(args.task, n_shot=args.n_shot, include_path=args.include_path)
     task.check_fewshot(args.n_shot, args.seed)
     if args.thresholds_file is not None and score_ids:
         from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep

@@ -403,10 +403,10 @@ def load_task(
         spec = name_or_spec
     else:
         s = os.fspath(name_or_spec)
-        from lens_heads.data.lm_eval_tasks import is_lm_eval_spec, load_lm_eval_task
+        from lens_heads.data.lm_eval_tasks import PREFIX, is_lm_eval_spec, load_lm_eval_task
 
-        if is_lm_eval_spec(s):
-            return load_lm_eval_task(s, include_path, n_shot)
+        if is_lm_eval_spec(s) or (include_path is not None and s not in TASKS and not s.startswith("file:")):
+            return load_lm_eval_task(s if is_lm_eval_spec(s) else PREFIX + s, include_path, n_shot)
         from lens_heads.data.mc_files import MC_SUFFIXES, load_mc_spec  # mc_files builds on this module
 
         if s.startswith("file:") or (s not in TASKS and Path(s).suffix.lower() in MC_SUFFIXES):
