@@ -227,15 +227,23 @@ class Diagnosis:
             raise LensHeadsError(f"diagnosis file not found: {path}") from None
         except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, OSError) as exc:
             raise LensHeadsError(f"cannot read diagnosis file {path}: {str(exc).splitlines()[0]}") from None
-        need = {"layer", "head", "bos_mass", "entropy", "local_mass"}
+        need = {"layer", "head", "bos_mass", "entropy"}  # local_mass: NaN when the file has none
         if not need <= set(df.columns) or df.empty:
             raise LensHeadsError(f"{path} is not a diagnosis table (needs rows with columns {sorted(need)})")
+        try:
+            df[["layer", "head"]] = df[["layer", "head"]].astype(int)
+        except (ValueError, TypeError):
+            raise LensHeadsError(f"{path}: columns 'layer' and 'head' must hold integers") from None
         L, H = int(df["layer"].max()) + 1, int(df["head"].max()) + 1
         layers, heads = torch.tensor(df["layer"].tolist()), torch.tensor(df["head"].tolist())
         grids = {}
         for col in ("bos_mass", "entropy", "local_mass"):
             grid = torch.full((L, H), float("nan"))
-            grid[layers, heads] = torch.tensor(df[col].tolist(), dtype=torch.float)
+            if col in df.columns:
+                values = pd.to_numeric(df[col], errors="coerce")
+                if values.isna().sum() > df[col].isna().sum():
+                    raise LensHeadsError(f"{path}: column {col!r} holds values that are not numbers")
+                grid[layers, heads] = torch.tensor(values.tolist(), dtype=torch.float)
             grids[col] = grid
         slopes = None
         if "alibi_slope" in df.columns and df["alibi_slope"].notna().any():

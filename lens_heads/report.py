@@ -242,7 +242,10 @@ def sweep_section(data: ReportData) -> Section:
     body = [f'<p class="note">Accuracy as heads are zeroed ({html.escape(data.sources.get("sweep", ""))}). '
             "Random: mean over seeds with its confidence band.</p>",
             figure_html(sweep_curves(sweep.summary, sweep.within), "sweep curves")]
-    if sweep.within is not None:
+    if sweep.within is None:
+        body.append('<p class="note">No within-1-point table: the sweep folder has no within_1pt.csv '
+                    "(<code>lens-heads sweep</code> writes it with summary.csv).</p>")
+    else:
         w = sweep.within.sort_values("max_pct_zeroed_within_1pt", ascending=False, na_position="last")
         w = w[[c for c in WITHIN_COLUMNS if c in w.columns]]
         body += ["<h3>Largest % of heads zeroed within 1 point of base accuracy</h3>", table_html(w)]

@@ -420,3 +420,25 @@ def test_store_get_tolerates_a_record_removed_meanwhile(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Path, "read_text", vanish)
     assert store.get(key) is None  # another process merged and discarded it
+
+
+@pytest.mark.parametrize("kind,files,msg", [
+    ("diagnosis", {"d.csv": "layer,head,bos_mass,entropy,class\n0,0,abc,1.0,healthy\n"}, "not numbers"),
+    ("diagnosis", {"d.csv": "layer,head,bos_mass,entropy\nx,0,0.5,1.0\n"}, "must hold integers"),
+    ("scores", {"s.csv": "layer,head,score_fn,value\n0,0,foo,1.0\n"}, "unknown score function"),
+    ("scores", {"s.csv": "layer,head,score_fn,value\n0,0,awft,1.0\n", "s.csv.meta.json": "{trunc"}, "corrupt scores"),
+    ("sweep", {"summary.csv": "score_fn,fraction,pct_zeroed,accuracy,seed\nnone,0,0,0.5,x\n"}, "non-numbers"),
+    ("sweep", {"summary.csv": "score_fn,fraction,pct_zeroed,accuracy,threshold\nawft,0.1,5,0.5,high\n"}, "non-numbers"),
+])
+def test_saved_results_that_cannot_be_read_give_one_message(tmp_path, kind, files, msg):
+    """The readers the report (and notebooks) use: a bad file is one LensHeadsError, never a traceback."""
+    from lens_heads.diagnose import Diagnosis
+    from lens_heads.scores import HeadScores
+    from lens_heads.sweep import SweepResult
+
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    reader, target = {"diagnosis": (Diagnosis.load, tmp_path / "d.csv"), "scores": (HeadScores.load, tmp_path / "s.csv"),
+                      "sweep": (SweepResult.load, tmp_path)}[kind]
+    with pytest.raises(LensHeadsError, match=msg):
+        reader(target)

@@ -126,6 +126,8 @@ def run(args) -> int:
         for _, row in single.drop_duplicates("spec").iterrows():
             print(f"  {row['spec']:<32} {row['pct_zeroed']:6.2f} % zeroed  accuracy {row['accuracy']:.4f}  "
                   f"{100 * row['delta']:+.1f} [{100 * row['delta_ci_low']:+.1f}, {100 * row['delta_ci_high']:+.1f}]")
-    if result.complete:
+    if result.complete and not args.status:
         print(f"wrote {args.out}/summary.csv and {args.out}/within_1pt.csv")
+    elif result.complete:
+        print("every point is stored: the sweep is complete (run without --status to write its tables)")
     return 0

@@ -176,7 +176,14 @@ class HeadScores:
             raise LensHeadsError(f"{path} is not a scores table (needs rows with columns layer, head, score_fn, "
                                  f"value; missing {sorted(missing)})")
         meta_path, per_path = cls.sidecars(path)
-        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        try:
+            meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise LensHeadsError(f"corrupt scores metadata {meta_path}: {exc}; delete it or save the scores again") from None
+        unknown = [s for s in dict.fromkeys(frame["score_fn"].astype(str)) if s not in SCORES]
+        if unknown:
+            raise LensHeadsError(f"{path}: unknown score function(s) {', '.join(unknown)}; this version knows: "
+                                 f"{', '.join(SCORES)}")
         L, H = int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
         ids = list(dict.fromkeys(frame["score_fn"]))
         n = int(meta.get("n_inputs", frame["n"].max() if "n" in frame else 0))

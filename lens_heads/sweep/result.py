@@ -72,14 +72,18 @@ class SweepResult:
         within = _read_csv(within_path, "within-1-point table") if within_path.is_file() \
             and within_path.stat().st_size else None
         # the in-memory types the tables had when saved: blank seeds and notes, integer counts
-        if "seed" in summary.columns:
-            summary["seed"] = summary["seed"].astype("Int64")
-        if within is not None:
-            for col in ("note",):
-                if col in within.columns:
-                    within[col] = within[col].fillna("").astype(str)
-            if "n_seeds" in within.columns:
-                within["n_seeds"] = within["n_seeds"].astype("Int64")
+        try:
+            for frame, col in ((summary, "seed"), (within, "n_seeds")):
+                if frame is not None and col in frame.columns:
+                    frame[col] = pd.to_numeric(frame[col], errors="raise").astype("Int64")
+            for col in ("fraction", "pct_zeroed", "accuracy", "threshold"):
+                if col in summary.columns:
+                    summary[col] = pd.to_numeric(summary[col], errors="raise")
+        except (ValueError, TypeError) as exc:
+            raise LensHeadsError(f"sweep tables in {summary_path.parent}: a column holds non-numbers "
+                                 f"({str(exc).splitlines()[0]})") from None
+        if within is not None and "note" in within.columns:
+            within["note"] = within["note"].fillna("").astype(str)
         thresholds: Thresholds = {}
         if "threshold" in summary.columns:
             for r in summary.dropna(subset=["threshold"]).itertuples():

@@ -168,14 +168,14 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
 
 def tabulate(out_dir, identity: RunIdentity, cfg: SweepConfig, task, partial: bool = False) -> SweepResult | None:
     """The sweep's tables from the store alone (no model, nothing written): None when it lacks
-    the thresholds or, unless ``partial``, any point. Points whose parts are all stored are
-    merged (in memory) like a finished point.
+    the thresholds or, unless ``partial``, any point.
 
     ``partial=True`` tabulates what a sweep still running (or stopped) holds: ``summary`` has a
     row for every stored point (``in_curve``: whether it belongs to a complete curve),
     ``within`` the curves whose every point is stored (``partial_config``); None without the
     thresholds or the baseline. Its within-1-point values are final, its AUCs are not (their
-    common range depends on the curves still missing)."""
+    common range depends on the curves still missing). Points whose parts are all stored but
+    not merged yet count as missing (the run that merges them stores the point)."""
     cfg.validate()
     store = ResultStore(out_dir)
     thresholds = read_thresholds(store, identity, cfg, task)
@@ -183,13 +183,8 @@ def tabulate(out_dir, identity: RunIdentity, cfg: SweepConfig, task, partial: bo
         return None
     plan = SweepPlan.build(identity, cfg, task, thresholds)
     records = {}
-    for spec in plan.order:
+    for spec in plan.order:  # stored points only: parts not merged yet are a point still running
         rec = store.load(plan.point_key(spec), PointRecord)
-        if rec is None:
-            parts = [store.load(u.key, PointRecord) for u in plan.parts(spec)]
-            if parts and all(p is not None for p in parts):
-                rec = PointRecord.merge(parts, cfg.limit)
-                rec.point_hash = plan.point_key(spec).digest
         if rec is not None:
             records[spec] = rec
     n = len(plan.order)
