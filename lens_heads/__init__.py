@@ -27,8 +27,19 @@ from lens_heads.diagnose import diagnose  # noqa: E402
 from lens_heads.surgery import RepairConfig, RepairReport, TargetSelector, TrainConfig, repair  # noqa: E402
 from lens_heads.study import ModelRef, ReportConfig, build_report  # noqa: E402
 
+
+
+def __getattr__(name):
+    """``lens_heads.LensHeadsLM`` on first use: it needs lm-eval, an optional dependency."""
+    if name == "LensHeadsLM":
+        from lens_heads.lm_eval_model import LensHeadsLM
+
+        return LensHeadsLM
+    raise AttributeError(f"module 'lens_heads' has no attribute {name!r}")
+
+
 __all__ = ["ARCHITECTURES", "ZOO", "HeadGeometry", "LensHeadsError", "LoadedModel", "load_model",
            "SCORES", "HeadScores", "score_heads", "StaticAblation", "parse_ablation", "Protocol",
            "paper_protocol", "load_authors_thresholds", "evaluate_task",
            "SweepConfig", "SweepResult", "run_sweep", "tabulate", "diagnose", "RepairConfig", "TargetSelector", "TrainConfig", "repair", "RepairReport", "ModelRef",
-           "ReportConfig", "build_report"]
+           "ReportConfig", "build_report", "LensHeadsLM"]

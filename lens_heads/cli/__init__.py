@@ -13,7 +13,7 @@ import sys
 
 from lens_heads.errors import LensHeadsError
 
-COMMANDS = ["info", "score", "evaluate", "sweep", "diagnose", "repair", "report", "demo"]
+COMMANDS = ["info", "score", "evaluate", "sweep", "diagnose", "repair", "report", "demo", "lm-eval"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -21,7 +21,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="lens-heads", description="Find, test and repair dormant attention heads.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"lens_heads.cli.{name}").register(sub)
+        importlib.import_module(f"lens_heads.cli.{name.replace('-', '_')}").register(sub)
     return parser
 
 
