@@ -59,7 +59,10 @@ def _build(spec: str, include_path: str | os.PathLike | None):
     """(lm-eval task object, its name) for ``spec``."""
     import logging
 
-    from lm_eval.tasks import TaskManager, get_task_dict
+    try:
+        from lm_eval.tasks import TaskManager, get_task_dict
+    except ImportError:
+        raise LensHeadsError("lm-eval tasks need lm-eval: pip install 'lens_heads[lm-eval]'") from None
 
     paths = [str(include_path)] if include_path is not None else []
     if spec.startswith(PREFIX):
