@@ -64,8 +64,12 @@ def main() -> int:
     lm = HFLM(pretrained=model.load_hf_model(), tokenizer=model.tokenizer, batch_size=args.batch_size)
     lines = [f"# bench_evaluate ({args.model}, {args.dtype}, batch {args.batch_size}, "
              f"torch threads {torch.get_num_threads()}, load avg {os.getloadavg()[0]:.1f})", ""]
-    lines += ["| task | n | lm-eval s | lens_heads s | speed-up | identical preds | max abs dll |",
-              "|---|---|---|---|---|---|---|"]
+    from lens_heads.lm_eval_model import LensHeadsLM
+
+    ours_lm = LensHeadsLM(model, batch_size=args.batch_size, progress=False)  # lens_heads under lm-eval's API
+    lines += ["| task | n | lm-eval s | lens_heads s | speed-up | LensHeadsLM s | its speed-up | identical preds "
+              "(evaluate / LensHeadsLM) | max abs dll |",
+              "|---|---|---|---|---|---|---|---|---|"]
 
     def compare(name, task, recs, k):
         reqs, spans = [], []
@@ -80,9 +84,15 @@ def main() -> int:
         res = evaluate_task(model, task, n_shot=k, doc_ids=[r.doc_id for r in recs],
                             batch_size=args.batch_size, progress=False)
         t_us = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        via_lm = lm_eval_lls(ours_lm, reqs)
+        t_ours_lm = time.perf_counter() - t0
         same = sum(argmax(theirs[a:b]) == q.pred for q, (a, b) in zip(res.questions, spans))
+        same_lm = sum(argmax(theirs[a:b]) == argmax(via_lm[a:b]) for a, b in spans)
         dll = max(abs(x - y) for q, (a, b) in zip(res.questions, spans) for x, y in zip(q.lls, theirs[a:b]))
-        row = f"| {name} | {len(recs)} | {t_lm:.1f} | {t_us:.1f} | {t_lm / t_us:.2f}x | {same}/{len(recs)} | {dll:.2e} |"
+        dll = max(dll, max(abs(x - y) for x, y in zip(via_lm, theirs)))
+        row = (f"| {name} | {len(recs)} | {t_lm:.1f} | {t_us:.1f} | {t_lm / t_us:.2f}x | {t_ours_lm:.1f} | "
+               f"{t_lm / t_ours_lm:.2f}x | {same}/{len(recs)} / {same_lm}/{len(recs)} | {dll:.2e} |")
         print(row, flush=True)
         lines.append(row)
         return t_us
@@ -118,7 +128,8 @@ def main() -> int:
     ratio(f"{len(picked)} subjects x {args.per_subject} ({', '.join(picked)})",
           [r for s in picked for r in by_subject[s][: args.per_subject]])
     lines += ["", "lm-eval: HFLM.loglikelihood on the same requests (its one-token-continuation logits cache on); "
-              "lens_heads: evaluate_task (distinct inputs once, last-position logits, shared-prefix K/V reuse)."]
+              "lens_heads: evaluate_task (distinct inputs once, last-position logits, shared-prefix K/V reuse); "
+              "LensHeadsLM: the same engine behind lm-eval's LM.loglikelihood on the same requests."]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, "\n".join(lines) + "\n")
     print(f"wrote {args.out}")
