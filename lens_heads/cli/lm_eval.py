@@ -31,15 +31,14 @@ def register(sub) -> None:
 
 
 def _task_manager(include_path):
-    import logging
     from pathlib import Path
 
+    from lens_heads.data.lm_eval_tasks import quiet_lm_eval
     from lens_heads.errors import LensHeadsError
 
     if include_path is not None and not Path(include_path).is_dir():
         raise LensHeadsError(f"--include-path {include_path}: no such folder")
-    for logger in ("lm-eval", "lm_eval"):  # its per-task notes; errors still come through as exceptions
-        logging.getLogger(logger).setLevel(logging.WARNING)
+    quiet_lm_eval()
     return new_task_manager(str(include_path) if include_path is not None else None)
 
 
@@ -53,9 +52,9 @@ def new_task_manager(include_path: str | None):
 
 def resolve_tasks(manager, spec: str) -> list[str]:
     """The names in ``--tasks``, glob patterns expanded; one error for the first unknown one."""
-    import difflib
     from pathlib import Path
 
+    from lens_heads.data.lm_eval_tasks import unknown_task
     from lens_heads.errors import LensHeadsError
 
     names = [n.strip() for n in spec.split(",") if n.strip()]
@@ -70,8 +69,7 @@ def resolve_tasks(manager, spec: str) -> list[str]:
         else:
             found = []
         if not found:
-            close = difflib.get_close_matches(name, manager.all_tasks, n=3)
-            raise LensHeadsError(f"lm-eval has no task {name!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+            raise unknown_task(manager, name)
         out.extend(n for n in sorted(found) if n not in out)
     return out
 
@@ -81,7 +79,7 @@ def build_tasks(manager, names: list[str]) -> list:
     ``simple_evaluate`` would build, built before the model so a missing dataset fails early."""
     import datasets
 
-    from lens_heads.errors import LensHeadsError
+    from lens_heads.data.lm_eval_tasks import build_error
 
     built = []
     bars = datasets.is_progress_bar_enabled()
@@ -91,9 +89,7 @@ def build_tasks(manager, names: list[str]) -> list:
             try:
                 loaded = manager.load([name])
             except Exception as exc:  # lm-eval raises many kinds for a dataset it cannot load offline
-                msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise LensHeadsError(f"lm-eval task {name!r} could not be built: {msg} (its dataset must be in "
-                                     f"the local HF datasets cache, or the YAML must point at local files)") from None
+                raise build_error(name, exc) from None
             if name in loaded["groups"]:
                 built.append(loaded["groups"][name])
             else:
@@ -148,7 +144,7 @@ def run(args) -> int:
     try:
         import lm_eval  # noqa: F401
     except ImportError:
-        raise LensHeadsError("lens-heads lm-eval needs lm-evaluation-harness: pip install 'lm-eval==0.4.*'") from None
+        raise LensHeadsError("lens-heads lm-eval needs lm-evaluation-harness: pip install 'lens_heads[lm-eval]'") from None
     manager = _task_manager(args.include_path)
     names = resolve_tasks(manager, args.tasks)
     tasks = build_tasks(manager, names)

@@ -55,10 +55,31 @@ def _yaml_task_name(path: Path) -> str:
     return name
 
 
-def _build(spec: str, include_path: str | os.PathLike | None):
-    """(lm-eval task object, its name) for ``spec``."""
+def quiet_lm_eval() -> None:
+    """Silence lm-eval's per-task notes; its errors still come through as exceptions."""
     import logging
 
+    for logger in ("lm-eval", "lm_eval"):
+        logging.getLogger(logger).setLevel(logging.ERROR)
+
+
+def unknown_task(manager, name: str) -> LensHeadsError:
+    """The one message for a task name lm-eval does not know (with the closest names)."""
+    import difflib
+
+    close = difflib.get_close_matches(name, manager.all_tasks, n=3)
+    return LensHeadsError(f"lm-eval has no task {name!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+
+
+def build_error(name: str, exc: Exception) -> LensHeadsError:
+    """The one message for a task lm-eval cannot build (mostly: its dataset is not on disk)."""
+    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return LensHeadsError(f"lm-eval task {name!r} could not be built: {msg} (its dataset must be in the local HF "
+                          f"datasets cache, or the YAML must point at local files)")
+
+
+def _build(spec: str, include_path: str | os.PathLike | None):
+    """(lm-eval task object, its name) for ``spec``."""
     try:
         from lm_eval.tasks import TaskManager, get_task_dict
     except ImportError:
@@ -76,24 +97,18 @@ def _build(spec: str, include_path: str | os.PathLike | None):
     for p in paths:
         if not Path(p).is_dir():
             raise LensHeadsError(f"--include-path {p}: no such folder")
-    for logger in ("lm-eval", "lm_eval"):  # its per-task notes; errors still come through as exceptions
-        logging.getLogger(logger).setLevel(logging.ERROR)
+    quiet_lm_eval()
     manager = None
     if not spec.startswith(PREFIX):  # a YAML: index only its folders first (lm-eval's ~10k defaults take ~9 s)
         manager = TaskManager(include_path=paths, include_defaults=False)
     if manager is None or name not in manager.all_tasks:  # a registry name, or a YAML that builds on one
         manager = TaskManager(include_path=paths or None)
     if name not in manager.all_tasks:
-        import difflib
-
-        close = difflib.get_close_matches(name, manager.all_tasks, n=3)
-        raise LensHeadsError(f"lm-eval has no task {name!r}" + (f"; did you mean {', '.join(close)}?" if close else ""))
+        raise unknown_task(manager, name)
     try:
         tasks = get_task_dict([name], manager)
     except Exception as exc:  # lm-eval raises many kinds for a dataset it cannot load offline
-        msg = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise LensHeadsError(f"lm-eval task {name!r} could not be built: {msg} (its dataset must be in the "
-                             f"local HF datasets cache, or the YAML must point at local files)") from None
+        raise build_error(name, exc) from None
     task = next(iter(_leaves(tasks)))
     return task, name
 
