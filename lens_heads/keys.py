@@ -65,8 +65,11 @@ class StoreKey:
 
 
 def task_fingerprint(task) -> str:
-    """sha256 over the task's name, split, source and records (question, choices, gold, subject)."""
-    return sha256_bytes([f"{task.name}|{task.split}|{task.source}".encode(),
+    """sha256 over the task's name, split, prompt settings (``Task.prompt_settings``) and records
+    (question, choices, gold, subject): what is evaluated, not where it was read from, so a store
+    stays valid when the data folder moves, or when the hub and a local copy hold the same rows."""
+    settings = task.prompt_settings()
+    return sha256_bytes([f"{task.name}|{task.split}{'|' + settings if settings else ''}".encode(),
                          *(json.dumps([r.doc_id, r.question, r.choices, r.gold, r.subject], default=str).encode()
                            for r in task.records)])
 

@@ -500,6 +500,30 @@ def test_committed_store_records_rekey_to_their_file_names():
     assert 0 < superseded < len(files) / 2  # the old LTHON(LN) thresholds and points
 
 
+def test_committed_stores_match_the_tasks_as_loaded_from_any_data_folder(tmp_path, shared_data, monkeypatch):
+    """The task fingerprint in every committed store key is that of the task loaded here, and it
+    does not depend on where the data folder lies (a copy elsewhere gives the same one): a clone
+    at another path, or a user whose data moved, finds the stored results."""
+    from lens_heads.data import load_task
+    from lens_heads.keys import task_fingerprint
+
+    stored = {}
+    for f in sorted((ANALYSES / "results" / "inactive_heads" / "store").rglob("*.json")):
+        config = json.loads(f.read_text())["config"]
+        stored.setdefault(config["task"], set()).add(config["task_fingerprint"])
+    assert set(stored) == {"piqa", "mmlu"}
+    here = {name: task_fingerprint(load_task(name)) for name in stored}
+    assert {name: {fp} for name, fp in here.items()} == stored
+    moved = tmp_path / "elsewhere" / "data"
+    shutil.copytree(shared_data / "piqa", moved / "piqa")
+    monkeypatch.setenv("LENS_HEADS_DATA", str(moved))
+    task = load_task("piqa")
+    assert str(moved) in task.source  # read from the copy...
+    assert task_fingerprint(task) == here["piqa"]  # ...and the same task
+    task.records[0].choices[0] += " "  # a changed row is another task
+    assert task_fingerprint(task) != here["piqa"]
+
+
 def test_from_store_rewrites_the_committed_tables_byte_for_byte(tmp_path, monkeypatch):
     """inactive_heads.py --from-store, with the command the committed tables record, writes every
     committed table again byte for byte (summary.md too, but for the run's own command, wall time

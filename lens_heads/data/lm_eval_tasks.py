@@ -18,6 +18,7 @@ gets one clear error (run those through ``lens_heads.LensHeadsLM`` under lm-eval
 
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -161,6 +162,14 @@ class LmEvalTask(Task):
         for inst in sorted(t.instances, key=lambda i: (i.doc_id, i.idx)):
             out.setdefault(inst.doc_id, []).append(tuple(inst.arguments))
         return out
+
+    def prompt_settings(self) -> str:
+        """The lm-eval config fields that shape a prompt beyond its document: the description,
+        the delimiters and the split the shots come from."""
+        c = getattr(self.lm_task, "config", None)
+        if c is None:
+            return ""
+        return json.dumps([c.description, c.target_delimiter, c.fewshot_delimiter, c.fewshot_split], default=str)
 
     def fewshot(self, record: MCRecord, n_shot: int | None = None, seed: int = DEFAULT_SEED) -> list[MCRecord]:
         return []  # the shots are inside lm-eval's prompts (``build``)

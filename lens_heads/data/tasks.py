@@ -265,6 +265,11 @@ class Task:
     def __repr__(self) -> str:
         return f"Task({self.name!r}, split={self.split!r}, n={len(self.records)}, n_shot={self.spec.n_shot}, source={self.source!r})"
 
+    def prompt_settings(self) -> str:
+        """What shapes the prompts beyond the records and the code's version, for the task's
+        fingerprint (``keys.task_fingerprint``); "" for the built-in tasks, whose prompts are code."""
+        return ""
+
     @property
     def pool_is_eval_split(self) -> bool:
         return self._pool_loader is None
