@@ -418,3 +418,97 @@ def test_cli_writes_results_and_samples(piqa_yaml, shared_manager, tiny_model_di
     ctx, cont = samples[0]["arguments"]["gen_args_0"]["arg_0"], samples[0]["arguments"]["gen_args_0"]["arg_1"]
     (ll, _), = lm.loglikelihood([_inst("loglikelihood", (ctx, cont), 0, 0)])
     assert float(samples[0]["resps"][0][0][0]) == pytest.approx(ll, abs=1e-5)
+
+
+# -----------------------------------------------------------------------------
+# Perplexity tasks (loglikelihood_rolling) through evaluate
+
+
+@pytest.fixture(scope="module")
+def ppl_yaml(tmp_path_factory):
+    """An lm-eval perplexity task over local text: short documents and one longer than the
+    model's window (several rolling windows)."""
+    import yaml
+    from conftest import SAMPLE_TEXTS
+
+    folder = tmp_path_factory.mktemp("lm_eval_ppl")
+    texts = SAMPLE_TEXTS + [" ".join(SAMPLE_TEXTS * 6)]
+    (folder / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    cfg = {"task": "lh_ppl_tiny", "dataset_path": "json",
+           "dataset_kwargs": {"data_files": {"test": str(folder / "docs.jsonl")}},
+           "output_type": "loglikelihood_rolling", "test_split": "test", "doc_to_text": "",
+           "doc_to_target": "{{text}}",
+           "metric_list": [{"metric": m} for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]}
+    (folder / "lh_ppl_tiny.yaml").write_text(yaml.safe_dump(cfg))
+    return folder / "lh_ppl_tiny.yaml"
+
+
+def _ppl_metrics(lm, ppl_yaml):
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=str(ppl_yaml.parent), include_defaults=False)
+    out = simple_evaluate(model=lm, tasks=["lh_ppl_tiny"], task_manager=manager, bootstrap_iters=0)
+    res = out["results"]["lh_ppl_tiny"]
+    return {m: res[f"{m},none"] for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")}
+
+
+def test_perplexity_task_equals_lm_eval_hf_and_zeroed_hf(model, hflm, zeroed_hf, ppl_yaml):
+    """evaluate on an lm-eval perplexity task gives lm-eval's HF-backend metrics; with heads
+    zeroed, the metrics of the log-likelihoods a zeroed plain-HF model gives (one window each)."""
+    from lens_heads.data import load_task
+    from lens_heads.data.lm_eval_tasks import RollingTask
+    from lens_heads.rolling import evaluate_rolling_task
+
+    task = load_task(str(ppl_yaml), rolling=True)
+    assert isinstance(task, RollingTask) and task.n_docs == 5
+    ours = evaluate_rolling_task(model, task)
+    theirs = _ppl_metrics(hflm, ppl_yaml)
+    assert set(ours.metrics) == set(theirs)
+    for m, v in theirs.items():
+        assert ours.metrics[m] == pytest.approx(v, rel=1e-5), m
+    ablated = evaluate_rolling_task(model, task, parse_ablation(STATIC, model.geometry), limit=4)
+    assert [d.doc_id for d in ablated.docs] == [0, 1, 2, 3] and ablated.zeroed_fraction > 0
+    lm = _lm(model)
+    lls, n_bytes = [], []
+    for d in ablated.docs:
+        text = task.docs()[d.doc_id]["text"]
+        ids = torch.tensor([[lm.prefix_token_id] + model.tokenizer.encode(text)])
+        with torch.no_grad():
+            logp = zeroed_hf(ids).logits[0, :-1].float().log_softmax(-1)
+        lls.append(logp.gather(1, ids[0, 1:, None]).sum().item())
+        n_bytes.append(len(text.encode("utf-8")))
+    assert [d.loglikelihood for d in ablated.docs] == pytest.approx(lls, abs=1e-4)
+    assert [d.bytes for d in ablated.docs] == n_bytes
+    assert ablated.metrics["byte_perplexity"] == pytest.approx(math.exp(-sum(lls) / sum(n_bytes)), rel=1e-5)
+    assert ablated.metrics["bits_per_byte"] == pytest.approx(-sum(lls) / sum(n_bytes) / math.log(2), rel=1e-5)
+    unablated4 = evaluate_rolling_task(model, task, limit=4)
+    assert ablated.metrics["byte_perplexity"] != pytest.approx(unablated4.metrics["byte_perplexity"], rel=1e-3)
+
+
+def test_perplexity_task_cli(ppl_yaml, tiny_model_dir, tmp_path, capsys):
+    out = tmp_path / "docs.jsonl"
+    code, cap = _cli(["evaluate", str(tiny_model_dir(ARCH)), "--task", str(ppl_yaml), "--ablate", STATIC,
+                      "--out", str(out), "--quiet"], capsys)
+    assert code == 0, cap.err
+    assert "lh_ppl_tiny  docs=5  word_perplexity" in cap.out and "zeroed" in cap.out
+    rows = [json.loads(x) for x in out.read_text().splitlines()]
+    assert [r["doc_id"] for r in rows] == list(range(5)) and all(r["loglikelihood"] < 0 for r in rows)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["evaluate", "MODEL", "--task", "PPL", "--ablate", "score:ahon_ln@10%"], "calibrates on multiple-choice"),
+    (["evaluate", "MODEL", "--task", "PPL", "--n-shot", "2"], "no few-shot"),
+    (["sweep", "MODEL", "--task", "PPL", "--out", "OUT"], "perplexity task"),
+])
+def test_perplexity_task_where_it_does_not_apply(argv, message, ppl_yaml, tiny_model_dir, tmp_path, capsys,
+                                                 monkeypatch):
+    import lens_heads.models as models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    argv = [{"MODEL": str(tiny_model_dir(ARCH)), "PPL": str(ppl_yaml), "OUT": str(tmp_path / "out")}.get(a, a)
+            for a in argv]
+    code, cap = _cli(argv, capsys)
+    lines = cap.err.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and message in lines[0], cap.err
+    assert not (tmp_path / "out").exists()

@@ -60,7 +60,11 @@ def run(args) -> int:
     check_protocol_args(args)
     if args.thresholds_file is not None and percent is None:
         raise LensHeadsError("--thresholds-file gives thresholds for --ablate score:ID@P% only")
-    task = load_task(args.task, include_path=args.include_path)  # bad task specs fail before the model loads
+    task = load_task(args.task, include_path=args.include_path, rolling=True)  # bad specs fail before the model
+    from lens_heads.data.lm_eval_tasks import RollingTask
+
+    if isinstance(task, RollingTask):
+        return run_rolling(args, task, percent)
     task.check_fewshot(args.n_shot, args.seed)  # so does a few-shot pool too small for --n-shot
     if args.thresholds_file is not None:
         from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
@@ -100,4 +104,32 @@ def run(args) -> int:
     if args.out is not None:
         res.write_jsonl(args.out)
         print(f"wrote {len(res.questions)} questions to {args.out}")
+    return 0
+
+
+def run_rolling(args, task, percent) -> int:
+    """An lm-eval perplexity task: its lm-eval metrics under a fixed or per-window ablation."""
+    from lens_heads.ablation import parse_ablation
+    from lens_heads.errors import LensHeadsError
+    from lens_heads.models import load_model
+    from lens_heads.rolling import evaluate_rolling_task
+
+    if percent is not None:
+        raise LensHeadsError(f"{task.name} is a perplexity task: --ablate score:ID@P% calibrates on multiple-choice "
+                             "inputs; give a threshold (score:ID@TAU), static:L.H,... or random:P@SEED")
+    if args.n_shot:
+        raise LensHeadsError(f"{task.name} is a perplexity task: it takes no few-shot examples (--n-shot)")
+    if args.thresholds_file is not None or args.apply_chat_template:
+        raise LensHeadsError(f"{task.name} is a perplexity task: --thresholds-file and --apply-chat-template "
+                             "do not apply")
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    ablation = parse_ablation(args.ablate, model.geometry) if args.ablate is not None else None
+    res = evaluate_rolling_task(model, task, ablation, args.limit, args.batch_size, progress=not args.quiet)
+    line = f"{res.task}  docs={len(res.docs)}  " + "  ".join(f"{k} {v:.4f}" for k, v in res.metrics.items())
+    if res.zeroed_fraction is not None and res.zeroed_fraction == res.zeroed_fraction:
+        line += f"  zeroed {100 * res.zeroed_fraction:.2f}% of heads ({res.config['ablation']})"
+    print(line)
+    if args.out is not None:
+        res.write_jsonl(args.out)
+        print(f"wrote {len(res.docs)} documents to {args.out}")
     return 0

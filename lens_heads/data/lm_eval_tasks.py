@@ -12,8 +12,10 @@ requests with its own engine (prefix reuse, last-position logits, per-input abla
 
 ``MCRecord.doc_id`` is the document's index in the evaluated split; ``gold`` follows lm-eval's
 ``process_results`` (an index, or the position of a target string among the choices).
-Only ``output_type: multiple_choice`` tasks are tasks here; a generation or perplexity task
-gets one clear error (run those through ``lens_heads.LensHeadsLM`` under lm-eval instead).
+``output_type: multiple_choice`` tasks are ``Task``s. A perplexity task (``loglikelihood_rolling``)
+loads as a ``RollingTask`` where the caller asks for one (``load_task(..., rolling=True)``:
+``lens-heads evaluate``, scored by ``lens_heads.rolling``); everywhere else, and for a generation
+task, one clear error (run those through ``lens_heads.LensHeadsLM`` under lm-eval).
 """
 
 from __future__ import annotations
@@ -182,14 +184,44 @@ class LmEvalTask(Task):
             self.build(self.records[0], k, seed)  # lm-eval's own check of its few-shot pool
 
 
+@dataclass
+class RollingTask:
+    """An lm-eval perplexity task (``output_type: loglikelihood_rolling``): its documents are
+    scored whole, by lm-eval's rolling windows (docs/methods.md §4)."""
+
+    name: str
+    lm_task: object = field(repr=False)
+    n_docs: int
+    source: str
+
+    def docs(self, limit: int | None = None) -> list:
+        """The evaluated documents, in order; ``limit``: the first N, as ``lm_eval --limit``."""
+        docs = list(self.lm_task.eval_docs)
+        return docs if limit is None else docs[:limit]
+
+
 def load_lm_eval_task(spec: str, include_path: str | os.PathLike | None = None,
-                      n_shot: int | None = None) -> LmEvalTask:
-    """The lm-eval task ``spec`` (``lm-eval:NAME`` or a YAML path) as a lens_heads task."""
+                      n_shot: int | None = None, rolling: bool = False) -> "LmEvalTask | RollingTask":
+    """The lm-eval task ``spec`` (``lm-eval:NAME`` or a YAML path) as a lens_heads task;
+    ``rolling``: a perplexity task is welcome (a ``RollingTask``), else it is an error."""
     task, name = _build(spec, include_path)
     kind = task.config.output_type
+    source = f"lm-eval:{name}:{spec}" if not spec.startswith(PREFIX) else f"lm-eval:{name}"
+    if kind == "loglikelihood_rolling" and rolling:
+        if n_shot:
+            raise LensHeadsError(f"lm-eval task {name!r} is a perplexity task: it takes no few-shot examples")
+        n_docs = len(list(task.eval_docs))
+        if not n_docs:
+            raise LensHeadsError(f"lm-eval task {name!r}: its evaluation split has no documents")
+        return RollingTask(name, task, n_docs, source)
+    if kind == "loglikelihood_rolling":
+        raise LensHeadsError(f"lm-eval task {name!r} is a perplexity task (loglikelihood_rolling): "
+                             "'lens-heads evaluate' scores it (word and byte perplexity, bits per byte) under "
+                             "any fixed ablation; sweeps and scoring passes need multiple-choice questions")
     if kind != "multiple_choice":
         raise LensHeadsError(f"lm-eval task {name!r} is a {kind} task: evaluate and sweep score multiple-choice "
-                             f"tasks; run it with 'lens-heads lm-eval' (lens_heads.LensHeadsLM) instead")
+                             f"and perplexity tasks; run it with 'lens-heads lm-eval' (lens_heads.LensHeadsLM) "
+                             f"instead")
     docs = list(task.eval_docs)
     records = []
     for i, doc in enumerate(docs):
@@ -206,7 +238,6 @@ def load_lm_eval_task(spec: str, include_path: str | os.PathLike | None = None,
                      fewshot_delimiter=task.config.fewshot_delimiter, metrics=metrics or ("acc",),
                      multiple_input=bool(task.multiple_input), about=f"lm-eval task {name}")
     split = task.config.test_split or task.config.validation_split or ""
-    source = f"lm-eval:{name}:{spec}" if not spec.startswith(PREFIX) else f"lm-eval:{name}"
     return LmEvalTask(tspec, records, split, source, lm_task=task)
 
 

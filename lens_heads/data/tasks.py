@@ -392,6 +392,7 @@ def load_task(
     fewshot_split: str | None = None,
     n_shot: int | None = None,
     include_path: str | os.PathLike | None = None,
+    rolling: bool = False,
 ) -> Task:
     """Load a task by registered name, TaskSpec, or local-file spec.
 
@@ -402,7 +403,7 @@ def load_task(
     shots come from (e.g. ``"train"`` for WinoGrande, online); ``n_shot`` overrides the
     default number of shots (``task.spec.n_shot``). Any lm-eval multiple-choice task too:
     ``"lm-eval:NAME"`` or a task YAML path (``include_path``: a folder of task YAMLs), see
-    ``lm_eval_tasks``.
+    ``lm_eval_tasks``; ``rolling``: an lm-eval perplexity task is welcome (a ``RollingTask``).
     """
     if isinstance(name_or_spec, TaskSpec):
         spec = name_or_spec
@@ -411,7 +412,7 @@ def load_task(
         from lens_heads.data.lm_eval_tasks import PREFIX, is_lm_eval_spec, load_lm_eval_task
 
         if is_lm_eval_spec(s) or (include_path is not None and s not in TASKS and not s.startswith("file:")):
-            return load_lm_eval_task(s if is_lm_eval_spec(s) else PREFIX + s, include_path, n_shot)
+            return load_lm_eval_task(s if is_lm_eval_spec(s) else PREFIX + s, include_path, n_shot, rolling)
         from lens_heads.data.mc_files import MC_SUFFIXES, load_mc_spec  # mc_files builds on this module
 
         if s.startswith("file:") or (s not in TASKS and Path(s).suffix.lower() in MC_SUFFIXES):
