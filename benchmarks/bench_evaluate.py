@@ -6,7 +6,9 @@ machine is shared: compare the ratios measured in one run, not absolute times).
     python benchmarks/bench_evaluate.py                  # 100 MMLU 5-shot (prompts <= 1024 tokens), 200 PIQA
     python benchmarks/bench_evaluate.py --mmlu 40 --piqa 80 --subjects 4
 
-Reports, for each task: wall time of lm-eval (HFLM.loglikelihood on the same requests,
+Reports the matmul roof (fp32 and bf16 GEMMs at the model's block shapes, measured in the same
+run) and, for each task: the positions each side computes, lens_heads' positions/s as a share of
+the roof, wall time of lm-eval (HFLM.loglikelihood on the same requests,
 batch size 16, its logits cache on) and of lens_heads (evaluate_task), whether the
 per-question predictions are identical, the max |Δ log-likelihood|; and the cost of MMLU
 5-shot relative to 0-shot in lens_heads, on a stratified sample (few questions per
@@ -34,6 +36,46 @@ def lm_eval_lls(lm, reqs):
 
     inst = [Instance("loglikelihood", {}, r, i) for i, r in enumerate(reqs)]
     return [ll for ll, _ in lm.loglikelihood(inst, disable_tqdm=True)]
+
+
+class PositionCounter:
+    """Counts the positions each model computes: a forward hook on its input embedding adds the
+    ids' numel (padding included: it is computed; a K/V-reusing call counts its new positions only)."""
+
+    def __init__(self, hf_model):
+        self.n = 0
+        self.handle = hf_model.get_input_embeddings().register_forward_hook(self._hook)
+
+    def _hook(self, module, args, output):
+        self.n += args[0].numel()
+
+    def take(self) -> int:
+        n, self.n = self.n, 0
+        return n
+
+
+def linear_shapes(hf_model) -> list[tuple[int, int]]:
+    """(in, out) of every linear layer of the decoder blocks (the LM head excluded: lens_heads
+    computes logits at the scored positions only)."""
+    blocks = [m for name, m in hf_model.named_modules() if name.endswith("layers")][0]
+    return [(m.in_features, m.out_features) for b in blocks for m in b.modules() if isinstance(m, torch.nn.Linear)]
+
+
+def gemm_roof(shapes, dtype, rows: int = 512, repeats: int = 5) -> float:
+    """Tokens/s if a forward were nothing but its block matmuls: ``rows`` tokens through every
+    (in, out) linear shape in ``dtype``, the best of ``repeats`` timings (the matmul roof at the
+    model's own shapes; attention's score/value products and the LM head are not in it)."""
+    xs = {i: torch.randn(rows, i, dtype=dtype) for i in {i for i, _ in shapes}}
+    ws = [torch.randn(o, i, dtype=dtype) for i, o in shapes]
+    for i, w in zip((i for i, _ in shapes), ws):  # warm-up
+        torch.nn.functional.linear(xs[i], w)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for (i, _), w in zip(shapes, ws):
+            torch.nn.functional.linear(xs[i], w)
+        best = min(best, time.perf_counter() - t0)
+    return rows / best
 
 
 def argmax(xs):
@@ -67,9 +109,17 @@ def main() -> int:
     from lens_heads.lm_eval_model import LensHeadsLM
 
     ours_lm = LensHeadsLM(model, batch_size=args.batch_size, progress=False)  # lens_heads under lm-eval's API
+    shapes = linear_shapes(model.hf_model)
+    roofs = {d: gemm_roof(shapes, getattr(torch, d)) for d in ("float32", "bfloat16")}
+    roof = roofs[str(model.dtype).removeprefix("torch.")]
+    theirs_count, ours_count = PositionCounter(lm.model), PositionCounter(model.hf_model)
+    lines += [f"Matmul roof at the model's block shapes ({len(shapes)} linears, 512 rows, best of 5, measured in "
+              f"this run): fp32 {roofs['float32']:.0f} tokens/s, bf16 {roofs['bfloat16']:.0f} tokens/s "
+              f"(bf16/fp32 {roofs['bfloat16'] / roofs['float32']:.2f}x); this run's dtype: {model.dtype}.", ""]
     lines += ["| task | n | lm-eval s | lens_heads s | speed-up | LensHeadsLM s | its speed-up | identical preds "
-              "(evaluate / LensHeadsLM) | max abs dll |",
-              "|---|---|---|---|---|---|---|---|---|"]
+              "(evaluate / LensHeadsLM) | max abs dll | positions computed (lm-eval / lens_heads) | "
+              "lens_heads positions/s | of the roof |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def compare(name, task, recs, k):
         reqs, spans = [], []
@@ -77,13 +127,17 @@ def main() -> int:
             b = task.build(r, k)
             spans.append((len(reqs), len(reqs) + len(b)))
             reqs.extend(b)
+        theirs_count.take()
         t0 = time.perf_counter()
         theirs = lm_eval_lls(lm, reqs)
         t_lm = time.perf_counter() - t0
+        n_theirs = theirs_count.take()
+        ours_count.take()
         t0 = time.perf_counter()
         res = evaluate_task(model, task, n_shot=k, doc_ids=[r.doc_id for r in recs],
                             batch_size=args.batch_size, progress=False)
         t_us = time.perf_counter() - t0
+        n_ours = ours_count.take()
         t0 = time.perf_counter()
         via_lm = lm_eval_lls(ours_lm, reqs)
         t_ours_lm = time.perf_counter() - t0
@@ -92,7 +146,8 @@ def main() -> int:
         dll = max(abs(x - y) for q, (a, b) in zip(res.questions, spans) for x, y in zip(q.lls, theirs[a:b]))
         dll = max(dll, max(abs(x - y) for x, y in zip(via_lm, theirs)))
         row = (f"| {name} | {len(recs)} | {t_lm:.1f} | {t_us:.1f} | {t_lm / t_us:.2f}x | {t_ours_lm:.1f} | "
-               f"{t_lm / t_ours_lm:.2f}x | {same}/{len(recs)} / {same_lm}/{len(recs)} | {dll:.2e} |")
+               f"{t_lm / t_ours_lm:.2f}x | {same}/{len(recs)} / {same_lm}/{len(recs)} | {dll:.2e} | "
+               f"{n_theirs} / {n_ours} | {n_ours / t_us:.0f} | {100 * n_ours / t_us / roof:.0f} % |")
         print(row, flush=True)
         lines.append(row)
         return t_us
@@ -129,7 +184,9 @@ def main() -> int:
           [r for s in picked for r in by_subject[s][: args.per_subject]])
     lines += ["", "lm-eval: HFLM.loglikelihood on the same requests (its one-token-continuation logits cache on); "
               "lens_heads: evaluate_task (distinct inputs once, last-position logits, shared-prefix K/V reuse); "
-              "LensHeadsLM: the same engine behind lm-eval's LM.loglikelihood on the same requests."]
+              "LensHeadsLM: the same engine behind lm-eval's LM.loglikelihood on the same requests. "
+              "Positions computed: ids through each model's input embedding (padding included); "
+              "of the roof: lens_heads' positions/s over the matmul roof in this run's dtype."]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, "\n".join(lines) + "\n")
     print(f"wrote {args.out}")
