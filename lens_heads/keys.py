@@ -40,10 +40,16 @@ class Kind(str, Enum):
     POINT = "point"
     PART = "part"
     STATIC_SCORES = "static_scores"
+    SCORE_SHARD = "score_shard"
 
     @property
     def folder(self) -> str:
-        return {"point": "points", "part": "parts"}.get(self.value, self.value)
+        return {"point": "points", "part": "parts", "score_shard": "score_shards"}.get(self.value, self.value)
+
+    @property
+    def suffix(self) -> str:
+        """The record file's suffix: JSON, but tensors (a scoring shard's per-input scores)."""
+        return ".safetensors" if self is Kind.SCORE_SHARD else ".json"
 
 
 @dataclass(frozen=True)
@@ -62,6 +68,14 @@ class StoreKey:
         if self.kind is not Kind.POINT:
             raise ValueError("only a point has parts")
         return StoreKey(Kind.PART, {**self.config, "kind": Kind.PART.value, "doc_ids": list(doc_ids)})
+
+    def shard(self, index: int, n_shards: int, batch_size: int) -> "StoreKey":
+        """The key of shard ``index`` of ``n_shards`` of this thresholds' scoring pass, whose
+        batches of ``batch_size`` it splits (``thresholds.scoring_shards``)."""
+        if self.kind is not Kind.THRESHOLDS:
+            raise ValueError("only a thresholds key has scoring shards")
+        return StoreKey(Kind.SCORE_SHARD, {**self.config, "kind": Kind.SCORE_SHARD.value, "shard": int(index),
+                                           "n_shards": int(n_shards), "batch_size": int(batch_size)})
 
 
 def task_fingerprint(task) -> str:

@@ -8,6 +8,8 @@ configuration saved inside it::
     DIR/thresholds/<hash>.json     score thresholds for a model x task
     DIR/parts/<hash>.json          a point's questions in parts, until the point is complete
     DIR/static_scores/<hash>.json  dataset-level scores a static ablation ranks heads by
+    DIR/score_shards/<hash>.safetensors  one shard of a thresholds' scoring pass (per-input
+                                   scores, the key's configuration in the file's metadata), until merged
 
 Files are written to a temporary file in the same folder, then ``os.replace``d: a reader
 sees either no file or a complete one, so a run killed at any moment resumes by
@@ -52,7 +54,7 @@ class ResultStore:
         self.root = Path(root)
 
     def path(self, key: StoreKey) -> Path:
-        return self.root / key.kind.folder / f"{key.digest}.json"
+        return self.root / key.kind.folder / f"{key.digest}{key.kind.suffix}"
 
     def has(self, key: StoreKey) -> bool:
         return self.path(key).is_file()
@@ -85,6 +87,34 @@ class ResultStore:
     def save(self, key: StoreKey, record: Record) -> Path:
         return self.put(key, record.to_json())
 
+    def put_tensors(self, key: StoreKey, tensors: dict[str, Any]) -> Path:
+        """Store named tensors atomically (safetensors; the key's configuration in its metadata)."""
+        from safetensors.torch import save_file
+
+        from lens_heads.atomic import atomic_path
+
+        with atomic_path(self.path(key), make_parents=True) as tmp:
+            save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),
+                      metadata={"config": json.dumps(_plain(key.config), sort_keys=True)})
+        return self.path(key)
+
+    def get_tensors(self, key: StoreKey) -> dict[str, Any] | None:
+        """The tensors stored under ``key``, or None; a file of another configuration is an error."""
+        from safetensors import SafetensorError, safe_open
+
+        path = self.path(key)
+        try:
+            with safe_open(path, framework="pt") as f:
+                config = json.loads((f.metadata() or {}).get("config", "null"))
+                tensors = {k: f.get_tensor(k) for k in f.keys()}
+        except FileNotFoundError:
+            return None
+        except (OSError, SafetensorError, ValueError) as exc:
+            raise LensHeadsError(f"corrupt result file {path}: {exc}; delete it to recompute") from None
+        if config != _plain(key.config):
+            raise LensHeadsError(f"result file {path} holds a different configuration (hash collision?)")
+        return tensors
+
     def discard(self, key: StoreKey) -> None:
         """Remove the record for ``key`` if there is one (intermediate results once merged)."""
         self.path(key).unlink(missing_ok=True)
@@ -92,7 +122,7 @@ class ResultStore:
     def records(self, kind: Kind) -> Iterator[dict]:
         """Every stored record of ``kind`` (each with its ``config``), in key order."""
         for digest in self.keys(kind):
-            path = self.root / kind.folder / f"{digest}.json"
+            path = self.root / kind.folder / f"{digest}{kind.suffix}"
             try:
                 yield json.loads(path.read_text(encoding="utf-8"))
             except FileNotFoundError:
@@ -102,4 +132,4 @@ class ResultStore:
 
     def keys(self, kind: Kind) -> list[str]:
         folder = self.root / kind.folder
-        return sorted(p.stem for p in folder.glob("*.json")) if folder.is_dir() else []
+        return sorted(p.name.removesuffix(kind.suffix) for p in folder.glob(f"*{kind.suffix}")) if folder.is_dir() else []

@@ -150,6 +150,20 @@ def compute_thresholds(model, inputs: list[Tensor], score_ids: Sequence[str], fr
     return thresholds_of(hs, score_ids, fractions, rule)
 
 
+def scoring_shards(inputs: Sequence[Tensor], batch_size: int, n_shards: int) -> list[list[int]]:
+    """The inputs (their positions in ``inputs``) of each of ``n_shards`` shards of a scoring pass:
+    contiguous runs of whole batches in the pass's own order (``iter_batches``: longest first,
+    stable). A shard's inputs, scored on their own with the same batch size, form exactly the
+    batches the whole pass forms for them, so the merged per-input scores -- and the thresholds
+    -- equal the unsharded pass's bit for bit. Shards beyond the number of batches are empty."""
+    if n_shards < 1:
+        raise LensHeadsError(f"n_shards must be >= 1, got {n_shards}")
+    order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))  # iter_batches' order
+    batches = [order[i:i + batch_size] for i in range(0, len(order), batch_size)]
+    cuts = [round(j * len(batches) / n_shards) for j in range(n_shards + 1)]
+    return [[i for b in batches[cuts[j]:cuts[j + 1]] for i in b] for j in range(n_shards)]
+
+
 def thresholds_of(hs, score_ids: Sequence[str], fractions: Sequence[float],
                   rule: str = DEFAULT_RULE) -> dict[str, dict[float, float | None]]:
     """Thresholds from the per-input scores of a ``score_heads(..., keep_per_input=True)`` pass."""

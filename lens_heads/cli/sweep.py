@@ -9,7 +9,8 @@ loaded, ablation specs parsed) before anything is written.
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_model_args, add_protocol_args, check_protocol_args, protocol_from_args
+from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
+                                   protocol_from_args)
 
 
 def register(sub) -> None:
@@ -43,8 +44,53 @@ def register(sub) -> None:
     p.add_argument("--status", action="store_true",
                    help="compute nothing: print what --out already holds for this sweep (while it runs "
                         "elsewhere, or after it stopped): points stored, the complete curves' values")
+    g = p.add_argument_group("scale-out (docs/methods.md §8; the store in --out is the only coordination)")
+    g.add_argument("--executor", choices=("local", "ray", "slurm"), default="local",
+                   help="where the units run: this process (default), a Ray cluster, a Slurm job array")
+    g.add_argument("--workers", type=int, default=2, help="ray: actors; slurm: array tasks per phase (default 2)")
+    g.add_argument("--cpus-per-worker", type=int, default=1, help="CPUs (and torch threads) per worker (default 1)")
+    g.add_argument("--ray-address", default=None,
+                   help="an existing Ray cluster (auto, ray://HOST:PORT); default: start a local one")
+    g.add_argument("--gpus-per-worker", type=float, default=0.0, help="ray: GPUs per actor (default 0)")
+    g.add_argument("--slurm-partition", default=None)
+    g.add_argument("--slurm-time", type=int, default=60, help="minutes per array task (default 60)")
+    g.add_argument("--gpus-per-task", type=int, default=0, help="slurm: GPUs per array task (default 0)")
+    g.add_argument("--array-parallelism", type=int, default=256, help="slurm: array tasks running at once")
+    g.add_argument("--slurm-retries", type=int, default=2, help="slurm: resubmissions of a failed task (default 2)")
+    g.add_argument("--shard", default=None, metavar="I/N",
+                   help="local: start with every N-th unit from I (one process per GPU, by hand); then help "
+                        "with what no live process holds; the last to finish writes the tables")
+    g.add_argument("--score-shards", type=int, default=None,
+                   help="shards of the thresholds' scoring pass (default: the workers, N of --shard, else 1)")
     add_protocol_args(p)
     p.set_defaults(func=run)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``I/N`` (0 <= I < N) -> (I, N)."""
+    from lens_heads.errors import LensHeadsError
+
+    i, _, n = text.partition("/")
+    if not (i.strip().isdigit() and n.strip().isdigit()) or not 0 <= int(i) < int(n):
+        raise LensHeadsError(f"--shard {text!r}: write I/N with 0 <= I < N (e.g. 0/2 and 1/2)")
+    return int(i), int(n)
+
+
+def _executor_config(args):
+    """(name, config, n_shards) of the executor the arguments ask for; None for a plain local run."""
+    from lens_heads.sweep.executors import LocalConfig, RayConfig, SlurmConfig
+
+    if args.executor == "local" and args.shard is None:
+        return None
+    if args.executor == "local":
+        shard = parse_shard(args.shard)
+        return "local", LocalConfig(shard), args.score_shards or shard[1]
+    if args.executor == "ray":
+        return "ray", RayConfig(args.ray_address, args.workers, args.cpus_per_worker, args.gpus_per_worker), \
+            args.score_shards or args.workers
+    return "slurm", SlurmConfig(args.workers, args.slurm_partition, args.slurm_time, args.cpus_per_worker,
+                                args.gpus_per_task, args.array_parallelism, args.slurm_retries), \
+        args.score_shards or args.workers
 
 
 def run(args) -> int:
@@ -74,6 +120,29 @@ def run(args) -> int:
         raise LensHeadsError("nothing to sweep: give --scores, --random-seeds > 0 or --ablate")
     for spec in cfg.extra_ablations:
         parse_ablation(spec, None)  # syntax and score names now; head ranges once the model is loaded
+    check_positive(args, "workers", "cpus_per_worker", "slurm_time", "array_parallelism", "score_shards")
+    check_positive(args, "slurm_retries", "gpus_per_task", minimum=0)
+    if args.gpus_per_worker < 0:
+        raise LensHeadsError(f"--gpus-per-worker must be >= 0, got {args.gpus_per_worker}")
+    if args.shard is not None and args.executor != "local":
+        raise LensHeadsError("--shard is for launching local processes by hand; ray and slurm split the units "
+                             "themselves (--workers)")
+    if args.status and (args.executor != "local" or args.shard is not None):
+        raise LensHeadsError("--status reads the store: give it without --executor / --shard")
+    scale = _executor_config(args)
+    if scale is not None and (args.thresholds_file is not None or args.paper_protocol):
+        raise LensHeadsError("--thresholds-file and --paper-protocol run with the local executor only, for now")
+    if scale is not None and scale[0] == "slurm":
+        import shutil
+
+        if shutil.which("sbatch") is None:
+            raise LensHeadsError("--executor slurm: no Slurm on this machine (sbatch not found); launch on a Slurm "
+                                 "login node, or use --executor local / ray")
+    if scale is not None and scale[0] == "ray":
+        try:
+            import ray  # noqa: F401
+        except ImportError:
+            raise LensHeadsError("--executor ray needs Ray: pip install 'lens_heads[ray]'") from None
     if args.status:
         from pathlib import Path
 
@@ -92,6 +161,8 @@ def run(args) -> int:
 
         thresholds_for_sweep(load_authors_thresholds(args.thresholds_file, task.name, args.thresholds_model),
                              score_ids, fractions, args.thresholds_file)  # fail before the model loads
+    if scale is not None:
+        return run_scaled(args, cfg, scale)
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     for spec in cfg.extra_ablations:
         parse_ablation(spec, model.geometry)
@@ -108,6 +179,27 @@ def run(args) -> int:
         print(f"{result.n_stored} of {result.n_points} points stored")
     else:
         result = run_sweep(model, cfg, args.out, task=task, progress=not args.no_progress)
+    return report(args, result)
+
+
+def run_scaled(args, cfg, scale) -> int:
+    """The sweep on an executor (or as one --shard): planned, merged and tabulated here with no
+    weights loaded; the workers load the model."""
+    from lens_heads.sweep.executors import job_for, launch
+
+    name, config, n_shards = scale
+    cfg.protocol = protocol_from_args(args, None)
+    job = job_for(args.model, args.dtype, args.device, cfg, args.out, args.include_path, n_shards)
+    out = launch(job, name, config, progress=not args.no_progress)
+    computed = getattr(out.session, "computed", None)
+    print(f"{out.n_units} part units ({out.n_stored_before} stored before this launch)"
+          + (f"; this process computed {computed} units" if computed is not None else "")
+          + f", {out.seconds:.1f} s")
+    return report(args, out.result)
+
+
+def report(args, result) -> int:
+    """Print a sweep's result (complete, or what a store holds so far)."""
     base = result.summary.loc[result.summary["spec"] == "none", "accuracy"].iloc[0]
     print(f"baseline accuracy {base:.4f} on {result.summary['n_questions'].iloc[0]} questions")
     if not result.complete:

@@ -183,6 +183,11 @@ class SweepPlan:
         return [PartUnit(spec, key, key.part(ids[i:i + size]), tuple(ids[i:i + size]))
                 for i in range(0, len(ids), size)]
 
+    @property
+    def all_units(self) -> list[PartUnit]:
+        """Every part unit in compute order (``UnitRef("part", i)`` is the i-th)."""
+        return [u for spec in self.order for u in self.parts(spec)]
+
     def units(self, store: ResultStore | None = None) -> Iterator[PartUnit]:
         """Every part unit in compute order; with ``store``, only those whose point and part
         records are both missing."""

@@ -9,6 +9,7 @@ one folder take different units, and one waits for a unit another live process h
 from __future__ import annotations
 
 import time
+from enum import Enum
 
 from lens_heads.claims import claim, wait_for
 from lens_heads.keys import RunIdentity
@@ -71,25 +72,34 @@ def ensure_thresholds(model, store: ResultStore, identity: RunIdentity, cfg: Swe
 # Units
 
 
-def run_unit(model, task, plan: SweepPlan, unit: PartUnit, store: ResultStore) -> bool:
+class Outcome(str, Enum):
+    """What running a unit did: found it stored, computed it, or left it to the live process
+    that holds it (come back later)."""
+
+    STORED = "stored"
+    COMPUTED = "computed"
+    HELD = "held"
+
+
+def run_unit(model, task, plan: SweepPlan, unit: PartUnit, store: ResultStore) -> Outcome:
     """Evaluate one part and store it, unless it (or its point) is stored or another live
-    process holds it. True when the part's record exists afterwards."""
+    process holds it."""
     from lens_heads.ablation import parse_ablation
     from lens_heads.evaluate import evaluate_task
 
     if store.has(unit.key) or store.has(unit.point):
-        return True
+        return Outcome.STORED
     cfg = plan.cfg
     with claim(store.path(unit.key)) as mine:
         if not mine:
-            return False
+            return Outcome.HELD
         if store.has(unit.key) or store.has(unit.point):  # done meanwhile by another process
-            return True
+            return Outcome.STORED
         result = evaluate_task(model, task, n_shot=cfg.n_shot, seed=cfg.seed,
                                ablation=parse_ablation(unit.spec, model.geometry), batch_size=cfg.batch_size,
                                progress=False, doc_ids=list(unit.doc_ids), protocol=cfg.protocol)
         store.save(unit.key, PointRecord.from_result(result))
-    return True
+    return Outcome.COMPUTED
 
 
 def merge_point(plan: SweepPlan, spec: str, store: ResultStore) -> PointRecord | None:
@@ -148,7 +158,7 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
                 rec = store.load(plan.point_key(spec), PointRecord)
                 if rec is None:
                     bar.set_postfix_str(spec, refresh=True)
-                    held = [u for u in plan.parts(spec) if not run_unit(model, task, plan, u, store)]
+                    held = [u for u in plan.parts(spec) if run_unit(model, task, plan, u, store) is Outcome.HELD]
                     rec = None if held else merge_point(plan, spec, store)
                     if rec is None:
                         deferred.append(spec)

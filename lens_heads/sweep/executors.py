@@ -1,0 +1,385 @@
+"""Where a sweep's units run, and the launcher around them (docs/methods.md §8).
+
+``launch(job, executor)`` plans the sweep with no model (the weights' digest and dtype identify
+it), has the executor run the missing scoring shards, merges them into the thresholds, has it
+run the missing part units, merges parts into points and writes the tables -- loading no
+weights itself. The store is the only coordination: units are idempotent and claimed
+(``lens_heads.claims``), so workers that die are replaced or their units taken over, and a
+launch that stops resumes from what is stored.
+
+Executors, by name (``EXECUTORS``; each a config dataclass and its class):
+
+* ``local``: one worker in this process; ``shard=(I, N)`` starts with every N-th unit from I
+  (launching by hand, e.g. one process per GPU), then helps with what no live process holds.
+* ``ray``: an actor pool on a Ray cluster (``address``; a local one when None): one model load
+  per worker; a worker that dies is restarted and its unit retried (Ray's ``max_restarts`` /
+  ``max_task_retries``).
+* ``slurm``: a Slurm job array through submitit, one array task per worker, each running its
+  share of the units; a preempted or timed-out task requeues itself (submitit's checkpointing),
+  a failed one is resubmitted (``retries``). ``cluster="local"`` runs the same array as local
+  subprocesses (submitit's local executor; tests).
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, Sequence
+
+from lens_heads.errors import LensHeadsError
+from lens_heads.sweep.units import UnitRef, Worker, SweepJob
+
+POLL_S = 1.0  # how often the launcher's progress bar reads the store
+
+
+class Session(Protocol):
+    """Workers of one executor for one job: ``run`` returns once every unit given is stored."""
+
+    def run(self, refs: Sequence[UnitRef]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+# -----------------------------------------------------------------------------
+# local (and --shard)
+
+
+@dataclass
+class LocalConfig:
+    shard: tuple[int, int] | None = None  # (I, N): start with units I, I+N, ...
+
+
+class LocalSession:
+    def __init__(self, job: SweepJob, config: LocalConfig):
+        self.worker, self.config = Worker(job), config
+        self.loads = 1
+
+    def run(self, refs: Sequence[UnitRef]) -> None:
+        refs = list(refs)
+        if self.config.shard is not None:
+            i, n = self.config.shard
+            mine = refs[i::n]
+            taken = set(mine)
+            refs = mine + [r for r in refs if r not in taken]
+        self.worker.run_all(refs)
+
+    @property
+    def computed(self) -> int:
+        return self.worker.computed
+
+    def close(self) -> None:
+        pass
+
+
+# -----------------------------------------------------------------------------
+# ray
+
+
+@dataclass
+class RayConfig:
+    address: str | None = None  # "auto", "ray://host:10001", ...; None: start a local cluster
+    workers: int = 2
+    cpus_per_worker: int = 1
+    gpus_per_worker: float = 0.0
+
+
+class _RayWorker:
+    """A Ray actor around a ``Worker`` (the model loads once per actor process)."""
+
+    def __init__(self, job: SweepJob):
+        self.worker = Worker(job)
+        self.worker._setup()
+
+    def run(self, ref: str) -> tuple[str, str]:
+        return ref, self.worker.run(UnitRef.parse(ref)).value
+
+    def stats(self) -> tuple[int, int]:
+        import os
+
+        return os.getpid(), self.worker.computed
+
+
+class RaySession:
+    def __init__(self, job: SweepJob, config: RayConfig):
+        try:
+            import ray
+            from ray.util import ActorPool
+        except ImportError:
+            raise LensHeadsError("--executor ray needs Ray: pip install 'lens_heads[ray]'") from None
+        self.ray, self.started = ray, False
+        if not ray.is_initialized():
+            if config.address is None:
+                ray.init(num_cpus=config.workers * config.cpus_per_worker, include_dashboard=False,
+                         log_to_driver=False, configure_logging=False)
+                self.started = True
+            else:
+                ray.init(address=config.address, log_to_driver=False, configure_logging=False)
+        actor = ray.remote(_RayWorker).options(num_cpus=config.cpus_per_worker, num_gpus=config.gpus_per_worker,
+                                               max_restarts=-1, max_task_retries=-1)
+        job = _with_threads(job, config.cpus_per_worker)
+        self.actors = [actor.remote(job) for _ in range(config.workers)]
+        self.pool = ActorPool(self.actors)
+
+    def run(self, refs: Sequence[UnitRef]) -> None:
+        from lens_heads.sweep.run import CLAIM_POLL_S
+
+        pending = [str(r) for r in refs]
+        while pending:
+            done = list(self.pool.map_unordered(lambda a, r: a.run.remote(r), pending))
+            pending = [r for r, outcome in done if outcome == "held"]  # a live process outside the pool has it
+            if pending:
+                time.sleep(CLAIM_POLL_S)
+
+    def stats(self) -> list[tuple[int, int]]:
+        """(pid, units computed) of each live actor process."""
+        return self.ray.get([a.stats.remote() for a in self.actors])
+
+    def close(self) -> None:
+        for a in self.actors:
+            self.ray.kill(a)
+        if self.started:
+            self.ray.shutdown()
+
+
+# -----------------------------------------------------------------------------
+# slurm (submitit)
+
+
+@dataclass
+class SlurmConfig:
+    tasks: int = 2  # array tasks per phase (workers)
+    partition: str | None = None
+    time_min: int = 60
+    cpus_per_task: int = 1
+    gpus_per_task: int = 0
+    array_parallelism: int = 256
+    retries: int = 2  # resubmissions of a failed task's units
+    cluster: str | None = None  # None: Slurm; "local": submitit's local subprocesses (tests)
+    folder: str | None = None  # submitit's logs (default: OUT/.submitit)
+
+
+class _ArrayTask:
+    """One array task: a ``Worker`` over its share of the units. Checkpointable: submitit
+    requeues it on preemption or timeout, and it resumes from the store."""
+
+    def __init__(self, job: SweepJob):
+        self.job = job
+
+    def __call__(self, refs: list[str]) -> int:
+        return Worker(self.job).run_all([UnitRef.parse(r) for r in refs])
+
+    def checkpoint(self, refs: list[str]):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(_ArrayTask(self.job), refs)
+
+
+class SlurmSession:
+    def __init__(self, job: SweepJob, config: SlurmConfig):
+        try:
+            import submitit
+        except ImportError:
+            raise LensHeadsError("--executor slurm needs submitit: pip install 'lens_heads[slurm]'") from None
+        if config.cluster is None and shutil.which("sbatch") is None:
+            raise LensHeadsError("--executor slurm: no Slurm on this machine (sbatch not found); run the launch on "
+                                 "a Slurm login node, or use --executor local / ray")
+        folder = config.folder or str(Path(job.out_dir) / ".submitit")
+        self.ex = submitit.AutoExecutor(folder=folder, cluster=config.cluster)
+        params = {"timeout_min": config.time_min, "cpus_per_task": config.cpus_per_task,
+                  "slurm_array_parallelism": config.array_parallelism}
+        if config.partition:
+            params["slurm_partition"] = config.partition
+        if config.gpus_per_task:
+            params["gpus_per_node"] = config.gpus_per_task
+        if config.cluster is not None:
+            params = {k: v for k, v in params.items() if not k.startswith("slurm_")}
+        self.ex.update_parameters(**params)
+        self.job, self.config = _with_threads(job, config.cpus_per_task), config
+        self.jobs: list = []  # every submitit job submitted (for tests and logs)
+        self.computed = 0
+
+    def run(self, refs: Sequence[UnitRef]) -> None:
+        chunks = [c for c in ([str(r) for r in refs[i::self.config.tasks]] for i in range(self.config.tasks)) if c]
+        for attempt in range(self.config.retries + 1):
+            if not chunks:
+                return
+            jobs = self.ex.map_array(_ArrayTask(self.job), chunks)
+            self.jobs.extend(jobs)
+            failed = []
+            for j, chunk in zip(jobs, chunks):
+                try:
+                    self.computed += j.result()
+                except Exception:  # noqa: BLE001 -- a task that died: its units go again
+                    failed.append(chunk)
+            chunks = failed
+        raise LensHeadsError(f"--executor slurm: {len(chunks)} array task(s) failed {self.config.retries + 1} "
+                             f"times; see the logs in {self.ex.folder}")
+
+    def close(self) -> None:
+        pass
+
+
+def _with_threads(job: SweepJob, threads: int) -> SweepJob:
+    from dataclasses import replace
+
+    return job if job.threads else replace(job, threads=max(1, int(threads)))
+
+
+# -----------------------------------------------------------------------------
+# the registry
+
+
+EXECUTORS = {"local": (LocalConfig, LocalSession), "ray": (RayConfig, RaySession),
+             "slurm": (SlurmConfig, SlurmSession)}
+
+
+def start(name: str, job: SweepJob, config=None) -> Session:
+    """A session of executor ``name`` (``EXECUTORS``) for ``job``, with its config (default: the
+    config class's defaults)."""
+    if name not in EXECUTORS:
+        raise LensHeadsError(f"unknown executor {name!r}; choose one of {', '.join(EXECUTORS)}")
+    config_cls, session_cls = EXECUTORS[name]
+    config = config_cls() if config is None else config
+    if not isinstance(config, config_cls):
+        raise LensHeadsError(f"executor {name!r} takes a {config_cls.__name__}, got {type(config).__name__}")
+    return session_cls(job, config)
+
+
+# -----------------------------------------------------------------------------
+# the launcher
+
+
+@dataclass
+class Launch:
+    """What a launch did: the result (None when another process still holds units), the
+    sweep's units and how many were already stored."""
+
+    result: object | None
+    n_units: int
+    n_stored_before: int
+    seconds: float = 0.0
+    session: Session | None = field(default=None, repr=False)
+
+
+def job_for(model: str, dtype: str, device: str, cfg, out_dir, include_path=None, n_shards: int = 1) -> SweepJob:
+    """A ``SweepJob`` from a model spec, with the weights' digest and the concrete dtype (``auto``
+    resolved here, so every worker loads the same) and no model loaded."""
+    from lens_heads.study import ModelRef
+
+    ref = ModelRef(model, dtype, device)
+    return SweepJob(str(model), ref.dtype_name, device, cfg, str(out_dir), ref.digest, include_path, n_shards)
+
+
+def check_one_weights(store, identity) -> None:
+    """A folder holding records of this sweep's run from other weights is an error: units of
+    different weights never merge into one table."""
+    from lens_heads.keys import Kind
+
+    mine = {k: v for k, v in identity.config().items() if k != "model_digest"}
+    for kind in (Kind.THRESHOLDS, Kind.POINT, Kind.PART):
+        for rec in store.records(kind):
+            c = rec.get("config", {})
+            if c.get("model_digest") != identity.model_digest and {k: c.get(k) for k in mine} == mine:
+                raise LensHeadsError(
+                    f"{store.root} holds results of this sweep from other weights ({str(c.get('model_digest'))[:16]}... "
+                    f"vs {identity.model_digest[:16]}...): use another --out, or the same weights")
+
+
+def launch(job: SweepJob, executor: str = "local", config=None, progress: bool = True,
+           session: Session | None = None) -> Launch:
+    """Run (or resume) the sweep ``job`` on ``executor``: the scoring shards, the thresholds,
+    the part units, the points and the tables (``summary.csv``, ``within_1pt.csv``), loading no
+    weights in this process (but for ``local``, whose worker is this process)."""
+    from lens_heads.data import load_task
+    from lens_heads.store import ResultStore
+    from lens_heads.sweep.plan import SweepPlan
+    from lens_heads.sweep.records import PointRecord
+    from lens_heads.sweep.result import SweepResult
+    from lens_heads.sweep.run import merge_point, read_thresholds
+    from lens_heads.sweep.stats import tables
+    from lens_heads.sweep.units import merge_score_shards, shard_key
+
+    t0 = time.perf_counter()
+    cfg = job.cfg
+    cfg.validate()
+    task = load_task(cfg.task, n_shot=cfg.n_shot, include_path=job.include_path)
+    identity = cfg.identity_for(job.digest, job.dtype, task)
+    store = ResultStore(job.out_dir)
+    check_one_weights(store, identity)
+    own = session is None
+    session = start(executor, job, config) if own else session
+    try:
+        thresholds = read_thresholds(store, identity, cfg, task)
+        if thresholds is None:
+            refs = [UnitRef("score", j) for j in range(job.n_shards)
+                    if not store.has(shard_key(identity, cfg, j, job.n_shards))]
+            with _watch(store, [shard_key(identity, cfg, j, job.n_shards) for j in range(job.n_shards)], [],
+                        "scoring shards", progress):
+                session.run(refs)
+            rec = merge_score_shards(store, identity, cfg, job.n_shards)
+            if rec is None:
+                raise LensHeadsError(f"{job.out_dir}: scoring shards are missing after the executor finished")
+            thresholds = rec.thresholds
+        plan = SweepPlan.build(identity, cfg, task, thresholds)
+        units = plan.all_units
+        stored_before = sum(store.has(u.key) or store.has(u.point) for u in units)
+        refs = [UnitRef("part", i) for i, u in enumerate(units) if not (store.has(u.key) or store.has(u.point))]
+        with _watch(store, [u.key for u in units], [u.point for u in units], "sweep units", progress):
+            session.run(refs)
+        records: dict[str, PointRecord] = {}
+        for spec in plan.order:
+            rec = merge_point(plan, spec, store)
+            if rec is None:
+                raise LensHeadsError(f"{job.out_dir}: point {spec} is incomplete after the executor finished")
+            records[spec] = rec
+        summary, within = tables(plan.points, records, cfg)
+        n = len(plan.order)
+        result = SweepResult(summary, within, thresholds, records, n_points=n, n_stored=n)
+        result.save(job.out_dir)
+        return Launch(result, len(units), stored_before, time.perf_counter() - t0, session)
+    finally:
+        if own:
+            session.close()
+
+
+class _watch:
+    """A progress bar in the launcher over records any worker stores (``keys[i]`` done when it
+    or ``also[i]`` is stored), read from the store every ``POLL_S``."""
+
+    def __init__(self, store, keys, also, desc: str, enabled: bool):
+        self.store, self.keys, self.also, self.desc, self.enabled = store, keys, also, desc, enabled
+        self.stop = threading.Event()
+
+    def _done(self) -> int:
+        return sum(self.store.has(k) or (i < len(self.also) and self.store.has(self.also[i]))
+                   for i, k in enumerate(self.keys))
+
+    def _loop(self):
+        from lens_heads.progress import progress_bar
+
+        bar = progress_bar(len(self.keys), self.desc, enabled=True, unit="unit", leave=True)
+        try:
+            while True:
+                bar.n = self._done()
+                bar.refresh()
+                if self.stop.wait(POLL_S):
+                    break
+            bar.n = self._done()
+            bar.refresh()
+        finally:
+            bar.close()
+
+    def __enter__(self):
+        if self.enabled:
+            self.thread = threading.Thread(target=self._loop, daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        if self.enabled:
+            self.thread.join()
+

@@ -1,0 +1,228 @@
+"""A sweep as independent work units, for executors that spread it over workers (docs/methods.md §8).
+
+A sweep has two phases of units, each idempotent: it reads what it needs from its identity,
+writes one store record atomically, and is skipped when that record (or what it merges into)
+exists. ``UnitRef`` names a unit (``score/3``: shard 3 of the thresholds' scoring pass;
+``part/17``: the 18th part of ``SweepPlan.all_units``), with one parser and one printer.
+
+* phase ``score``: the thresholds' scoring pass in ``n_shards`` shards of whole batches
+  (``thresholds.scoring_shards``); ``merge_score_shards`` turns the stored shards into the
+  thresholds record, bit-identical to the unsharded pass, with no model.
+* phase ``part``: every part of every point (``SweepPlan``), as ``run_sweep`` runs them.
+
+A ``SweepJob`` is everything a worker needs, picklable and model-free: the model spec, dtype,
+device, the sweep config, the output folder, and the weights digest the launcher planned with.
+A ``Worker`` loads the model once, checks that its weights have that digest (units from other
+weights never join the sweep), and runs units by reference. Executors (``sweep.executors``)
+only decide where workers run.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass, field
+from typing import Literal
+
+from lens_heads.claims import claim
+from lens_heads.errors import LensHeadsError
+from lens_heads.keys import RunIdentity, StoreKey
+from lens_heads.store import ResultStore
+from lens_heads.sweep.config import SweepConfig
+from lens_heads.sweep.plan import SweepPlan, put_thresholds, thresholds_key
+from lens_heads.sweep.records import ThresholdsRecord
+from lens_heads.sweep.run import Outcome
+
+Phase = Literal["score", "part"]
+PHASES = ("score", "part")
+
+
+@dataclass(frozen=True, order=True)
+class UnitRef:
+    """One unit of a sweep by reference: ``score/I`` or ``part/I``."""
+
+    phase: Phase
+    index: int
+
+    @classmethod
+    def parse(cls, text: str) -> "UnitRef":
+        phase, _, index = text.strip().partition("/")
+        if phase not in PHASES or not index.isdigit():
+            raise LensHeadsError(f"bad unit {text!r}; write score/INDEX or part/INDEX")
+        return cls(phase, int(index))  # type: ignore[arg-type]
+
+    def __str__(self) -> str:
+        return f"{self.phase}/{self.index}"
+
+
+# -----------------------------------------------------------------------------
+# The scoring pass in shards
+
+
+def shard_key(identity: RunIdentity, cfg: SweepConfig, index: int, n_shards: int) -> StoreKey:
+    return thresholds_key(identity, cfg).shard(index, n_shards, cfg.threshold_batch_size)
+
+
+def run_score_shard(model, task, identity: RunIdentity, cfg: SweepConfig, store: ResultStore, index: int,
+                    n_shards: int) -> Outcome:
+    """Score shard ``index`` of ``n_shards`` and store its per-input scores (with their input
+    positions), unless it or the thresholds are stored or another live process holds it."""
+    from lens_heads.evaluate import task_inputs
+    from lens_heads.scores import score_heads
+    from lens_heads.thresholds import scoring_shards
+
+    key, done = shard_key(identity, cfg, index, n_shards), thresholds_key(identity, cfg)
+    if store.has(key) or store.has(done):
+        return Outcome.STORED
+    with claim(store.path(key)) as mine:
+        if not mine:
+            return Outcome.HELD
+        if store.has(key) or store.has(done):
+            return Outcome.STORED
+        import torch
+
+        inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.protocol)
+        idx = scoring_shards(inputs, cfg.threshold_batch_size, n_shards)[index]
+        tensors = {"input_index": torch.tensor(idx, dtype=torch.long),
+                   "n_inputs": torch.tensor([len(inputs)], dtype=torch.long)}
+        if idx:
+            hs = score_heads(model, [inputs[i] for i in idx], scores=list(cfg.score_ids),
+                             batch_size=cfg.threshold_batch_size, keep_per_input=True, progress=False)
+            tensors.update({f"score.{sid}": hs.per_input[sid] for sid in cfg.score_ids})
+        store.put_tensors(key, tensors)
+    return Outcome.COMPUTED
+
+
+def merge_score_shards(store: ResultStore, identity: RunIdentity, cfg: SweepConfig,
+                       n_shards: int) -> ThresholdsRecord | None:
+    """The thresholds from the stored shards (then stored, and the shards discarded); None while
+    a shard is missing. No model needed: per-input scores are put back in input order and
+    pooled exactly as ``compute_thresholds`` pools them."""
+    import torch
+
+    from lens_heads.scores import SCORES
+    from lens_heads.sweep.plan import stored_thresholds
+    from lens_heads.thresholds import thresholds_from_scores
+
+    rec = stored_thresholds(store, identity, cfg)
+    if rec is not None:
+        return rec
+    keys = [shard_key(identity, cfg, j, n_shards) for j in range(n_shards)]
+    shards = [store.get_tensors(k) for k in keys]
+    if any(s is None for s in shards):
+        return stored_thresholds(store, identity, cfg)  # merged meanwhile by another process
+    n = int(shards[0]["n_inputs"][0])
+    idx = torch.cat([s["input_index"] for s in shards])
+    if sorted(idx.tolist()) != list(range(n)):
+        raise LensHeadsError(f"{store.root}: the scoring shards do not cover the {n} inputs once each")
+    per_input = {}
+    for sid in cfg.score_ids:
+        parts = [s[f"score.{sid}"] for s in shards if f"score.{sid}" in s]
+        full = torch.empty((n, *parts[0].shape[1:]), dtype=parts[0].dtype)
+        full[idx] = torch.cat(parts)
+        per_input[sid] = full
+    computed = thresholds_from_scores(per_input, {sid: SCORES[sid].inactive_when for sid in cfg.score_ids},
+                                      cfg.fractions, cfg.protocol.threshold_rule)
+    rec = put_thresholds(store, identity, cfg, computed, n)
+    for k in keys:
+        store.discard(k)
+    return rec
+
+
+# -----------------------------------------------------------------------------
+# Jobs and workers
+
+
+@dataclass(frozen=True)
+class SweepJob:
+    """What a worker needs to run units of one sweep (picklable; no model)."""
+
+    model: str  # the model spec (zoo name, .gguf, HF folder, hub id)
+    dtype: str
+    device: str
+    cfg: SweepConfig
+    out_dir: str
+    digest: str  # the weights digest the sweep was planned with
+    include_path: str | None = None
+    n_shards: int = 1  # shards of the scoring pass
+    threads: int | None = None  # torch threads per worker (None: torch's default)
+
+
+@dataclass
+class Worker:
+    """Runs units of a ``SweepJob``; loads the model on first use, once."""
+
+    job: SweepJob
+    _model: object = field(default=None, repr=False)
+    _task: object = field(default=None, repr=False)
+    _plan: SweepPlan | None = field(default=None, repr=False)
+    computed: int = 0  # units this worker computed (not skipped)
+
+    def _setup(self):
+        if self._model is None:
+            from lens_heads.data import load_task
+            from lens_heads.models import load_model
+            from lens_heads.models.load import model_digest
+
+            if self.job.threads:
+                import torch
+
+                torch.set_num_threads(self.job.threads)
+            self._task = load_task(self.job.cfg.task, n_shot=self.job.cfg.n_shot, include_path=self.job.include_path)
+            model = load_model(self.job.model, dtype=self.job.dtype, device=self.job.device)
+            if model_digest(model) != self.job.digest:
+                raise LensHeadsError(
+                    f"{socket.gethostname()} (pid {os.getpid()}): {self.job.model} has weights "
+                    f"{model_digest(model)[:16]}..., but the sweep in {self.job.out_dir} was planned with "
+                    f"{self.job.digest[:16]}...; units of other weights never join one sweep (pin the weights: "
+                    f"the same file, folder or --revision on every machine)")
+            self._model = model
+        return self._model, self._task
+
+    @property
+    def identity(self) -> RunIdentity:
+        model, task = self._setup()
+        return self.job.cfg.identity(model, task)
+
+    def plan(self) -> SweepPlan:
+        if self._plan is None:
+            from lens_heads.sweep.run import read_thresholds
+
+            model, task = self._setup()
+            store = ResultStore(self.job.out_dir)
+            thresholds = read_thresholds(store, self.identity, self.job.cfg, task)
+            if thresholds is None:
+                raise LensHeadsError(f"{self.job.out_dir}: part units need the thresholds; run the score units first")
+            self._plan = SweepPlan.build(self.identity, self.job.cfg, task, thresholds)
+        return self._plan
+
+    def run(self, ref: UnitRef) -> Outcome:
+        """Run one unit (skipped when stored; left alone when another live process holds it)."""
+        from lens_heads.sweep.run import run_unit
+
+        model, task = self._setup()
+        store = ResultStore(self.job.out_dir)
+        if ref.phase == "score":
+            out = run_score_shard(model, task, self.identity, self.job.cfg, store, ref.index, self.job.n_shards)
+        else:
+            plan = self.plan()
+            if not 0 <= ref.index < len(plan.all_units):
+                raise LensHeadsError(f"unit {ref}: the sweep has {len(plan.all_units)} part units")
+            out = run_unit(model, task, plan, plan.all_units[ref.index], store)
+        self.computed += out is Outcome.COMPUTED
+        return out
+
+    def run_all(self, refs: list[UnitRef]) -> int:
+        """Run ``refs`` in order, then come back to those another process held until every one
+        is stored; the number this worker computed."""
+        import time
+
+        from lens_heads.sweep.run import CLAIM_POLL_S
+
+        before, pending = self.computed, list(refs)
+        while pending:
+            held = [r for r in pending if self.run(r) is Outcome.HELD]
+            if held and len(held) == len(pending):
+                time.sleep(CLAIM_POLL_S)
+            pending = held
+        return self.computed - before

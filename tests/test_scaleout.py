@@ -1,0 +1,232 @@
+"""A sweep spread over workers (``sweep.units``, ``sweep.executors``): scoring shards merge into
+the unsharded pass's thresholds bit for bit; the local, --shard, Ray and submitit executors give
+a local run's tables byte for byte, also when a worker is SIGKILLed mid-unit; no unit is computed
+twice; a store of other weights is refused."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from test_sweep import TASK_ROWS
+
+TABLES = ("summary.csv", "within_1pt.csv")
+
+
+@pytest.fixture
+def task_file(tmp_path):
+    path = tmp_path / "mini.jsonl"
+    path.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in TASK_ROWS))
+    return path
+
+
+def _cfg(task_file, **kw):
+    from lens_heads.sweep import SweepConfig
+
+    return SweepConfig(**{**dict(task=f"file:{task_file}", score_ids=["ahon_ln", "awft"], fractions=[0.0, 0.5],
+                                 random_seeds=[0, 1], batch_size=2, n_boot=200, chunk_questions=2,
+                                 threshold_batch_size=2, extra_ablations=["static:0.1,1.2"]), **kw})
+
+
+@pytest.fixture
+def reference(tiny_model, task_file, tmp_path):
+    """A plain local run_sweep's folder."""
+    from lens_heads.sweep import run_sweep
+
+    out = tmp_path / "local"
+    run_sweep(tiny_model("llama"), _cfg(task_file), out, progress=False)
+    return out
+
+
+def _same_tables(a: Path, b: Path):
+    for t in TABLES:
+        assert (a / t).read_bytes() == (b / t).read_bytes(), t
+    assert sorted(p.name for p in (a / "points").glob("*.json")) == sorted(p.name for p in (b / "points").glob("*.json"))
+    assert not list(b.glob("parts/*.json")) and not list(b.glob("score_shards/*"))  # merged and discarded
+
+
+def test_unit_refs_round_trip_and_bad_ones():
+    from lens_heads.errors import LensHeadsError
+    from lens_heads.sweep.units import UnitRef
+
+    for ref in (UnitRef("score", 0), UnitRef("part", 17)):
+        assert UnitRef.parse(str(ref)) == ref
+    for bad in ("part", "part/x", "points/1", "score/-1"):
+        with pytest.raises(LensHeadsError, match="bad unit"):
+            UnitRef.parse(bad)
+
+
+@pytest.mark.parametrize("n_shards", [1, 2, 3, 7])
+def test_scoring_shards_merge_to_the_unsharded_thresholds_bit_for_bit(tiny_model, task_file, tmp_path, n_shards):
+    from lens_heads.data import load_task
+    from lens_heads.evaluate import task_inputs
+    from lens_heads.scores import score_heads
+    from lens_heads.store import ResultStore
+    from lens_heads.sweep.plan import stored_thresholds
+    from lens_heads.sweep.units import merge_score_shards, run_score_shard
+    from lens_heads.thresholds import compute_thresholds, scoring_shards
+
+    model, task = tiny_model("llama"), load_task(f"file:{task_file}")
+    cfg = _cfg(task_file, threshold_batch_size=3)
+    cfg.validate()
+    inputs = task_inputs(model, task)
+    shards = scoring_shards(inputs, 3, n_shards)
+    assert sorted(i for s in shards for i in s) == list(range(len(inputs)))
+    whole = score_heads(model, inputs, scores=cfg.score_ids, batch_size=3, keep_per_input=True, progress=False)
+    for idx in shards:  # each shard scored alone reproduces its rows of the whole pass exactly
+        if idx:
+            part = score_heads(model, [inputs[i] for i in idx], scores=cfg.score_ids, batch_size=3,
+                               keep_per_input=True, progress=False)
+            for sid in cfg.score_ids:
+                assert torch.equal(part.per_input[sid], whole.per_input[sid][idx])
+    store, identity = ResultStore(tmp_path / "s"), cfg.identity(model, task)
+    for j in reversed(range(n_shards)):
+        assert merge_score_shards(store, identity, cfg, n_shards) is None  # not all shards yet
+        run_score_shard(model, task, identity, cfg, store, j, n_shards)
+    merged = merge_score_shards(store, identity, cfg, n_shards)
+    expected = compute_thresholds(model, inputs, cfg.score_ids, cfg.fractions, 3, progress=False)
+    assert merged.thresholds == expected and stored_thresholds(store, identity, cfg).thresholds == expected
+    assert merged.n_inputs == len(inputs) and not list((tmp_path / "s").glob("score_shards/*"))
+
+
+def test_local_launch_equals_run_sweep_and_resumes(tiny_model_dir, tiny_model, task_file, tmp_path, reference):
+    from lens_heads.sweep.executors import LocalConfig, job_for, launch
+
+    out = tmp_path / "launched"
+    job = job_for(str(tiny_model_dir("llama")), "float32", "cpu", _cfg(task_file), out, n_shards=3)
+    first = launch(job, "local", LocalConfig(), progress=False)
+    _same_tables(reference, out)
+    assert first.session.computed == 3 + first.n_units and first.n_stored_before == 0
+    again = launch(job, "local", progress=False)  # all stored: nothing computed
+    assert again.session.computed == 0
+    _same_tables(reference, out)
+
+
+def test_two_shard_processes_split_the_units_and_compute_none_twice(tiny_model_dir, task_file, tmp_path):
+    from lens_heads.cli import main
+
+    out, reference = tmp_path / "sharded", tmp_path / "one_process"
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    argv = ["sweep", str(tiny_model_dir("llama")), "--task", f"file:{task_file}", "--scores", "ahon_ln,awft",
+            "--fractions", "0,0.5", "--random-seeds", "2", "--batch-size", "2", "--n-boot", "200",
+            "--chunk-questions", "2", "--ablate", "static:0.1,1.2", "--no-progress", "--out", str(out)]
+    assert main([*argv[:-1], str(reference)]) == 0
+    code = "import sys; from lens_heads.cli import main; sys.exit(main(sys.argv[1:]))"
+    procs = [subprocess.Popen([sys.executable, "-c", code, *argv, "--shard", f"{i}/2"], env=env, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for i in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
+    computed = [int(o.split("this process computed ")[1].split()[0]) for o, _ in outs]
+    n_units = int(outs[0][0].split(" part units")[0].split()[-1])
+    assert sum(computed) == 2 + n_units, computed  # 2 scoring shards + every part, each exactly once
+    assert all(c > 0 for c in computed)  # both worked
+    _same_tables(reference, out)
+
+
+def _kill_first_worker_mid_unit(out: Path, launcher_pid: int, killed: list, stop: threading.Event):
+    """Watch the store for a part's claim held by a process other than the launcher; SIGKILL it."""
+    while not stop.is_set() and not killed:
+        for c in out.glob("parts/*.claim"):
+            try:
+                pid = json.loads(c.read_text())["pid"]
+            except (OSError, ValueError, KeyError):
+                continue
+            if pid != launcher_pid:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+                return
+        time.sleep(0.002)
+
+
+def _launch_with_a_kill(job, executor, config, out):
+    from lens_heads.sweep.executors import launch
+
+    killed, stop = [], threading.Event()
+    watcher = threading.Thread(target=_kill_first_worker_mid_unit, args=(out, os.getpid(), killed, stop), daemon=True)
+    watcher.start()
+    try:
+        result = launch(job, executor, config, progress=False)
+    finally:
+        stop.set()
+        watcher.join()
+    return result, killed
+
+
+def test_ray_local_cluster_survives_a_killed_worker(tiny_model_dir, task_file, tmp_path, reference):
+    pytest.importorskip("ray")
+    import ray
+
+    from lens_heads.sweep.executors import RayConfig, job_for
+
+    out = tmp_path / "ray"
+    job = job_for(str(tiny_model_dir("llama")), "float32", "cpu", _cfg(task_file, batch_size=1), out, n_shards=2)
+    try:
+        result, killed = _launch_with_a_kill(job, "ray", RayConfig(workers=2), out)
+    finally:
+        if ray.is_initialized():
+            ray.shutdown()
+    assert len(killed) == 1, "a worker should have been killed mid-unit"
+    _same_tables(reference, out)
+    assert result.n_units > 0
+
+
+def test_submitit_array_requeues_a_killed_task(tiny_model_dir, task_file, tmp_path, reference):
+    pytest.importorskip("submitit")
+    from lens_heads.sweep.executors import SlurmConfig, job_for
+
+    out = tmp_path / "array"
+    job = job_for(str(tiny_model_dir("llama")), "float32", "cpu", _cfg(task_file, batch_size=1), out, n_shards=2)
+    result, killed = _launch_with_a_kill(job, "slurm", SlurmConfig(tasks=2, cluster="local", time_min=10), out)
+    assert len(killed) == 1, "an array task should have been killed mid-unit"
+    session = result.session
+    assert len(session.jobs) >= 2 + 2 + 1  # 2 scoring tasks, 2 part tasks, at least one resubmitted
+    _same_tables(reference, out)
+
+
+def test_a_store_of_other_weights_is_refused(tiny_model_dir, tiny_model, task_file, tmp_path, reference):
+    import shutil
+
+    from lens_heads.errors import LensHeadsError
+    from lens_heads.sweep.executors import job_for, launch
+    from lens_heads.sweep.units import Worker
+
+    out = tmp_path / "other"
+    shutil.copytree(reference, out)
+    job = job_for(str(tiny_model_dir("llama")), "float32", "cpu", _cfg(task_file), out)
+    from dataclasses import replace
+
+    with pytest.raises(LensHeadsError, match="other weights"):
+        launch(replace(job, digest="0" * 64), "local", progress=False)
+    with pytest.raises(LensHeadsError, match="planned with"):  # a worker whose weights differ
+        Worker(replace(job, digest="0" * 64))._setup()
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--executor", "slurm"], "no Slurm on this machine"),
+    (["--shard", "2/2"], "--shard '2/2'"),
+    (["--shard", "0/2", "--executor", "ray"], "--shard is for launching local processes"),
+    (["--workers", "0", "--executor", "ray"], "--workers must be >= 1"),
+    (["--executor", "ray", "--status"], "--status reads the store"),
+])
+def test_cli_scaleout_bad_input(extra, message, tiny_model_dir, task_file, tmp_path, capsys, monkeypatch):
+    import shutil
+
+    from lens_heads.cli import main
+
+    if "slurm" in extra:
+        monkeypatch.setattr(shutil, "which", lambda name: None)
+    out = tmp_path / "out"
+    code = main(["sweep", str(tiny_model_dir("llama")), "--task", f"file:{task_file}", "--scores", "ahon_ln",
+                 "--out", str(out), "--no-progress", *extra])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not out.exists()
