@@ -230,3 +230,26 @@ def test_cli_scaleout_bad_input(extra, message, tiny_model_dir, task_file, tmp_p
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0], err
     assert not out.exists()
+
+
+@pytest.mark.slurm
+def test_real_single_node_slurm_runs_the_sweep_as_an_array(tiny_model_dir, task_file, tmp_path, reference,
+                                                            monkeypatch):
+    """slurmctld + slurmd (Debian's slurm-wlm) on loopback, started here: the sweep as 2-task
+    arrays through submitit's Slurm executor, end to end, equals the local run."""
+    pytest.importorskip("submitit")
+    import slurm_cluster
+
+    from lens_heads.sweep.executors import SlurmConfig, job_for, launch
+
+    if slurm_cluster.missing():
+        pytest.skip(f"Slurm's programs are missing: {', '.join(slurm_cluster.missing())} (apt install slurm-wlm)")
+    out = tmp_path / "slurm"
+    with slurm_cluster.single_node_slurm(tmp_path / "cluster") as env:
+        monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
+        job = job_for(str(tiny_model_dir("llama")), "float32", "cpu", _cfg(task_file), out, n_shards=2)
+        result = launch(job, "slurm", SlurmConfig(tasks=2, time_min=10), progress=False)
+        states = [j.state for j in result.session.jobs]
+    print(f"slurm array jobs: {[j.job_id for j in result.session.jobs]}, states {states}")
+    assert len(result.session.jobs) == 4 and all("_" in j.job_id for j in result.session.jobs)  # array tasks
+    _same_tables(reference, out)
