@@ -253,3 +253,33 @@ def test_real_single_node_slurm_runs_the_sweep_as_an_array(tiny_model_dir, task_
     print(f"slurm array jobs: {[j.job_id for j in result.session.jobs]}, states {states}")
     assert len(result.session.jobs) == 4 and all("_" in j.job_id for j in result.session.jobs)  # array tasks
     _same_tables(reference, out)
+
+
+def test_status_counts_units_a_worker_stored(tiny_model_dir, task_file, tmp_path, capsys):
+    """--status reads what workers stored: units, points, and a point whose parts are partly in."""
+    from lens_heads.cli import main
+    from lens_heads.store import ResultStore
+    from lens_heads.sweep.units import UnitRef, Worker, merge_score_shards
+    from lens_heads.sweep.executors import job_for
+
+    out = tmp_path / "partial"
+    cfg = _cfg(task_file, threshold_batch_size=16)  # the CLI's default scoring batch
+    job = job_for(str(tiny_model_dir("llama")), "float32", "cpu", cfg, out)
+    worker = Worker(job)
+    worker.run(UnitRef("score", 0))
+    merge_score_shards(ResultStore(out), worker.identity, cfg, 1)
+    plan = worker.plan()
+    n_base = len(plan.parts("none"))
+    for i in range(n_base + 1):  # the baseline's parts, and one part of the next point
+        worker.run(UnitRef("part", i))
+    from lens_heads.sweep.run import merge_point
+
+    merge_point(plan, "none", ResultStore(out))
+    second = plan.order[1]
+    capsys.readouterr()
+    assert main(["sweep", str(tiny_model_dir("llama")), "--task", f"file:{task_file}", "--scores", "ahon_ln,awft",
+                 "--fractions", "0,0.5", "--random-seeds", "2", "--batch-size", "2", "--n-boot", "200",
+                 "--chunk-questions", "2", "--ablate", "static:0.1,1.2", "--out", str(out), "--status"]) == 0
+    shown = capsys.readouterr().out.splitlines()
+    assert shown[0] == f"{n_base + 1} of {len(plan.all_units)} units and 1 of {len(plan.order)} points stored"
+    assert shown[1] == f"  running: {second}: 1 of {len(plan.parts(second))} parts stored"

@@ -568,7 +568,8 @@ def test_partial_tables_hold_the_complete_curves_with_their_final_values(tiny_mo
     assert stored(model, cfg(), out, task, partial=True) is None
 
 
-def test_cli_status_shows_a_stopped_sweeps_complete_curves(tiny_model_dir, task_file, tmp_path, capsys):
+def test_cli_status_shows_a_stopped_sweeps_complete_curves(tiny_model_dir, task_file, tmp_path, capsys,
+                                                           monkeypatch):
     """sweep --status on a store missing one random point: the counts, the function's final value
     as the finished run printed it, random left out, no AUC; it computes and writes nothing."""
     model_dir, out = tiny_model_dir("llama"), tmp_path / "out"
@@ -580,9 +581,12 @@ def test_cli_status_shows_a_stopped_sweeps_complete_curves(tiny_model_dir, task_
     rnd[0].unlink()
     before = {p: p.stat().st_mtime_ns for p in out.rglob("*") if p.is_file()}
 
+    import lens_heads.models as models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("--status loaded the model"))
     assert _main(_args(model_dir, task_file, out, "--status")) == 0
     shown = capsys.readouterr().out.splitlines()
-    assert shown[0] == "5 of 6 points stored" and shown[1] == full.splitlines()[0]  # baseline line
+    assert shown[0] == "5 of 6 units and 5 of 6 points stored" and shown[1] == full.splitlines()[0]  # baseline
     ahon = next(line for line in shown if line.strip().startswith("ahon_ln"))
     assert ahon == ahon_line.split("  AUC")[0]
     # random: seed 2 is incomplete, so the curve is the mean of seeds 0 and 1

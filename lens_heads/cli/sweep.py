@@ -99,7 +99,7 @@ def run(args) -> int:
     from lens_heads.errors import LensHeadsError
     from lens_heads.models import load_model
     from lens_heads.scores import resolve_score_ids
-    from lens_heads.sweep import SweepConfig, run_sweep, sweep_status
+    from lens_heads.sweep import SweepConfig, run_sweep
     from lens_heads.thresholds import parse_fractions
 
     # cheap checks first, then the task, then the model; nothing is written until all pass
@@ -163,6 +163,8 @@ def run(args) -> int:
                              score_ids, fractions, args.thresholds_file)  # fail before the model loads
     if scale is not None:
         return run_scaled(args, cfg, scale)
+    if args.status:
+        return show_status(args, cfg, task)
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     for spec in cfg.extra_ablations:
         parse_ablation(spec, model.geometry)
@@ -171,14 +173,34 @@ def run(args) -> int:
     if cfg.protocol.key():
         print(f"protocol: {cfg.protocol}")
 
-    if args.status:
-        result = sweep_status(model, cfg, args.out, task=task)
-        if result is None:
-            raise LensHeadsError(f"{args.out} holds no baseline (or no thresholds) of this sweep yet: "
-                                 "nothing to show (same model, task and settings as the run?)")
-        print(f"{result.n_stored} of {result.n_points} points stored")
-    else:
-        result = run_sweep(model, cfg, args.out, task=task, progress=not args.no_progress)
+    result = run_sweep(model, cfg, args.out, task=task, progress=not args.no_progress)
+    return report(args, result)
+
+
+def show_status(args, cfg, task) -> int:
+    """What ``--out`` holds of this sweep, read from the store alone (whatever executor or
+    processes fill it): units and points stored, the complete curves. No weights are loaded
+    (but for ``--paper-protocol``, whose settings depend on the model)."""
+    from lens_heads.errors import LensHeadsError
+    from lens_heads.store import ResultStore
+    from lens_heads.study import ModelRef
+    from lens_heads.sweep import SweepPlan, tabulate
+
+    ref = ModelRef(args.model, args.dtype, args.device)
+    cfg.protocol = protocol_from_args(args, ref.model if args.paper_protocol else None)
+    cfg.thresholds_file, cfg.thresholds_model = args.thresholds_file, args.thresholds_model
+    identity = ref.identity(cfg, task)
+    result = tabulate(args.out, identity, cfg, task, partial=True)
+    if result is None:
+        raise LensHeadsError(f"{args.out} holds no baseline (or no thresholds) of this sweep yet: "
+                             "nothing to show (same model, task and settings as the run?)")
+    plan, store = SweepPlan.build(identity, cfg, task, result.thresholds), ResultStore(args.out)
+    done = [store.has(u.key) or store.has(u.point) for u in plan.all_units]
+    print(f"{sum(done)} of {len(done)} units and {result.n_stored} of {result.n_points} points stored")
+    for spec in plan.order:
+        parts = [store.has(u.key) for u in plan.parts(spec)]
+        if any(parts) and not store.has(plan.point_key(spec)):
+            print(f"  running: {spec}: {sum(parts)} of {len(parts)} parts stored")
     return report(args, result)
 
 

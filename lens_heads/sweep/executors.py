@@ -96,10 +96,10 @@ class _RayWorker:
     def run(self, ref: str) -> tuple[str, str]:
         return ref, self.worker.run(UnitRef.parse(ref)).value
 
-    def stats(self) -> tuple[int, int]:
+    def stats(self) -> tuple[int, int, int]:
         import os
 
-        return os.getpid(), self.worker.computed
+        return os.getpid(), self.worker.computed, self.worker.loads
 
 
 class RaySession:
@@ -128,13 +128,20 @@ class RaySession:
 
         pending = [str(r) for r in refs]
         while pending:
-            done = list(self.pool.map_unordered(lambda a, r: a.run.remote(r), pending))
+            try:
+                done = list(self.pool.map_unordered(lambda a, r: a.run.remote(r), pending))
+            except self.ray.exceptions.RayError as exc:  # a unit's own error (not a dead worker: those retry)
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, LensHeadsError):
+                    raise LensHeadsError(str(cause)) from None
+                raise LensHeadsError(f"--executor ray: a worker failed: {str(exc).strip().splitlines()[0]}") from None
             pending = [r for r, outcome in done if outcome == "held"]  # a live process outside the pool has it
             if pending:
                 time.sleep(CLAIM_POLL_S)
 
-    def stats(self) -> list[tuple[int, int]]:
-        """(pid, units computed) of each live actor process."""
+    def stats(self) -> list[tuple[int, int, int]]:
+        """(pid, units computed, model loads) of each live actor process (waits for the actors
+        to have loaded the model)."""
         return self.ray.get([a.stats.remote() for a in self.actors])
 
     def close(self) -> None:

@@ -157,6 +157,7 @@ class Worker:
     _task: object = field(default=None, repr=False)
     _plan: SweepPlan | None = field(default=None, repr=False)
     computed: int = 0  # units this worker computed (not skipped)
+    loads: int = 0  # model loads (one per worker process)
 
     def _setup(self):
         if self._model is None:
@@ -170,6 +171,7 @@ class Worker:
                 torch.set_num_threads(self.job.threads)
             self._task = load_task(self.job.cfg.task, n_shot=self.job.cfg.n_shot, include_path=self.job.include_path)
             model = load_model(self.job.model, dtype=self.job.dtype, device=self.job.device)
+            self.loads += 1
             if model_digest(model) != self.job.digest:
                 raise LensHeadsError(
                     f"{socket.gethostname()} (pid {os.getpid()}): {self.job.model} has weights "
