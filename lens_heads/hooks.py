@@ -34,6 +34,30 @@ def hook_name(kind: HookKind, layer: int) -> str:
     return HOOK_POINTS[kind].format(layer=layer)
 
 
+def w_o(model, layer: int) -> Tensor:
+    """W_O of one layer as [head, d_head, d_model]: from the architecture table's parameter
+    names where it has them (``HeadGeometry.w_o``), else the bridge's own ``W_O``."""
+    g = model.geometry
+    if g.arch.in_table:
+        return g.w_o(model.params(), layer)
+    return model.bridge.blocks[layer].attn.W_O
+
+
+def probe_shapes(bridge, input_ids: Int[Tensor, "1 pos"], layer: int = 0) -> tuple[tuple, tuple, tuple]:
+    """The shapes of ``hook_pattern``, ``hook_v`` and ``hook_z`` of ``layer`` on one input."""
+    shapes: dict[str, tuple] = {}
+
+    def grab(kind):
+        def fn(x, hook=None):
+            shapes[kind] = tuple(x.shape)
+        return fn
+
+    with torch.inference_mode():
+        bridge.run_with_hooks(input_ids, fwd_hooks=[(hook_name(k, layer), grab(k)) for k in ("pattern", "v", "z")],
+                              stop_at_layer=layer + 1)
+    return shapes.get("pattern", ()), shapes.get("v", ()), shapes.get("z", ())
+
+
 def layer_of(hook) -> int:
     """Layer index of a TransformerLens hook object (``blocks.{L}.attn...``)."""
     return int(hook.name.split(".")[1])  # canonical names differ from aliases, the layer does not

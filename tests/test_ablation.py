@@ -15,7 +15,7 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import run_with_hooks
 from lens_heads.scores import ScoreCollector
 
-from conftest import TINY_ARCHS
+from conftest import BRIDGE_ARCHS, TABLE_ARCHS, TINY_ARCHS
 
 TEXTS = [
     "The capital of France is Paris. The capital of Italy is Rome.",
@@ -38,7 +38,7 @@ def _forward(model, seqs, ablation, row_keys=None):
 # --- static ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("arch", TABLE_ARCHS)
 def test_static_equals_zeroed_wo_columns_in_plain_hf(tiny_model, arch):
     model = tiny_model(arch)
     heads = [(0, 1), (1, 0), (1, 3)]
@@ -56,6 +56,38 @@ def test_static_equals_zeroed_wo_columns_in_plain_hf(tiny_model, arch):
     real = mask.bool()
     base, _ = _forward(model, seqs, NoAblation())
     assert (base[real] - ref[real]).abs().max() > 1e-3  # the ablation changes something
+    torch.testing.assert_close(logits[real], ref[real], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("arch", BRIDGE_ARCHS)
+def test_static_equals_zeroed_output_projection_input_in_plain_hf(tiny_model, arch):
+    """Architectures outside the table: the heads' slices of the output projection's input set to 0
+    by a hook on the plain HF model (module names written here, not taken from lens_heads)."""
+    from test_scores import LAYOUT
+
+    model = tiny_model(arch)
+    heads = {0: [1], 1: [0, 3]}
+    seqs = _inputs(model)
+    logits, mask = _forward(model, seqs, parse_ablation("static:0.1,1.0,1.3", model.geometry))
+    hf = model.load_hf_model()
+    blocks_path, attn_attr, _, o_name, _ = LAYOUT[arch]
+    blocks = hf
+    for part in blocks_path.split("."):
+        blocks = getattr(blocks, part)
+    d = model.geometry.d_head
+    for L, hs in heads.items():
+        def pre(module, args, hs=hs):
+            x = args[0].clone()
+            for h in hs:
+                x[..., h * d:(h + 1) * d] = 0.0
+            return (x, *args[1:])
+        getattr(getattr(blocks[L], attn_attr), o_name).register_forward_pre_hook(pre)
+    ids, _ = pad_batch(seqs, model.tokenizer.pad_token_id, side="right")
+    with torch.no_grad():
+        ref = hf(ids, attention_mask=mask).logits
+    real = mask.bool()
+    base, _ = _forward(model, seqs, NoAblation())
+    assert (base[real] - ref[real]).abs().max() > 1e-3
     torch.testing.assert_close(logits[real], ref[real], atol=1e-5, rtol=0)
 
 
@@ -111,7 +143,8 @@ def _reference_per_input(model, seq, score_id, tau, inactive_when):
 
 
 @pytest.mark.parametrize("arch,score_id", [("llama", "ahon_ln"), ("llama", "awft"), ("bloom", "lthon"),
-                                           ("gemma3", "lthon_ln"), ("qwen2", "avvn")])
+                                           ("gemma3", "lthon_ln"), ("qwen2", "avvn"), ("qwen3", "ahon_ln"),
+                                           ("phi3", "fhon"), ("gpt_neox", "awft")])
 def test_per_input_zeroes_exactly_same_pass_crossings(tiny_model, arch, score_id):
     model = tiny_model(arch)
     seqs = _inputs(model)

@@ -28,7 +28,7 @@ from lens_heads.evaluate import (
     task_inputs,
 )
 
-ARCHS = ["llama", "gemma3", "bloom", "gpt2"]
+ARCHS = ["llama", "gemma3", "bloom", "gpt2", "qwen3", "phi3", "gpt_neox"]  # the last three: outside the table
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -93,7 +93,7 @@ def hf_copies(tiny_model):
     return get
 
 
-@pytest.mark.parametrize("arch", ["llama", "bloom"])
+@pytest.mark.parametrize("arch", ["llama", "bloom", "phi3", "gpt_neox"])
 def test_loglikelihoods_match_naive_hf_loop(arch, tiny_model, hf_copies, shared_data):
     model, hf = tiny_model(arch), hf_copies(arch)
     reqs = []

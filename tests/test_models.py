@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lens_heads import LensHeadsError, load_model
 from lens_heads.hooks import hook_name, run_with_hooks
 from lens_heads.models import zoo
-from conftest import TINY_ARCHS
+from conftest import TABLE_ARCHS, TINY_ARCHS
 
 TEXT = "The capital of France is Paris. Attention heads that do nothing are dormant."
 
@@ -55,7 +55,7 @@ def test_hook_shapes(arch, tiny_model):
         assert shapes[hook_name("z", L)] == (1, T, g.n_heads, g.d_head)
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("arch", TABLE_ARCHS)
 def test_out_slice_zeroing_equals_hook_z_zeroing(arch, tiny_model, tiny_model_dir):
     """Proves the geometry map: zeroing W_O^h in the HF weights == zeroing head h in hook_z."""
     model = tiny_model(arch)
@@ -83,7 +83,7 @@ def test_out_slice_zeroing_equals_hook_z_zeroing(arch, tiny_model, tiny_model_di
             assert (via_hook - via_weights).abs().max().item() <= 1e-5, (layer, head)
 
 
-@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("arch", TABLE_ARCHS)
 def test_qkv_slices_address_the_heads_projection(arch, tiny_model, tiny_model_dir):
     """Q/K/V slices: perturbing head h's V slice changes only hook_z of heads reading that KV head."""
     model = tiny_model(arch)
@@ -183,13 +183,25 @@ def test_directory_without_config(tmp_path):
         load_model(str(tmp_path))
 
 
-def test_unsupported_architecture(tmp_path, tiny_tokenizer_dir):
+def test_an_architecture_the_bridge_cannot_boot(tmp_path, tiny_tokenizer_dir):
     import transformers as T
 
-    cfg = T.GPTNeoXConfig(vocab_size=400, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                          intermediate_size=64)
+    cfg = T.BioGptConfig(vocab_size=400, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                         intermediate_size=64)
     AutoModelForCausalLM.from_config(cfg).save_pretrained(tmp_path)
-    with pytest.raises(LensHeadsError, match="unsupported architecture 'gpt_neox'.*llama"):
+    AutoTokenizer.from_pretrained(tiny_tokenizer_dir).save_pretrained(tmp_path)
+    with pytest.raises(LensHeadsError, match="bridge cannot boot .*'biogpt'"):
+        load_model(str(tmp_path))
+
+
+def test_an_architecture_without_attention_heads(tmp_path, tiny_tokenizer_dir):
+    """Mamba boots on the bridge but has no attention hooks: refused at load, before any scoring."""
+    import transformers as T
+
+    AutoModelForCausalLM.from_config(T.MambaConfig(vocab_size=400, hidden_size=32,
+                                                   num_hidden_layers=1)).save_pretrained(tmp_path)
+    AutoTokenizer.from_pretrained(tiny_tokenizer_dir).save_pretrained(tmp_path)
+    with pytest.raises(LensHeadsError, match="head geometry|hook_pattern has shape"):
         load_model(str(tmp_path))
 
 
@@ -236,3 +248,25 @@ def test_converted_cache_equals_direct_gguf_load(smollm2):
     ids = _ids(smollm2)
     with torch.no_grad():
         assert torch.equal(direct(ids).logits, run_with_hooks(smollm2, ids, None, []))
+
+
+@pytest.mark.parametrize("arch", ["qwen3", "phi3", "gpt_neox"])
+def test_an_architecture_outside_the_table_loads_and_fails_only_where_slices_are_needed(arch, tiny_model):
+    """Head counts come from the config (checked against the bridge's hooks at load); parameter
+    slicing (surgery) says which table entry to add."""
+    from lens_heads.surgery.reinit import plan_surgery
+
+    model = tiny_model(arch)
+    g = model.geometry
+    assert not g.arch.in_table and g.arch.name == arch
+    assert (g.n_layers, g.n_heads, g.d_head) == (2, 4, 16) and g.n_kv_heads == (4 if arch == "gpt_neox" else 2)
+    with pytest.raises(LensHeadsError, match=f"add an ArchSpec entry for model_type '{arch}'"):
+        plan_surgery(g, [(0, 1)])
+    with pytest.raises(LensHeadsError, match="ARCHITECTURES in lens_heads/models/geometry.py"):
+        g.out_slice(0, 1)
+
+
+def test_a_geometry_the_bridge_contradicts_is_refused(tiny_model):
+    g = tiny_model("llama").geometry
+    with pytest.raises(LensHeadsError, match="hook_v has shape"):
+        g.check_shapes((1, g.n_heads, 3, 3), (1, 3, g.n_heads, g.d_head), (1, 3, g.n_heads, g.d_head))

@@ -37,6 +37,9 @@ LAYOUT = {
     "gemma3": ("model.layers", "self_attn", "v_proj", "o_proj", "separate"),
     "bloom": ("transformer.h", "self_attention", "query_key_value", "dense", "bloom_fused"),
     "gpt2": ("transformer.h", "attn", "c_attn", "c_proj", "gpt2_fused"),
+    "qwen3": ("model.layers", "self_attn", "v_proj", "o_proj", "separate"),
+    "phi3": ("model.layers", "self_attn", "qkv_proj", "o_proj", "phi3_fused"),
+    "gpt_neox": ("gpt_neox.layers", "attention", "query_key_value", "dense", "bloom_fused"),  # [head, (q,k,v), d]
 }
 
 
@@ -90,9 +93,12 @@ def naive_scores(hf, family: str, ids: list[int], zero_heads: dict[int, list[int
         if v_layout == "separate":
             n_kv = v_raw.shape[-1] // d
             V = v_raw.view(T, n_kv, d)
-        elif v_layout == "bloom_fused":  # HF BLOOM: features viewed as [head, (q, k, v), d]
+        elif v_layout == "bloom_fused":  # HF BLOOM, GPT-NeoX: features viewed as [head, (q, k, v), d]
             n_kv = H
             V = v_raw.view(T, H, 3, d)[:, :, 2, :]
+        elif v_layout == "phi3_fused":  # HF Phi-3: [q (H*d) | k (KV*d) | v (KV*d)]
+            n_kv = cfg.num_key_value_heads
+            V = v_raw[:, H * d + n_kv * d:].reshape(T, n_kv, d)
         else:  # HF GPT-2: [q | k | v] blocks of width H*d, each head-major
             n_kv = H
             V = v_raw[:, 2 * H * d:].reshape(T, H, d)

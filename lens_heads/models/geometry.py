@@ -4,6 +4,12 @@ Everything lens_heads needs to know about where an attention head lives in a mod
 parameters is written here as data (pyvene style), so no other module branches on the
 architecture. Names are Hugging Face parameter names *relative to one attention module*.
 
+Scoring, ablation, evaluation and diagnosis need only the head counts (layers, query heads,
+KV heads, d_head), read from the config for *any* architecture the TransformerLens bridge
+boots, and checked against the bridge's hook shapes when the model loads. The table below is
+needed only where parameters are sliced (surgery, export): an architecture without an entry
+gets a generic ``ArchSpec`` (``in_table=False``) and fails only there, saying which entry to add.
+
 Layouts of the Q/K/V output features (rows of a Linear weight, columns of a Conv1D):
 - ``separate``:   one projection per part; head g owns features [g*d, (g+1)*d).
 - ``interleaved``: one fused projection viewed as [head, part, d] (BLOOM ``query_key_value``).
@@ -42,12 +48,27 @@ class ArchSpec:
     alibi: bool = False
     qk_norm: Literal[None, "per_head", "full"] = None  # "full": norm over all heads (OLMo-2)
     prepends_bos: bool = False  # the usual tokenizer behaviour (the loaded tokenizer decides)
+    in_table: bool = True  # False: a generic entry (head counts only; no parameter paths)
     # config attribute names (first one present wins)
-    n_layers_keys: tuple[str, ...] = ("num_hidden_layers", "n_layer")
-    n_heads_keys: tuple[str, ...] = ("num_attention_heads", "n_head")
-    n_kv_keys: tuple[str, ...] = ("num_key_value_heads",)
-    d_model_keys: tuple[str, ...] = ("hidden_size", "n_embd")
-    head_dim_keys: tuple[str, ...] = ("head_dim",)
+    n_layers_keys: tuple[str, ...] = ("num_hidden_layers", "n_layer", "num_layers", "n_layers")
+    n_heads_keys: tuple[str, ...] = ("num_attention_heads", "n_head", "num_heads", "n_heads")
+    n_kv_keys: tuple[str, ...] = ("num_key_value_heads", "num_kv_heads", "n_kv_heads")
+    d_model_keys: tuple[str, ...] = ("hidden_size", "n_embd", "d_model")
+    head_dim_keys: tuple[str, ...] = ("head_dim", "kv_channels")
+
+    @classmethod
+    def generic(cls, model_type: str) -> "ArchSpec":
+        """An architecture outside the table: head counts from the config, no parameter paths."""
+        return cls(model_type, (model_type,), "", "", {}, "", in_table=False)
+
+    def require_table(self, what: str) -> None:
+        """One clear error where parameter paths are needed and this architecture has none."""
+        if not self.in_table:
+            raise LensHeadsError(
+                f"{what} needs the parameter layout of {self.name!r}, which lens_heads' architecture table does "
+                f"not have: add an ArchSpec entry for model_type {self.name!r} to ARCHITECTURES in "
+                f"lens_heads/models/geometry.py (block list path, attention module, q/k/v and output projection "
+                f"names, their layout); scoring, ablation, evaluation and diagnosis work without one")
 
 
 _SEPARATE = dict(q="q_proj", k="k_proj", v="v_proj")
@@ -74,13 +95,11 @@ ARCHITECTURES: dict[str, ArchSpec] = {
 
 
 def arch_for_model_type(model_type: str) -> ArchSpec:
+    """The table's entry for ``model_type``, else a generic one (``ArchSpec.generic``)."""
     for spec in ARCHITECTURES.values():
         if model_type in spec.model_types:
             return spec
-    supported = ", ".join(f"{s.name} ({'/'.join(s.model_types)})" for s in ARCHITECTURES.values())
-    raise LensHeadsError(
-        f"unsupported architecture {model_type!r}; lens_heads supports: {supported}"
-    )
+    return ArchSpec.generic(model_type)
 
 
 def alibi_slopes(n_heads: int) -> Tensor:
@@ -127,11 +146,17 @@ class HeadGeometry:
     def from_config(cls, config) -> "HeadGeometry":
         model_type = getattr(config, "model_type", None) or "?"
         arch = arch_for_model_type(model_type)
-        n_heads = _first(config, arch.n_heads_keys)
+        n_layers, n_heads = _first(config, arch.n_layers_keys), _first(config, arch.n_heads_keys)
         d_model = _first(config, arch.d_model_keys)
+        if not all(isinstance(v, int) and v > 0 for v in (n_layers, n_heads, d_model)):
+            raise LensHeadsError(f"cannot read the head geometry of model_type {model_type!r} from its config "
+                                 f"(layers {n_layers}, heads {n_heads}, hidden size {d_model}): give its config "
+                                 f"attribute names in lens_heads/models/geometry.py")
         d_head = _first(config, arch.head_dim_keys) or d_model // n_heads
-        return cls(arch, _first(config, arch.n_layers_keys), n_heads,
-                   _first(config, arch.n_kv_keys, n_heads), d_head, d_model)
+        n_kv = _first(config, arch.n_kv_keys)
+        if n_kv is None:
+            n_kv = 1 if getattr(config, "multi_query", False) else n_heads
+        return cls(arch, n_layers, n_heads, n_kv, d_head, d_model)
 
     # --- head bookkeeping -------------------------------------------------------------
     @property
@@ -154,6 +179,7 @@ class HeadGeometry:
 
     # --- where head features live -----------------------------------------------------
     def _module(self, layer: int, module: str) -> str:
+        self.arch.require_table("slicing head parameters")
         return f"{self.arch.layers}.{layer}.{self.arch.attn}.{module}"
 
     def _features(self, part: Part, head: int) -> Tensor:
@@ -186,6 +212,18 @@ class HeadGeometry:
         dim = 0 if self.arch.conv1d else 1
         index = torch.arange(head * self.d_head, (head + 1) * self.d_head)
         return ParamSlice(self._module(layer, self.arch.out) + ".weight", dim, index)
+
+    def check_shapes(self, pattern: tuple, v: tuple, z: tuple) -> None:
+        """The bridge's hook shapes (one layer, batch 1, T tokens) against this geometry."""
+        T = z[1]
+        want = {"hook_pattern": (1, self.n_heads, T, T), "hook_v": (1, T, self.n_kv_heads, self.d_head),
+                "hook_z": (1, T, self.n_heads, self.d_head)}
+        for (name, expected), got in zip(want.items(), (pattern, v, z)):
+            if tuple(got) != expected:
+                raise LensHeadsError(
+                    f"{self.arch.name}: the bridge's {name} has shape {tuple(got)}, but the config says {expected} "
+                    f"({self.n_heads} heads, {self.n_kv_heads} KV heads, d_head {self.d_head}); lens_heads cannot "
+                    f"score this architecture's heads yet")
 
     def out_bias_name(self, layer: int) -> str | None:
         return self._module(layer, self.arch.out) + ".bias" if self.arch.out_bias else None

@@ -250,7 +250,7 @@ def load_hf(source: ModelSource, dtype: torch.dtype, device: str = "cpu"):
     try:
         with _quiet():
             config = AutoConfig.from_pretrained(path, **kwargs)
-            HeadGeometry.from_config(config)  # unsupported architectures fail here, early
+            HeadGeometry.from_config(config)  # a config without head counts fails here, early
             model = AutoModelForCausalLM.from_pretrained(  # a conversion is kept in float32
                 path, dtype=torch.float32 if convert else dtype, attn_implementation="eager", **kwargs)
             tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
@@ -279,11 +279,20 @@ def boot(model, tokenizer, source: ModelSource, dtype, device) -> LoadedModel:
     from transformer_lens.model_bridge import TransformerBridge
 
     geometry = HeadGeometry.from_config(model.config)
-    with _quiet():
-        bridge = TransformerBridge.boot_transformers(
-            source.path,
-            hf_model=model, tokenizer=tokenizer, device=device, dtype=dtype)
+    try:
+        with _quiet():
+            bridge = TransformerBridge.boot_transformers(
+                source.path,
+                hf_model=model, tokenizer=tokenizer, device=device, dtype=dtype)
+    except Exception as exc:  # noqa: BLE001 -- the bridge's own refusal, as one message
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else type(exc).__name__
+        raise LensHeadsError(f"TransformerLens' bridge cannot boot {source.spec!r} (model_type "
+                             f"{getattr(model.config, 'model_type', '?')!r}, {type(model).__name__}): {first}") from None
     bridge.eval()
+    from lens_heads.hooks import probe_shapes
+
+    geometry.check_shapes(*probe_shapes(bridge, torch.tensor([tokenizer("a b")["input_ids"][:2] or [0, 0]],
+                                                             device=device)))
     probe = tokenizer("a")["input_ids"]
     prepends = tokenizer.bos_token_id is not None and len(probe) > 0 and probe[0] == tokenizer.bos_token_id
     return LoadedModel(bridge, tokenizer, geometry, source, dtype, device, prepends)

@@ -19,7 +19,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.hooks import HookFn, HookKind, hook_name
+from lens_heads.hooks import HookFn, HookKind, hook_name, w_o
 from lens_heads.scores.functions import SCORES, Acts, BatchGeometry, ScoreFn, _closure, resolve_score_ids
 
 # -----------------------------------------------------------------------------
@@ -79,7 +79,7 @@ class ScoreCollector:
         """W_O^h W_O^hT per head (float32), built on first use: ||z W_O^h||^2 = z G_h z^T."""
         if layer not in self._grams:
             with torch.no_grad():
-                w = self.geometry.w_o(self.model.params(), layer)  # [head, d_head, d_model]
+                w = w_o(self.model, layer)  # [head, d_head, d_model]
                 w = w.detach().to(self.model.device, torch.float32)
                 self._grams[layer] = torch.einsum("hde,hfe->hdf", w, w).contiguous()
         return self._grams[layer]

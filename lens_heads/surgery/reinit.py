@@ -78,6 +78,7 @@ def plan_surgery(geometry: HeadGeometry, targets, gqa_policy: str = "q_only") ->
         raise LensHeadsError("no target heads: nothing to repair")
     for L, h in targets:
         geometry.check_head(L, h)
+    geometry.arch.require_table("surgery (re-initialising heads)")
     if geometry.arch.qk_norm == "full":
         raise LensHeadsError(
             f"surgery is not supported for {geometry.arch.name}: its query/key norm spans all heads, "
