@@ -45,7 +45,8 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lens_heads.data import iter_batches
+from lens_heads.batching import Batcher
+from lens_heads.data import pad_batch
 from lens_heads.atomic import atomic_write_csv
 from lens_heads.errors import LensHeadsError
 from lens_heads.head_classes import CLASSES, SICK, canonical  # the one class list
@@ -308,9 +309,10 @@ def _batch_sum(x: Float[Tensor, "batch layer head"]) -> Float[Tensor, "layer hea
 
 
 def diagnose(
-    model, inputs, thresholds: DiagnosisThresholds = DiagnosisThresholds(), batch_size: int = 8
+    model, inputs, thresholds: DiagnosisThresholds = DiagnosisThresholds(), batch_size: int | str = 8
 ) -> Diagnosis:
-    """Diagnose every head of ``model`` (a LoadedModel) on ``inputs`` (strings or token tensors)."""
+    """Diagnose every head of ``model`` (a LoadedModel) on ``inputs`` (strings or token tensors);
+    ``batch_size`` a number or ``"auto"`` (``lens_heads.batching``)."""
     g = model.geometry
     seqs = as_token_inputs(model, inputs)
     sums = torch.zeros(3, g.n_layers, g.n_heads, dtype=torch.float64)
@@ -318,7 +320,10 @@ def diagnose(
     pad = model.tokenizer.pad_token_id or 0
     bos_id, ent_id, loc_id = (fn.id for fn in PATTERN_STATS)
     collector = ScoreCollector(model, [bos_id, ent_id], extra=[LOCAL_MASS])
-    for _, ids, mask in iter_batches(seqs, batch_size, pad_id=pad, side="right"):
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))  # longest first, stable (iter_batches')
+
+    def run(idx) -> None:
+        ids, mask = pad_batch([seqs[i] for i in idx], pad, "right")
         run_with_hooks(model, ids, mask, collector.hooks(mask), return_logits=False)
         stats = collector.batch_scores()  # id -> [batch, layer, head]
         loc = stats[loc_id]
@@ -326,6 +331,8 @@ def diagnose(
         sums[1] += _batch_sum(stats[ent_id])
         sums[2] += _batch_sum(loc.nan_to_num(0.0))
         local_n += (~loc.isnan()).sum(0).double().cpu()
+
+    Batcher.for_inputs(batch_size, model, max((len(x) for x in seqs), default=1)).run(order, run)
     n = len(seqs)
     slopes = g.alibi_slopes()
     return Diagnosis((sums[0] / n).float(), (sums[1] / n).float(), (sums[2] / local_n).float(),

@@ -66,6 +66,7 @@ from torch import Tensor
 from lens_heads.data.corpora import iter_batches, pad_batch
 from lens_heads.data.tasks import DEFAULT_SEED, ChatFormat, MCRecord, Task, load_task
 from lens_heads.atomic import atomic_write_text
+from lens_heads.batching import Batcher, parse_batch_size
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import run_with_hooks
 from lens_heads.progress import progress_bar
@@ -263,12 +264,12 @@ def _score_rows(out: list[float], rows: list[_Row], logits: Tensor, positions: T
             out[req] = float(sel.gather(1, torch.tensor(cont, device=sel.device)[:, None]).sum())
 
 
-def _run_plain(model, rows: list[_Row], out: list[float], ablation, batch_size: int, pbar,
+def _run_plain(model, rows: list[_Row], out: list[float], ablation, batcher: Batcher, pbar,
                last_only: bool = True) -> None:
     order = sorted(rows, key=lambda r: -len(r.ids))
     pad = model.tokenizer.pad_token_id or 0
-    for s in range(0, len(order), batch_size):
-        batch = order[s:s + batch_size]
+
+    def run(batch: Sequence[_Row]) -> None:
         ids, mask = pad_batch([torch.tensor(r.ids) for r in batch], pad, "right")
         ends = [len(r.ids) for r in batch]
         keep = torch.tensor(sorted({p for r, e in zip(batch, ends) for p in range(e - r.n_read, e)}))
@@ -280,17 +281,19 @@ def _run_plain(model, rows: list[_Row], out: list[float], ablation, batch_size: 
         _score_rows(out, batch, logits, keep, ends)
         pbar.update(len(batch))
 
+    batcher.run(order, run)
+
 
 def _run_grouped(model, prefix_len: int, rows: list[_Row], out: list[float], ablation,
-                 batch_size: int, pbar) -> None:
+                 batcher: Batcher, pbar) -> None:
     pad = model.tokenizer.pad_token_id or 0
     prefix = torch.tensor(rows[0].ids[:prefix_len])[None]
     pmask = torch.ones_like(prefix)
     hooks = ablation.hooks(model, pmask, [rows[0].key]) if ablation is not None else []
     _, cache = _forward(model, prefix, pmask, hooks, keep=torch.tensor([prefix_len - 1]), want_cache=True)
     order = sorted(rows, key=lambda r: -len(r.ids))
-    for s in range(0, len(order), batch_size):
-        batch = order[s:s + batch_size]
+
+    def run(batch: Sequence[_Row]) -> None:
         ids, smask = pad_batch([torch.tensor(r.ids[prefix_len:]) for r in batch], pad, "right")
         ends = [len(r.ids) - prefix_len for r in batch]
         keep = torch.tensor(sorted({p for r, e in zip(batch, ends) for p in range(e - r.n_read, e)}))
@@ -304,12 +307,14 @@ def _run_grouped(model, prefix_len: int, rows: list[_Row], out: list[float], abl
         _score_rows(out, batch, logits, keep, ends)
         pbar.update(len(batch))
 
+    batcher.run(order, run)
+
 
 def loglikelihoods_tokens(
     model,
     encoded: Sequence[tuple[list[int], list[int]]],
     ablation=None,
-    batch_size: int = 16,
+    batch_size: int | str = 16,
     progress: bool = True,
     *,
     keys: Sequence[int] | None = None,
@@ -321,9 +326,9 @@ def loglikelihoods_tokens(
 
     ``reuse_prefix`` / ``last_only`` switch the two speed-ups off (for tests and
     benchmarks); the prefix cache is used only when ``ablation`` is None or ``reuses_prefix``.
+    ``batch_size``: rows per forward, or ``"auto"`` (``lens_heads.batching``).
     """
-    if batch_size < 1:
-        raise LensHeadsError(f"batch_size must be >= 1, got {batch_size}")
+    batch_size = parse_batch_size(batch_size)
     keys = list(range(len(encoded))) if keys is None else list(keys)
     if len(keys) != len(encoded):
         raise LensHeadsError(f"got {len(keys)} keys for {len(encoded)} requests")
@@ -331,10 +336,11 @@ def loglikelihoods_tokens(
     out = [math.nan] * len(encoded)
     use_cache = reuse_prefix and (ablation is None or ablation.reuses_prefix)
     groups, singles = _prefix_groups(rows, min_prefix) if use_cache else ([], rows)
+    batcher = Batcher.for_inputs(batch_size, model, max((len(r.ids) for r in rows), default=1))
     with progress_bar(len(rows), "log-likelihoods", enabled=progress) as pbar:
         for plen, grp in groups:
-            _run_grouped(model, plen, grp, out, ablation, batch_size, pbar)
-        _run_plain(model, singles, out, ablation, batch_size, pbar, last_only)
+            _run_grouped(model, plen, grp, out, ablation, batcher, pbar)
+        _run_plain(model, singles, out, ablation, batcher, pbar, last_only)
     return out
 
 
@@ -467,7 +473,8 @@ def evaluate_task(
     zf = counts.fraction() if counts is not None else None
     totals = counts.totals() if counts is not None else None
     counts = list(totals) if totals is not None else None
-    config = {"model": model.name, "dtype": str(model.dtype).replace("torch.", ""), "task": task.name,
+    revision = {"revision": model.source.revision} if model.source.revision else {}
+    config = {"model": model.name, **revision, "dtype": str(model.dtype).replace("torch.", ""), "task": task.name,
               "split": task.split, "source": task.source, "n_shot": k, "limit": limit, "seed": seed,
               "doc_ids": None if doc_ids is None else "given",
               "n_questions": len(questions), "n_requests": len(reqs),

@@ -72,7 +72,8 @@ def evaluate_rolling_task(model, task: RollingTask, ablation=None, limit: int | 
     aggregation = lt.aggregation()
     metrics = {m: float(aggregation[m](items)) for m, items in per_metric.items()}
     zf = lm.zeroed_fraction if lm.ablation is not None else None
-    config = {"model": model.name, "dtype": str(model.dtype).removeprefix("torch."), "task": task.name,
+    revision = {"revision": model.source.revision} if model.source.revision else {}
+    config = {"model": model.name, **revision, "dtype": str(model.dtype).removeprefix("torch."), "task": task.name,
               "source": task.source, "limit": limit, "n_docs": len(rows), "ablation": lm.ablation_spec,
               "batch_size": batch_size, "seconds": round(time.perf_counter() - t0, 3)}
     return RollingResult(task.name, metrics, rows, zf, config)

@@ -23,6 +23,8 @@ class ModelRef:
     dtype: str = "float32"  # or "auto": bfloat16 where native
     device: str = "cpu"
     loaded: object | None = field(default=None, repr=False)  # the LoadedModel, once loaded
+    revision: str | None = None  # a hub id's branch, tag or commit
+    placement: dict = field(default_factory=dict)  # load_model's device_map / max_memory / offload_folder
 
     @classmethod
     def of(cls, model) -> "ModelRef":
@@ -35,7 +37,8 @@ class ModelRef:
         if self.loaded is None:
             from lens_heads.models import load_model
 
-            self.loaded = load_model(self.spec, dtype=self.dtype, device=self.device)
+            self.loaded = load_model(self.spec, dtype=self.dtype, device=self.device, revision=self.revision,
+                                     **self.placement)
         return self.loaded
 
     @cached_property
@@ -48,7 +51,7 @@ class ModelRef:
             return model_digest(self.loaded)
         if self.spec in zoo.ZOO:  # the digest its file is verified against: no download needed
             return zoo.ZOO[self.spec].sha256
-        return source_digest(resolve_source(self.spec))
+        return source_digest(resolve_source(self.spec, self.revision))
 
     @cached_property
     def dtype_name(self) -> str:

@@ -149,3 +149,18 @@ def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
         pytest.skip(f"shared evaluation data not found at {SHARED_DATA}")
     return SHARED_DATA
+
+
+def pytest_addoption(parser):
+    parser.addoption("--device", default="cpu",
+                     help="device for the tests marked gpu (cuda, cuda:1, ...); benchmarks/gpu_check.py passes cuda")
+
+
+@pytest.fixture(scope="session")
+def device(request) -> str:
+    """The device the ``gpu`` tests run on; they skip where it is not a visible CUDA device."""
+    dev = request.config.getoption("--device")
+    if not dev.startswith("cuda") or not torch.cuda.is_available():
+        pytest.skip(f"needs a CUDA device (--device cuda on a GPU machine; here: {dev}, "
+                    f"CUDA {'available' if torch.cuda.is_available() else 'not available'})")
+    return dev

@@ -28,6 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if hasattr(args, "device_map"):  # the model's placement flags, checked before any work
+            from lens_heads.cli.common import placement_from_args
+
+            placement_from_args(args)
         return int(args.func(args) or 0)
     except LensHeadsError as exc:
         print(f"lens-heads {args.command}: error: {exc}", file=sys.stderr)

@@ -11,6 +11,63 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32",
                    help="float32 (default), bfloat16, or auto (bfloat16 where the hardware runs it natively)")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda")
+    p.add_argument("--revision", default=None, help="a hub id's branch, tag or commit (resolved to its commit, "
+                                                    "recorded in results and store keys)")
+    p.add_argument("--device-map", default=None,
+                   help="place layers with accelerate instead of --device: auto, balanced, sequential, or a JSON "
+                        "{module: device} (devices: 0, 1, cuda:0, cpu, disk)")
+    p.add_argument("--max-memory", default=None, help="with --device-map: per device, e.g. 0=20GiB,1=20GiB,cpu=60GiB")
+    p.add_argument("--offload-folder", default=None, help="with --device-map: where disk-offloaded weights go")
+
+
+def placement_from_args(args) -> dict:
+    """``load_model``'s placement keywords from ``--device-map`` / ``--max-memory`` /
+    ``--offload-folder`` / ``--revision`` (checked before anything loads)."""
+    import json
+
+    from lens_heads.errors import LensHeadsError
+
+    from lens_heads.models.load import check_revision
+
+    device_map = getattr(args, "device_map", None)
+    out = {"revision": getattr(args, "revision", None)}
+    check_revision(str(args.model), out["revision"])
+    if device_map is None:
+        if getattr(args, "max_memory", None) or getattr(args, "offload_folder", None):
+            raise LensHeadsError("--max-memory and --offload-folder go with --device-map")
+        return out
+    if device_map.strip().startswith("{"):
+        try:
+            device_map = json.loads(device_map)
+        except ValueError as exc:
+            raise LensHeadsError(f"--device-map: not JSON: {exc}") from None
+        if not isinstance(device_map, dict) or not device_map:
+            raise LensHeadsError("--device-map: a JSON object {module: device}")
+    elif device_map not in ("auto", "balanced", "balanced_low_0", "sequential"):
+        raise LensHeadsError(f"--device-map {device_map!r}: auto, balanced, balanced_low_0, sequential or a JSON "
+                             f"{{module: device}}")
+    memory = None
+    if args.max_memory:
+        memory = {}
+        for item in args.max_memory.split(","):
+            dev, _, size = item.partition("=")
+            if not dev.strip() or not size.strip():
+                raise LensHeadsError(f"--max-memory {args.max_memory!r}: write DEVICE=SIZE,... "
+                                     "(e.g. 0=20GiB,cpu=60GiB)")
+            dev = dev.strip()
+            memory[int(dev) if dev.isdigit() else dev] = size.strip()
+    needs_disk = device_map == "auto" or (isinstance(device_map, dict) and "disk" in map(str, device_map.values()))
+    if isinstance(device_map, dict) and "disk" in map(str, device_map.values()) and not args.offload_folder:
+        raise LensHeadsError("--device-map places modules on disk: give --offload-folder")
+    return {**out, "device_map": device_map, "max_memory": memory,
+            "offload_folder": args.offload_folder if needs_disk or args.offload_folder else None}
+
+
+def model_from_args(args):
+    """The model the arguments name, placed as they say."""
+    from lens_heads.models import load_model
+
+    return load_model(args.model, dtype=args.dtype, device=args.device, **placement_from_args(args))
 
 
 def check_positive(args, *names: str, minimum: int = 1) -> None:
@@ -19,7 +76,7 @@ def check_positive(args, *names: str, minimum: int = 1) -> None:
 
     for name in names:
         value = getattr(args, name, None)
-        if value is not None and value < minimum:
+        if isinstance(value, (int, float)) and value < minimum:  # ("auto" batch sizes pass)
             raise LensHeadsError(f"--{name.replace('_', '-')} must be >= {minimum}, got {value}")
 
 
@@ -35,7 +92,20 @@ def add_data_args(p: argparse.ArgumentParser, default: str | None = "c4") -> Non
                    help="corpus name (c4, c4-train, wikitext2) or a local .txt/.jsonl/.parquet file")
     p.add_argument("--n-inputs", type=int, default=32, help="number of inputs (default 32)")
     p.add_argument("--max-len", type=int, default=256, help="tokens per input (default 256)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=parse_batch_size, default=8, help="inputs per forward, or auto (default 8)")
+
+
+def parse_batch_size(text: str):
+    """``--batch-size``: a positive integer or ``auto`` (argparse reports a bad one as usage)."""
+    import argparse
+
+    from lens_heads.batching import parse_batch_size as parse
+    from lens_heads.errors import LensHeadsError
+
+    try:
+        return parse(text)
+    except LensHeadsError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_protocol_args(p: argparse.ArgumentParser, thresholds: bool = True) -> None:

@@ -11,7 +11,8 @@ Everything is stored under OUT; rerunning resumes the sweep from its store.
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_protocol_args, check_positive, check_protocol_args, protocol_from_args
+from lens_heads.cli.common import (add_protocol_args, check_positive, check_protocol_args, model_from_args,
+                                   protocol_from_args)
 
 import time
 from importlib.resources import files
@@ -56,7 +57,6 @@ def _stage(n: int, text: str, t0: float) -> None:
 def run(args) -> int:
     from lens_heads.data import load_task, load_texts, tokenize_texts
     from lens_heads.diagnose import diagnose
-    from lens_heads.models import load_model
     from lens_heads.study import ReportConfig, build_report
     from lens_heads.scores import resolve_score_ids, score_heads
     from lens_heads.sweep import SweepConfig, run_sweep
@@ -85,7 +85,7 @@ def run(args) -> int:
         raise LensHeadsError(f"--n-inputs {args.n_inputs}: the demo ships {len(texts)} C4 texts")
     t0 = time.time()
 
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    model = model_from_args(args)
     cfg.protocol = protocol_from_args(args, model)
     out.mkdir(parents=True, exist_ok=True)  # only once the model loaded: a bad --model leaves no folder
     _stage(1, f"loaded {args.model} ({str(model.dtype).removeprefix('torch.')})", t0)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_data_args, add_model_args, check_positive, no_texts
+from lens_heads.cli.common import add_data_args, add_model_args, check_positive, model_from_args, no_texts
 
 
 def register(sub) -> None:
@@ -23,7 +23,6 @@ def run(args) -> int:
     from lens_heads.data import load_texts, tokenize_texts
     from lens_heads.diagnose import CLASSES, DiagnosisThresholds, diagnose, format_band
     from lens_heads.errors import LensHeadsError
-    from lens_heads.models import load_model
 
     from lens_heads.atomic import check_output_file
 
@@ -39,7 +38,7 @@ def run(args) -> int:
     texts = None if args.prompt is not None else load_texts(args.data, n=args.n_inputs)
     if texts is not None and not texts:
         raise no_texts(args.data)
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    model = model_from_args(args)
     if args.prompt is not None:
         inputs, what = [args.prompt], "the given prompt"
     else:

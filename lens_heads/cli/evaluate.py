@@ -9,7 +9,7 @@ sweep (``lens-heads sweep``, same ``--limit`` / ``--seed`` / ``--n-shot``) measu
 from __future__ import annotations
 
 from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
-                                   protocol_from_args)
+                                   model_from_args, parse_batch_size, protocol_from_args)
 
 
 def register(sub) -> None:
@@ -28,7 +28,8 @@ def register(sub) -> None:
     p.add_argument("--ablate", default=None,
                    help="static:L.H,L.H | score:ID@THRESHOLD | score:ID@P%% (threshold taking P%% of "
                         "the heads, set on these inputs unablated) | random:P@SEED | none")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=parse_batch_size, default="auto",
+                   help="rows per forward, or auto (default: the largest that fits, lens_heads.batching)")
     p.add_argument("--out", default=None, help="write per-question results here (JSONL, atomic)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     add_protocol_args(p)
@@ -39,7 +40,6 @@ def run(args) -> int:
     from lens_heads.data import load_task
     from lens_heads.errors import LensHeadsError
     from lens_heads.evaluate import evaluate_task
-    from lens_heads.models import load_model
     from lens_heads.scores import resolve_score_ids
     from lens_heads.interventions import ScoreFraction, parse_spec
 
@@ -71,7 +71,7 @@ def run(args) -> int:
 
         table = thresholds_for_sweep(load_authors_thresholds(args.thresholds_file, task.name, args.thresholds_model),
                                      [percent[0]], [percent[1]], args.thresholds_file)
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    model = model_from_args(args)
     protocol = protocol_from_args(args, model)
     ablation, spec = None, args.ablate
     if percent is not None and args.thresholds_file is not None:
@@ -111,7 +111,6 @@ def run_rolling(args, task, percent) -> int:
     """An lm-eval perplexity task: its lm-eval metrics under a fixed or per-window ablation."""
     from lens_heads.ablation import parse_ablation
     from lens_heads.errors import LensHeadsError
-    from lens_heads.models import load_model
     from lens_heads.rolling import evaluate_rolling_task
 
     if percent is not None:
@@ -122,7 +121,7 @@ def run_rolling(args, task, percent) -> int:
     if args.thresholds_file is not None or args.apply_chat_template:
         raise LensHeadsError(f"{task.name} is a perplexity task: --thresholds-file and --apply-chat-template "
                              "do not apply")
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    model = model_from_args(args)
     ablation = parse_ablation(args.ablate, model.geometry) if args.ablate is not None else None
     res = evaluate_rolling_task(model, task, ablation, args.limit, args.batch_size, progress=not args.quiet)
     line = f"{res.task}  docs={len(res.docs)}  " + "  ".join(f"{k} {v:.4f}" for k, v in res.metrics.items())

@@ -3,7 +3,7 @@ dataset-level AWFT score, docs/methods.md §1, averaged over each layer's heads)
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_model_args, check_positive, no_texts
+from lens_heads.cli.common import add_model_args, check_positive, model_from_args, no_texts
 
 
 def register(sub) -> None:
@@ -17,8 +17,6 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from lens_heads.data import load_texts, tokenize_texts
-    from lens_heads.errors import LensHeadsError
-    from lens_heads.models import load_model
     from lens_heads.scores import score_heads
 
     check_positive(args, "n_inputs")
@@ -26,7 +24,7 @@ def run(args) -> int:
     texts = load_texts(args.data, n=args.n_inputs)  # before the model: a bad --data fails at once
     if not texts:
         raise no_texts(args.data)
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    model = model_from_args(args)
     g = model.geometry
     print(f"model        {model.name}")
     print(f"architecture {g.arch.name}")

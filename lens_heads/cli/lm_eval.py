@@ -10,7 +10,7 @@ checked before the model loads; nothing is written unless the whole run succeeds
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_model_args, check_positive
+from lens_heads.cli.common import add_model_args, check_positive, model_from_args
 
 
 def register(sub) -> None:
@@ -153,9 +153,8 @@ def run(args) -> int:
     from lm_eval.utils import handle_non_serializable, make_table
 
     from lens_heads.lm_eval_model import LensHeadsLM
-    from lens_heads.models import load_model
 
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    model = model_from_args(args)
     lm = LensHeadsLM(model, ablation=args.ablate, batch_size=args.batch_size, progress=not args.quiet)
     res = simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit,
                           task_manager=manager, log_samples=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_model_args, check_positive, no_texts
+from lens_heads.cli.common import add_model_args, check_positive, model_from_args, no_texts
 
 
 def register(sub) -> None:
@@ -51,7 +51,6 @@ def run(args) -> int:
     from lens_heads.data import load_texts, tokenize_texts
     from lens_heads.diagnose import check_classes
     from lens_heads.errors import LensHeadsError
-    from lens_heads.models import load_model
     from lens_heads.surgery import RepairConfig, TargetSelector, TrainConfig, parse_heads, parse_select, repair
     from lens_heads.atomic import check_output_dir
     from lens_heads.surgery.export import check_out_dir
@@ -79,7 +78,7 @@ def run(args) -> int:
     for given, got in ((args.data, texts), (args.eval_data, eval_texts), (diag_spec, diag_texts)):
         if given is not None and got is not None and not got:
             raise no_texts(given)
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    model = model_from_args(args)
     check_out_dir(args.out, model.source)
     if args.heads is not None:
         selector = TargetSelector(heads=tuple(parse_heads(args.heads, model.geometry)))

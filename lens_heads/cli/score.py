@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from lens_heads.cli.common import add_data_args, add_model_args, check_positive, no_texts
+from lens_heads.cli.common import add_data_args, add_model_args, check_positive, model_from_args, no_texts
 
 
 def register(sub) -> None:
@@ -21,13 +21,12 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="output table, .csv or .parquet")
     p.add_argument("--per-input", action="store_true", help="also save per-input scores (safetensors)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, batch_size="auto")  # score: the largest batch that fits (lens_heads.batching)
 
 
 def run(args) -> int:
     from lens_heads.data import load_texts, tokenize_texts
     from lens_heads.errors import LensHeadsError
-    from lens_heads.models import load_model
     from lens_heads.scores import resolve_score_ids, score_heads
 
     from lens_heads.atomic import check_output_file
@@ -44,7 +43,7 @@ def run(args) -> int:
     texts = load_texts(args.data, n=args.n_inputs)
     if not texts:
         raise no_texts(args.data)
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    model = model_from_args(args)
     seqs = tokenize_texts(model.tokenizer, texts, args.max_len, mode="documents")
     scores = score_heads(model, seqs, scores=ids, batch_size=args.batch_size, max_len=args.max_len,
                          keep_per_input=args.per_input, progress=not args.quiet, data=args.data)

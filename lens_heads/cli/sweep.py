@@ -10,7 +10,7 @@ loaded, ablation specs parsed) before anything is written.
 from __future__ import annotations
 
 from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
-                                   protocol_from_args)
+                                   model_from_args, parse_batch_size, protocol_from_args)
 
 
 def register(sub) -> None:
@@ -34,7 +34,8 @@ def register(sub) -> None:
                    help="questions per stored part of a point: a killed run loses at most one part (default 250)")
     p.add_argument("--n-shot", type=int, default=None, help="few-shot examples (default: the task's)")
     p.add_argument("--seed", type=int, default=1234, help="few-shot sampling seed (default 1234, lm-eval's)")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=parse_batch_size, default="auto",
+                   help="rows per forward, or auto (default: the largest that fits, lens_heads.batching)")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--first", default="",
                    help="points to evaluate right after the baseline, comma-separated: ID@FRACTION or "
@@ -97,7 +98,6 @@ def run(args) -> int:
     from lens_heads.ablation import parse_ablation
     from lens_heads.data import load_task
     from lens_heads.errors import LensHeadsError
-    from lens_heads.models import load_model
     from lens_heads.scores import resolve_score_ids
     from lens_heads.sweep import SweepConfig, run_sweep
     from lens_heads.thresholds import parse_fractions
@@ -165,7 +165,7 @@ def run(args) -> int:
         return run_scaled(args, cfg, scale)
     if args.status:
         return show_status(args, cfg, task)
-    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    model = model_from_args(args)
     for spec in cfg.extra_ablations:
         parse_ablation(spec, model.geometry)
     cfg.protocol = protocol_from_args(args, model)
@@ -186,7 +186,7 @@ def show_status(args, cfg, task) -> int:
     from lens_heads.study import ModelRef
     from lens_heads.sweep import SweepPlan, tabulate
 
-    ref = ModelRef(args.model, args.dtype, args.device)
+    ref = ModelRef(args.model, args.dtype, args.device, revision=args.revision)
     cfg.protocol = protocol_from_args(args, ref.model if args.paper_protocol else None)
     cfg.thresholds_file, cfg.thresholds_model = args.thresholds_file, args.thresholds_model
     identity = ref.identity(cfg, task)
@@ -211,7 +211,10 @@ def run_scaled(args, cfg, scale) -> int:
 
     name, config, n_shards = scale
     cfg.protocol = protocol_from_args(args, None)
-    job = job_for(args.model, args.dtype, args.device, cfg, args.out, args.include_path, n_shards)
+    if args.device_map is not None:
+        raise LensHeadsError("--device-map with --executor / --shard: give each worker its devices instead "
+                             "(--gpus-per-worker, CUDA_VISIBLE_DEVICES)")
+    job = job_for(args.model, args.dtype, args.device, cfg, args.out, args.include_path, n_shards, args.revision)
     out = launch(job, name, config, progress=not args.no_progress)
     computed = getattr(out.session, "computed", None)
     print(f"{out.n_units} part units ({out.n_stored_before} stored before this launch)"

@@ -13,6 +13,7 @@ import logging
 import os
 import re
 import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -83,12 +84,35 @@ class ModelSource:
     spec: str
     path: str  # directory, gguf file or hub id given to transformers
     gguf_file: str | None = None
-    digest: str | None = None  # sha256 of the GGUF when known
+    digest: str | None = None  # sha256 of the GGUF when known; "hub:ID@COMMIT" for a hub id
+    revision: str | None = None  # a hub id's commit (resolved from a branch, tag or commit)
 
     def hf_kwargs(self) -> tuple[str, dict]:
         if self.gguf_file:
             return str(Path(self.gguf_file).parent), {"gguf_file": Path(self.gguf_file).name}
-        return self.path, {}
+        return self.path, ({"revision": self.revision} if self.revision else {})
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where a model's weights go: one device, or an accelerate device map (``"auto"``,
+    ``"balanced"``, ``"sequential"`` or ``{module: device}``, devices including ``"cpu"`` and
+    ``"disk"``), with per-device ``max_memory`` and the ``offload_folder`` for disk."""
+
+    device: str = "cpu"
+    device_map: str | dict | None = None
+    max_memory: dict | None = None
+    offload_folder: str | None = None
+
+    def hf_kwargs(self) -> dict:
+        if self.device_map is None:
+            return {}
+        out = {"device_map": self.device_map}
+        if self.max_memory:
+            out["max_memory"] = self.max_memory
+        if self.offload_folder:
+            out["offload_folder"] = str(self.offload_folder)
+        return out
 
 
 @dataclass
@@ -111,12 +135,16 @@ class LoadedModel:
     def name(self) -> str:
         return self.source.spec
 
-    def params(self) -> dict[str, torch.Tensor]:
-        """HF-named parameters (TransformerLens wrapper segments stripped)."""
-        out = {}
-        for name, p in self.hf_model.named_parameters(remove_duplicate=False):
-            out.setdefault(name.replace("._original_component", ""), p)
-        return out
+    def params(self) -> "Params":
+        """HF-named parameters (TransformerLens wrapper segments stripped); a parameter offloaded
+        by a device map (to disk or CPU RAM) is read from its offload when looked up."""
+        return Params(self.hf_model)
+
+    @property
+    def sharded(self) -> bool:
+        """Whether a device map spreads the model over devices or offloads part of it."""
+        return len(set(map(str, (getattr(self.hf_model, "hf_device_map", None) or {}).values()))) > 1 or \
+            any(str(d) in ("disk", "meta") for d in (getattr(self.hf_model, "hf_device_map", None) or {}).values())
 
     def load_hf_model(self):
         """A fresh, unwrapped copy of the HF model from the same source (for editing)."""
@@ -125,6 +153,45 @@ class LoadedModel:
     def to_tokens(self, texts: list[str] | str) -> list[torch.Tensor]:
         texts = [texts] if isinstance(texts, str) else texts
         return [torch.tensor(self.tokenizer(t)["input_ids"], dtype=torch.long) for t in texts]
+
+
+class Params(Mapping):
+    """A model's HF-named parameters, looked up lazily; offloaded ones (meta tensors, their values
+    kept by accelerate's hooks) come from the offload."""
+
+    def __init__(self, hf_model):
+        self.hf_model = hf_model
+        self.raw = {}
+        for name, p in hf_model.named_parameters(remove_duplicate=False):
+            self.raw.setdefault(name.replace("._original_component", ""), (name, p))
+
+    def __getitem__(self, key: str) -> torch.Tensor:
+        name, p = self.raw[key]
+        return p if p.device.type != "meta" else _offloaded(self.hf_model, name)
+
+    def __iter__(self):
+        return iter(self.raw)
+
+    def __len__(self) -> int:
+        return len(self.raw)
+
+
+def _offloaded(hf_model, name: str) -> torch.Tensor:
+    """The value of offloaded parameter ``name``: from the weights map of the nearest enclosing
+    module that accelerate hooked (the map's keys are relative to that module)."""
+    parts = name.split(".")
+    for i in range(len(parts) - 1, -1, -1):
+        module = hf_model.get_submodule(".".join(parts[:i])) if i else hf_model
+        hook = getattr(module, "_hf_hook", None)
+        for h in getattr(hook, "hooks", [hook]):
+            weights = getattr(h, "weights_map", None)
+            if weights is not None:
+                key = ".".join(x for x in parts[i:] if x != "_original_component")
+                try:
+                    return weights[key]
+                except KeyError:
+                    continue
+    raise LensHeadsError(f"parameter {name} is on the meta device and no offload holds it")
 
 
 @contextlib.contextmanager
@@ -162,9 +229,20 @@ def _gguf_shortfall(path: Path) -> str | None:
     return None
 
 
-def resolve_source(spec: str | os.PathLike) -> ModelSource:
-    """Turn a user spec into a ModelSource, checking local files on the way."""
+def check_revision(spec: str, revision: str | None) -> None:
+    """A revision pins a hub id only (local files, folders and zoo models have content digests)."""
+    if revision is None:
+        return
+    if spec in zoo.ZOO or Path(spec).expanduser().exists() or not re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
+        raise LensHeadsError(f"--revision pins a hub id (owner/name); {spec!r} is a local file, folder or zoo "
+                             f"name, pinned by its content digest already")
+
+
+def resolve_source(spec: str | os.PathLike, revision: str | None = None) -> ModelSource:
+    """Turn a user spec into a ModelSource, checking local files on the way; ``revision`` only
+    for hub ids (resolved to a commit, ``resolve_revision``)."""
     spec = str(spec)
+    check_revision(spec, revision)
     if spec in zoo.ZOO:
         path = zoo.fetch(spec)
         return ModelSource(spec, str(path), str(path), zoo.ZOO[spec].sha256)
@@ -192,8 +270,10 @@ def resolve_source(spec: str | os.PathLike) -> ModelSource:
         return ModelSource(spec, str(path))
     if path.exists():
         raise LensHeadsError(f"{spec}: expected a .gguf file or a model directory")
-    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
-        return ModelSource(spec, spec)  # hub id: resolved by transformers when online
+    if re.fullmatch(r"[\w.-]+/[\w.-]+", spec):  # a hub id, pinned to a commit
+        path, commit = resolve_revision(spec, revision)
+        digest = f"hub:{spec}@{commit}" if commit else None
+        return ModelSource(spec, path, None, digest, commit)
     raise LensHeadsError(
         f"unknown model spec {spec!r}: not a zoo name ({', '.join(zoo.ZOO)}), an existing "
         f".gguf file or model directory, or a hub id of the form owner/name"
@@ -238,10 +318,12 @@ def _forget_gguf_quantizer(model) -> None:
                 delattr(obj, attr)
 
 
-def load_hf(source: ModelSource, dtype: torch.dtype, device: str = "cpu"):
-    """Load the plain HF model and tokenizer (eager attention) from a ModelSource."""
+def load_hf(source: ModelSource, dtype: torch.dtype, device: str = "cpu", placement: Placement | None = None):
+    """Load the plain HF model and tokenizer (eager attention) from a ModelSource, on ``device``
+    or placed by ``placement``'s device map."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+    placement = placement or Placement(device)
     path, kwargs = source.hf_kwargs()
     converted = converted_dir(source)
     if converted is not None and (converted / "CONVERTED_FROM").is_file():
@@ -252,7 +334,8 @@ def load_hf(source: ModelSource, dtype: torch.dtype, device: str = "cpu"):
             config = AutoConfig.from_pretrained(path, **kwargs)
             HeadGeometry.from_config(config)  # a config without head counts fails here, early
             model = AutoModelForCausalLM.from_pretrained(  # a conversion is kept in float32
-                path, dtype=torch.float32 if convert else dtype, attn_implementation="eager", **kwargs)
+                path, dtype=torch.float32 if convert else dtype, attn_implementation="eager", **kwargs,
+                **({} if convert else placement.hf_kwargs()))
             tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)
     except LensHeadsError:
         raise
@@ -268,9 +351,14 @@ def load_hf(source: ModelSource, dtype: torch.dtype, device: str = "cpu"):
         _forget_gguf_quantizer(model)
     if convert:
         _save_conversion(model, tokenizer, converted)
+        if placement.device_map is not None and (converted / "CONVERTED_FROM").is_file():
+            del model  # placed from the conversion, as every later load is
+            return load_hf(source, dtype, device, placement)
         model = model.to(dtype)
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    if placement.device_map is not None:
+        return model.eval(), tokenizer  # accelerate placed (and hooks) every module
     return model.to(device).eval(), tokenizer
 
 
@@ -298,9 +386,36 @@ def boot(model, tokenizer, source: ModelSource, dtype, device) -> LoadedModel:
     return LoadedModel(bridge, tokenizer, geometry, source, dtype, device, prepends)
 
 
+def resolve_revision(repo_id: str, revision: str | None) -> tuple[str, str | None]:
+    """(snapshot folder or repo id, commit) of a hub id at ``revision`` (a branch, tag or commit;
+    None: ``main``): from the local HF cache when it holds that snapshot (offline too), else from
+    the hub. The commit pins the weights: it is recorded in results and in store keys."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(repo_id, revision=revision, local_files_only=True)
+        return folder, Path(folder).name
+    except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
+        pass
+    from lens_heads.data.paths import hub_offline
+
+    if hub_offline():
+        raise LensHeadsError(f"{repo_id}@{revision or 'main'} is not in the local HF cache and HF_HUB_OFFLINE=1: "
+                             "fetch it online once (huggingface-cli download) or give a local folder")
+    try:
+        from huggingface_hub import HfApi
+
+        commit = HfApi().model_info(repo_id, revision=revision).sha
+    except Exception as exc:  # noqa: BLE001 -- the hub's many errors, as one message
+        raise LensHeadsError(f"cannot resolve {repo_id}@{revision or 'main'} on the hub: "
+                             f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from None
+    return repo_id, commit
+
+
 def source_digest(src: "ModelSource") -> str:
     """sha256 of the weights behind a source, without loading them: the GGUF digest, else the
-    model folder's weight files and config.json, else the spec itself (hub ids)."""
+    model folder's weight files and config.json, else (hub ids) the commit that pins them."""
     if src.digest:
         return src.digest
     folder = Path(src.path)
@@ -318,10 +433,26 @@ def model_digest(model) -> str:
     return model.weights_digest
 
 
-def load_model(spec, dtype: str | torch.dtype = "float32", device: str = "cpu") -> LoadedModel:
-    """Load ``spec`` (zoo name, .gguf, HF directory or hub id) onto the TransformerLens bridge."""
+def load_model(spec, dtype: str | torch.dtype = "float32", device: str = "cpu", *,
+               device_map: str | dict | None = None, max_memory: dict | None = None,
+               offload_folder: str | os.PathLike | None = None, revision: str | None = None) -> LoadedModel:
+    """Load ``spec`` (zoo name, .gguf, HF directory or hub id) onto the TransformerLens bridge.
+
+    ``device_map`` (with ``max_memory``, ``offload_folder``) places the layers with accelerate
+    instead of moving the whole model to ``device``: across GPUs, or partly in CPU RAM or on
+    disk; everything but surgery runs unchanged on such a model. ``revision`` pins a hub id
+    (branch, tag or commit; resolved to its commit, recorded in the model's digest)."""
     device = check_device(device)
     torch_dtype = resolve_dtype(dtype, device)
-    source = resolve_source(spec)
-    model, tokenizer = load_hf(source, torch_dtype, device)
+    source = resolve_source(spec, revision)
+    placement = Placement(device, device_map, max_memory, None if offload_folder is None else str(offload_folder))
+    model, tokenizer = load_hf(source, torch_dtype, device, placement)
+    if device_map is not None:
+        device = _embedding_device(model)
     return boot(model, tokenizer, source, torch_dtype, device)
+
+
+def _embedding_device(model) -> str:
+    """Where a placed model's inputs go: its input embedding's device (CPU for disk offload)."""
+    w = model.get_input_embeddings().weight
+    return "cpu" if w.device.type == "meta" else str(w.device)

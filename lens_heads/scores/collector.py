@@ -59,6 +59,7 @@ class ScoreCollector:
         and returns its result as the new z (this is how per-input ablation zeroes heads)."""
         g = self.geometry
         self._batch = batch = BatchGeometry.from_mask(attention_mask, self.model.device)
+        self._on = {}  # the batch geometry on other devices, made once per batch
         b = attention_mask.shape[0]
         self._layer = [{} for _ in range(g.n_layers)]
         self._scores = {s: torch.full((b, g.n_layers, g.n_heads), float("nan"), device=self.model.device)
@@ -75,17 +76,21 @@ class ScoreCollector:
         """Scores (and ``extra`` statistics) of the last batch (after the forward)."""
         return self._scores
 
-    def gram(self, layer: int) -> Float[Tensor, "head d_head d_head"]:
-        """W_O^h W_O^hT per head (float32), built on first use: ||z W_O^h||^2 = z G_h z^T."""
-        if layer not in self._grams:
+    def gram(self, layer: int, device=None) -> Float[Tensor, "head d_head d_head"]:
+        """W_O^h W_O^hT per head (float32), built on first use on ``device`` (the layer's
+        activations'; default the model's): ||z W_O^h||^2 = z G_h z^T."""
+        device = torch.device(self.model.device if device is None else device)
+        if (layer, device) not in self._grams:
             with torch.no_grad():
                 w = w_o(self.model, layer)  # [head, d_head, d_model]
-                w = w.detach().to(self.model.device, torch.float32)
-                self._grams[layer] = torch.einsum("hde,hfe->hdf", w, w).contiguous()
-        return self._grams[layer]
+                w = w.detach().to(device, torch.float32)
+                self._grams[(layer, device)] = torch.einsum("hde,hfe->hdf", w, w).contiguous()
+        return self._grams[(layer, device)]
 
     # --- hook bodies --------------------------------------------------------------------
     def _reduce(self, kind: HookKind, L: int, x: Tensor, batch: BatchGeometry) -> None:
+        if batch.maskf.device != x.device:  # a layer on another device (a sharded model)
+            batch = self._on.setdefault(x.device, batch.to(x.device))
         acts = Acts(kind, x, batch, L, self.gram, self.geometry.group_size)
         store = self._layer[L]
         for fn in self._base[kind]:
@@ -104,7 +109,7 @@ class ScoreCollector:
             for fn in self._derived:
                 store[fn.id] = fn.combine(store)
             for s in self._out_ids:
-                self._scores[s][:, L] = store[s]
+                self._scores[s][:, L] = store[s].to(self._scores[s].device)
             layer_scores = {s: store[s] for s in self.score_ids}
             self._layer[L] = {}  # nothing of this layer is kept beyond the scores
             if z_transform is not None:

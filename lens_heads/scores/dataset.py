@@ -16,7 +16,8 @@ import torch
 from torch import Tensor
 
 from lens_heads.atomic import atomic_write_all
-from lens_heads.data import iter_batches, tokenize_texts
+from lens_heads.batching import Batcher, parse_batch_size
+from lens_heads.data import pad_batch, tokenize_texts
 from lens_heads.errors import LensHeadsError
 from lens_heads.hashing import sha256_tokens
 from lens_heads.hooks import run_with_hooks
@@ -284,8 +285,7 @@ def score_heads(
     (tokenised as documents, truncated to ``max_len``). ``data`` names the data in the metadata.
     """
     ids = resolve_score_ids(scores)
-    if batch_size < 1:
-        raise LensHeadsError(f"batch_size must be >= 1, got {batch_size}")
+    batch_size = parse_batch_size(batch_size)
     seqs = prepare_inputs(model, inputs, max_len)
     g = model.geometry
     collector = ScoreCollector(model, ids)
@@ -293,15 +293,20 @@ def score_heads(
     per_input = ({s: torch.empty(len(seqs), g.n_layers, g.n_heads) for s in ids} if keep_per_input else None)
     pad = model.tokenizer.pad_token_id or 0
     bar = progress_bar(len(seqs), "scoring heads", enabled=progress, unit="input")
+    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))  # longest first, stable (iter_batches')
+
+    def run(idx: Sequence[int]) -> None:
+        ids_b, mask = pad_batch([seqs[i] for i in idx], pad, "right")
+        run_with_hooks(model, ids_b, mask, collector.hooks(mask), return_logits=False)
+        for s, v in collector.batch_scores().items():  # after the forward: a retried batch adds nothing twice
+            v = v.cpu()
+            moments[s].add(v)
+            if per_input is not None:
+                per_input[s][torch.as_tensor(list(idx))] = v
+        bar.update(len(idx))
+
     try:
-        for idx, ids_b, mask in iter_batches(seqs, batch_size, pad_id=pad, side="right"):
-            run_with_hooks(model, ids_b, mask, collector.hooks(mask), return_logits=False)
-            for s, v in collector.batch_scores().items():
-                v = v.cpu()
-                moments[s].add(v)
-                if per_input is not None:
-                    per_input[s][torch.as_tensor(idx)] = v
-            bar.update(len(idx))
+        Batcher.for_inputs(batch_size, model, max((len(x) for x in seqs), default=1)).run(order, run)
     finally:
         bar.close()
     meta = {**score_metadata(model, seqs, max_len, data), "score_revisions": revision_key(ids)}

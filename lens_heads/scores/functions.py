@@ -31,7 +31,7 @@ class Acts:
     """
 
     def __init__(self, kind: HookKind, x: Tensor, batch: "BatchGeometry", layer: int,
-                 gram: Callable[[int], Tensor], group_size: int):
+                 gram: Callable[[int, torch.device], Tensor], group_size: int):
         self.kind, self.x, self.batch, self.layer = kind, x, batch, layer
         self._gram, self._group = gram, group_size
         self._memo: dict[str, Tensor] = {}
@@ -65,7 +65,7 @@ class Acts:
         """||z_t W_O^h|| via the Gram trick: sqrt(z (W_O^h W_O^hT) z^T) (float32)."""
         def make() -> Tensor:
             z = self.x.float()
-            zg = torch.einsum("bphd,hde->bphe", z, self._gram(self.layer))
+            zg = torch.einsum("bphd,hde->bphe", z, self._gram(self.layer, z.device))
             return (zg * z).sum(-1).clamp_min_(0).sqrt_()
         return self._cached("out_norms", make)
 
@@ -112,6 +112,11 @@ class BatchGeometry:
             raise LensHeadsError("attention_mask must mark one contiguous run of real tokens per row")
         return cls(real.float(), n_real.float(), first, last, torch.arange(mask.shape[0], device=device),
                    bool((first == 0).all()))
+
+    def to(self, device) -> "BatchGeometry":
+        """The same on ``device`` (the layers of a model sharded across devices)."""
+        return BatchGeometry(self.maskf.to(device), self.n.to(device), self.first.to(device), self.last.to(device),
+                             self.rows.to(device), self.first_is_zero)
 
 
 # -----------------------------------------------------------------------------

@@ -66,6 +66,10 @@ def repair(model, selector: TargetSelector, train_texts: list[str], eval_texts: 
            progress: bool = True) -> RepairReport:
     """Run the protocol on ``model`` (a LoadedModel; left unchanged); return the report it saved."""
     t0 = time.perf_counter()
+    if model.sharded:
+        raise LensHeadsError("repair trains a full copy of the model on one device: load it without a device map "
+                             "(--device-map); diagnosis, scores and evaluation run on a placed model")
+    model.geometry.arch.require_table("repair (surgery)")
     out = check_out_dir(out_dir, model.source)
     if config.passes < 1:
         raise LensHeadsError(f"passes must be >= 1, got {config.passes}")

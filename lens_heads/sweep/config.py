@@ -55,7 +55,7 @@ class SweepConfig:
     n_shot: int | None = None  # None: the task's default
     limit: int | None = None
     seed: int = 1234  # few-shot sampling seed (lm-eval's default)
-    batch_size: int = 16
+    batch_size: int | str = 16  # rows per forward, or "auto" (lens_heads.batching); not in the key
     extra_ablations: list[str] = field(default_factory=list)
     n_boot: int = 1000
     boot_seed: int = 0
@@ -78,8 +78,9 @@ class SweepConfig:
             raise LensHeadsError(f"n_shot must be >= 0, got {self.n_shot}")
         if any(s < 0 for s in self.random_seeds):
             raise LensHeadsError("random seeds must be >= 0")
-        if self.batch_size < 1:
-            raise LensHeadsError(f"batch_size must be >= 1, got {self.batch_size}")
+        from lens_heads.batching import parse_batch_size
+
+        self.batch_size = parse_batch_size(self.batch_size)
         if self.chunk_questions is not None and self.chunk_questions < 1:
             raise LensHeadsError(f"chunk_questions must be >= 1, got {self.chunk_questions}")
         if not isinstance(self.protocol, Protocol):

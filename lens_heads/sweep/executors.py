@@ -271,13 +271,17 @@ class Launch:
     session: Session | None = field(default=None, repr=False)
 
 
-def job_for(model: str, dtype: str, device: str, cfg, out_dir, include_path=None, n_shards: int = 1) -> SweepJob:
-    """A ``SweepJob`` from a model spec, with the weights' digest and the concrete dtype (``auto``
-    resolved here, so every worker loads the same) and no model loaded."""
+def job_for(model: str, dtype: str, device: str, cfg, out_dir, include_path=None, n_shards: int = 1,
+            revision: str | None = None) -> SweepJob:
+    """A ``SweepJob`` from a model spec, with the weights' digest, the concrete dtype (``auto``
+    resolved here, so every worker loads the same) and a hub id's commit; no model loaded."""
+    from lens_heads.models.load import resolve_source
     from lens_heads.study import ModelRef
 
-    ref = ModelRef(model, dtype, device)
-    return SweepJob(str(model), ref.dtype_name, device, cfg, str(out_dir), ref.digest, include_path, n_shards)
+    ref = ModelRef(model, dtype, device, revision=revision)
+    commit = resolve_source(model, revision).revision if revision is not None else None
+    return SweepJob(str(model), ref.dtype_name, device, cfg, str(out_dir), ref.digest, include_path, n_shards,
+                    revision=commit)
 
 
 def check_one_weights(store, identity) -> None:

@@ -146,6 +146,7 @@ class SweepJob:
     include_path: str | None = None
     n_shards: int = 1  # shards of the scoring pass
     threads: int | None = None  # torch threads per worker (None: torch's default)
+    revision: str | None = None  # a hub id's commit: every worker loads the same weights
 
 
 @dataclass
@@ -170,7 +171,8 @@ class Worker:
 
                 torch.set_num_threads(self.job.threads)
             self._task = load_task(self.job.cfg.task, n_shot=self.job.cfg.n_shot, include_path=self.job.include_path)
-            model = load_model(self.job.model, dtype=self.job.dtype, device=self.job.device)
+            model = load_model(self.job.model, dtype=self.job.dtype, device=self.job.device,
+                               revision=self.job.revision)
             self.loads += 1
             if model_digest(model) != self.job.digest:
                 raise LensHeadsError(

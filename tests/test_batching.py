@@ -1,0 +1,99 @@
+"""Batch size ``auto``: larger batches for shorter inputs, a budget on the CPU, and a forward that
+runs out of memory split and retried with the same results."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lens_heads import LensHeadsError
+from lens_heads.batching import CPU_TOKEN_BUDGET, MAX_AUTO, Batcher, auto_batch_size, parse_batch_size
+
+TEXTS = ["The capital of France is Paris. The capital of Italy is Rome.", "Attention heads", "A B C D",
+         "Question: How do I boil an egg? Answer: put it in boiling water.", "dormant heads do nothing"] * 3
+
+
+def test_auto_picks_larger_batches_for_shorter_inputs(tiny_model, monkeypatch):
+    model = tiny_model("llama")
+    monkeypatch.delenv("LENS_HEADS_TOKEN_BUDGET", raising=False)
+    sizes = [auto_batch_size(model, n) for n in (8, 64, 512, 10_000)]
+    assert sizes == [min(MAX_AUTO, CPU_TOKEN_BUDGET // n) or 1 for n in (8, 64, 512, 10_000)]
+    assert sizes[0] > sizes[1] > sizes[2] > sizes[3] == 1
+    monkeypatch.setenv("LENS_HEADS_TOKEN_BUDGET", "1024")
+    assert auto_batch_size(model, 64) == 16
+
+
+def test_parse_batch_size():
+    assert parse_batch_size("auto") == "auto" and parse_batch_size(" AUTO ") == "auto"
+    assert parse_batch_size("12") == 12 and parse_batch_size(3) == 3
+    for bad in ("0", "-2", "x", 1.5, None):
+        with pytest.raises(LensHeadsError, match="positive integer or 'auto'"):
+            parse_batch_size(bad)
+
+
+def _oom_above(limit: int):
+    def fn(chunk):
+        if len(chunk) > limit:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+    return fn
+
+
+def test_batcher_halves_a_batch_that_runs_out_of_memory_and_keeps_the_smaller_size():
+    seen = []
+    oom = _oom_above(3)
+
+    def fn(chunk):
+        oom(chunk)
+        seen.append(list(chunk))
+
+    b = Batcher(8)
+    b.run(list(range(13)), fn)
+    assert [x for c in seen for x in c] == list(range(13))  # every item once, in order
+    assert b.size == 2 and all(len(c) <= 3 for c in seen)
+    with pytest.raises(torch.cuda.OutOfMemoryError):  # one item that does not fit fails for real
+        Batcher(4).run([1, 2], _oom_above(0))
+    with pytest.raises(ValueError):  # other errors are not retried
+        Batcher(4).run([1, 2], lambda c: (_ for _ in ()).throw(ValueError("no")))
+
+
+def test_evaluation_and_scores_recover_from_a_simulated_oom(tiny_model, monkeypatch):
+    import lens_heads.evaluate as ev
+    import lens_heads.hooks as hooks
+    import lens_heads.scores.dataset as ds
+    from lens_heads.scores import score_heads
+
+    model = tiny_model("llama")
+    reqs = [(t, " and more") for t in TEXTS]
+    ref = ev.loglikelihoods(model, reqs, batch_size=1, progress=False)
+    ref_scores = score_heads(model, TEXTS, "all", batch_size=1, progress=False)
+    real = hooks.run_with_hooks
+    calls = []
+
+    def tight(model_, ids, *a, **k):
+        calls.append(ids.shape[0])
+        if ids.shape[0] > 2:
+            raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
+        return real(model_, ids, *a, **k)
+
+    monkeypatch.setattr(ev, "run_with_hooks", tight)
+    monkeypatch.setattr(ds, "run_with_hooks", tight)
+    got = ev.loglikelihoods(model, reqs, batch_size="auto", progress=False)
+    assert max(calls) > 2 and got == pytest.approx(ref, abs=1e-4)
+    calls.clear()
+    scores = score_heads(model, TEXTS, "all", batch_size="auto", progress=False)
+    assert max(calls) > 2
+    for sid in ref_scores.score_ids:
+        torch.testing.assert_close(scores.mean[sid], ref_scores.mean[sid], atol=1e-5, rtol=1e-5, equal_nan=True)
+    assert scores.n == len(TEXTS) and all(int(c.max()) == len(TEXTS) for c in scores.count.values())
+
+
+def test_cli_batch_size_auto_is_the_default_and_a_bad_one_is_a_usage_error(capsys):
+    from lens_heads.cli import build_parser, main
+
+    p = build_parser()
+    for cmd in (["evaluate", "m", "--task", "piqa"], ["sweep", "m", "--task", "piqa", "--out", "o"],
+                ["score", "m", "--data", "d", "--out", "o"]):
+        assert p.parse_args(cmd).batch_size == "auto"
+    with pytest.raises(SystemExit) as e:
+        main(["evaluate", "m", "--task", "piqa", "--batch-size", "lots"])
+    assert e.value.code == 2 and "positive integer or 'auto'" in capsys.readouterr().err

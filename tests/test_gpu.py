@@ -1,0 +1,69 @@
+"""On a CUDA device (``pytest -m gpu --device cuda``; ``benchmarks/gpu_check.py`` runs them): the
+same logits, scores, ablated evaluation and diagnosis as on the CPU, and a bf16 forward close to
+fp32. They skip where no CUDA device is visible."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.gpu
+
+TEXTS = ["The capital of France is Paris. The capital of Italy is Rome.",
+         "Attention heads that do nothing are called dormant heads.", "A B C D", "dormant"]
+
+
+@pytest.fixture(scope="module")
+def on_gpu(tiny_model_dir, request):
+    from lens_heads import load_model
+
+    dev = request.getfixturevalue("device")
+    return load_model(str(tiny_model_dir("llama")), device=dev)
+
+
+def test_logits_and_scores_equal_the_cpu(on_gpu, tiny_model):
+    from lens_heads.hooks import run_with_hooks
+    from lens_heads.scores import score_heads
+
+    cpu = tiny_model("llama")
+    ids = torch.tensor([cpu.tokenizer(TEXTS[0])["input_ids"]])
+    a = run_with_hooks(cpu, ids, None, [])
+    b = run_with_hooks(on_gpu, ids, None, []).cpu()
+    assert (a - b).abs().max() < 1e-4
+    sa, sb = score_heads(cpu, TEXTS, "all", progress=False), score_heads(on_gpu, TEXTS, "all", progress=False)
+    for sid in sa.score_ids:
+        torch.testing.assert_close(sb.mean[sid], sa.mean[sid], atol=1e-4, rtol=1e-4, equal_nan=True, msg=sid)
+
+
+def test_ablated_evaluation_and_diagnosis_equal_the_cpu(on_gpu, tiny_model, tmp_path):
+    from test_sweep import TASK_ROWS
+
+    from lens_heads.ablation import parse_ablation
+    from lens_heads.data import load_task
+    from lens_heads.diagnose import diagnose
+    from lens_heads.evaluate import evaluate_task
+
+    cpu = tiny_model("llama")
+    rows = tmp_path / "mini.jsonl"
+    rows.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in TASK_ROWS))
+    task = load_task(f"file:{rows}")
+    for spec in ("none", "static:0.1,1.2", "score:ahon_ln@0.9", "random:0.5@0"):
+        ra = evaluate_task(cpu, task, ablation=parse_ablation(spec, cpu.geometry), progress=False)
+        rb = evaluate_task(on_gpu, task, ablation=parse_ablation(spec, on_gpu.geometry), batch_size="auto",
+                           progress=False)
+        assert [q.pred for q in ra.questions] == [q.pred for q in rb.questions], spec
+    assert diagnose(cpu, cpu.to_tokens(TEXTS)).classes == diagnose(on_gpu, on_gpu.to_tokens(TEXTS)).classes
+
+
+def test_bf16_forward_is_close_to_fp32(device):
+    from lens_heads import load_model
+    from lens_heads.hooks import run_with_hooks
+
+    fp32, bf16 = load_model("smollm2-135m", device=device), load_model("smollm2-135m", "bfloat16", device=device)
+    ids = torch.tensor([fp32.tokenizer(" ".join(TEXTS))["input_ids"]])
+    a = run_with_hooks(fp32, ids, None, []).float().log_softmax(-1)
+    b = run_with_hooks(bf16, ids, None, []).float().log_softmax(-1)
+    agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+    assert agree >= 0.9 and (a - b).abs().max().item() < 1.0
