@@ -20,13 +20,18 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description="the first check on a GPU machine (see the module docstring)")
+    ap.add_argument("--device", default="cuda", help="the CUDA device (default cuda)")
+    args = ap.parse_args()
     import torch
 
     if not torch.cuda.is_available():
         print(f"gpu_check: no CUDA device here (torch {torch.__version__}, CUDA build "
               f"{torch.version.cuda or 'none'}): nothing to check, nothing written")
         return 0
-    device = "cuda"
+    device = args.device
     lines = [f"# gpu_check ({torch.cuda.get_device_name(0)}, torch {torch.__version__}, CUDA {torch.version.cuda})", ""]
     t0 = time.perf_counter()
     tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-m", "gpu", "--device", device, "-p", "no:cacheprovider",

@@ -67,9 +67,10 @@ class Counts:
         self.last_zeroed = torch.zeros(batch, geometry.n_layers, geometry.n_heads, dtype=torch.bool)
 
     def record(self, layer: int, drop: Bool[Tensor, "batch head"]) -> None:
-        """Count layer ``layer`` of the current forward (every layer of a forward is recorded once)."""
+        """Count layer ``layer`` of the current forward (every layer of a forward is recorded once;
+        ``drop`` covers the layer's own heads: fewer in a pruned layer)."""
         drop = drop.cpu()
-        self.last_zeroed[:, layer] = drop
+        self.last_zeroed[:, layer, :drop.shape[-1]] = drop
         self.zeroed += int(drop.sum())
         self.units += drop.numel()
 
@@ -178,10 +179,10 @@ class StaticAblation(Ablation):
         self.counts.start(batch, g)
         # The set is input-independent: count the whole forward once, hook only layers that change.
         for L in range(g.n_layers):
-            self.counts.record(L, self._mask[L].expand(batch, -1))
+            self.counts.record(L, self._mask[L, :g.heads_in(L)].expand(batch, -1))
 
         def make(L: int) -> HookFn:
-            drop = self._mask[L].expand(batch, -1)
+            drop = self._mask[L, :g.heads_in(L)].expand(batch, -1)
             return lambda z, hook: _zero_heads(z, drop)
 
         return [(hook_name("z", L), make(L)) for L in range(g.n_layers) if self._mask[L].any()]
@@ -218,9 +219,11 @@ class RandomAblation(Ablation):
         self.counts.start(len(row_keys), g)
 
         def make(L: int) -> HookFn:
+            drop = masks[:, L, :g.heads_in(L)]  # a pruned layer draws for all heads, uses its own
+
             def hook(z, hook):
-                self.counts.record(L, masks[:, L])
-                return _zero_heads(z, masks[:, L])
+                self.counts.record(L, drop)
+                return _zero_heads(z, drop)
             return hook
 
         return [(hook_name("z", L), make(L)) for L in range(g.n_layers)]

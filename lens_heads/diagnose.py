@@ -330,7 +330,7 @@ def diagnose(
         sums[0] += _batch_sum(stats[bos_id])
         sums[1] += _batch_sum(stats[ent_id])
         sums[2] += _batch_sum(loc.nan_to_num(0.0))
-        local_n += (~loc.isnan()).sum(0).double().cpu()
+        local_n.add_((~loc.isnan()).sum(0).double().cpu())
 
     Batcher.for_inputs(batch_size, model, max((len(x) for x in seqs), default=1)).run(order, run)
     n = len(seqs)

@@ -137,10 +137,14 @@ class HeadGeometry:
 
     arch: ArchSpec
     n_layers: int
-    n_heads: int
+    n_heads: int  # query heads per layer (a pruned model: the most any layer has)
     n_kv_heads: int
     d_head: int
     d_model: int
+    # a pruned model (lens_heads.prune): query / KV heads of each layer; None: n_heads / n_kv_heads everywhere.
+    # Head h of layer L exists when h < heads_in(L); scores of the others are NaN and nothing ablates them.
+    heads_per_layer: tuple[int, ...] | None = None
+    kv_per_layer: tuple[int, ...] | None = None
 
     @classmethod
     def from_config(cls, config) -> "HeadGeometry":
@@ -156,6 +160,11 @@ class HeadGeometry:
         n_kv = _first(config, arch.n_kv_keys)
         if n_kv is None:
             n_kv = 1 if getattr(config, "multi_query", False) else n_heads
+        pruned = getattr(config, "lens_heads_pruned", None)
+        if pruned:  # per-layer head counts of a pruned model
+            heads = tuple(len(k) for k in pruned["keep_q"])
+            kv = tuple(len(k) for k in pruned["keep_kv"])
+            return cls(arch, n_layers, max(heads), max(kv), d_head, d_model, heads, kv)
         return cls(arch, n_layers, n_heads, n_kv, d_head, d_model)
 
     # --- head bookkeeping -------------------------------------------------------------
@@ -164,14 +173,42 @@ class HeadGeometry:
         """Query heads per KV head (1 without grouped-query attention)."""
         return self.n_heads // self.n_kv_heads
 
+    @property
+    def pruned(self) -> bool:
+        return self.heads_per_layer is not None
+
+    def heads_in(self, layer: int) -> int:
+        """Query heads of ``layer``."""
+        return self.n_heads if self.heads_per_layer is None else self.heads_per_layer[layer]
+
+    def kv_in(self, layer: int) -> int:
+        return self.n_kv_heads if self.kv_per_layer is None else self.kv_per_layer[layer]
+
+    def group_size_of(self, layer: int) -> int:
+        return self.heads_in(layer) // self.kv_in(layer)
+
+    @property
+    def n_units(self) -> int:
+        """Heads in the whole model (layers x heads, or the per-layer counts' sum)."""
+        return self.n_layers * self.n_heads if self.heads_per_layer is None else sum(self.heads_per_layer)
+
+    def present(self) -> Tensor:
+        """[layer, head] True where the head exists (all of them but in a pruned model)."""
+        mask = torch.zeros(self.n_layers, self.n_heads, dtype=torch.bool)
+        for L in range(self.n_layers):
+            mask[L, :self.heads_in(L)] = True
+        return mask
+
     def kv_head(self, head: int) -> int:
         return head // self.group_size
 
     def check_head(self, layer: int, head: int) -> None:
-        if not (0 <= layer < self.n_layers and 0 <= head < self.n_heads):
+        if not (0 <= layer < self.n_layers and 0 <= head < self.heads_in(layer)):
+            per = f"; layer {layer} has {self.heads_in(layer)} (pruned)" \
+                if self.pruned and 0 <= layer < self.n_layers else ""
             raise LensHeadsError(
                 f"head {layer}.{head} out of range: the model has {self.n_layers} layers "
-                f"x {self.n_heads} heads (layer 0..{self.n_layers - 1}, head 0..{self.n_heads - 1})"
+                f"x {self.n_heads} heads (layer 0..{self.n_layers - 1}, head 0..{self.n_heads - 1}){per}"
             )
 
     def alibi_slopes(self) -> Tensor | None:
@@ -215,9 +252,9 @@ class HeadGeometry:
 
     def check_shapes(self, pattern: tuple, v: tuple, z: tuple) -> None:
         """The bridge's hook shapes (one layer, batch 1, T tokens) against this geometry."""
-        T = z[1]
-        want = {"hook_pattern": (1, self.n_heads, T, T), "hook_v": (1, T, self.n_kv_heads, self.d_head),
-                "hook_z": (1, T, self.n_heads, self.d_head)}
+        T = z[1] if len(z) > 1 else 0
+        h, kv = self.heads_in(0), self.kv_in(0)
+        want = {"hook_pattern": (1, h, T, T), "hook_v": (1, T, kv, self.d_head), "hook_z": (1, T, h, self.d_head)}
         for (name, expected), got in zip(want.items(), (pattern, v, z)):
             if tuple(got) != expected:
                 raise LensHeadsError(
@@ -233,4 +270,4 @@ class HeadGeometry:
         sl = self.out_slice(layer, 0)
         w = params[sl.name]
         w = w if self.arch.conv1d else w.T  # -> [n_heads*d_head, d_model]
-        return w.reshape(self.n_heads, self.d_head, self.d_model)
+        return w.reshape(self.heads_in(layer), self.d_head, self.d_model)

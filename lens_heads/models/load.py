@@ -147,8 +147,16 @@ class LoadedModel:
             any(str(d) in ("disk", "meta") for d in (getattr(self.hf_model, "hf_device_map", None) or {}).values())
 
     def load_hf_model(self):
-        """A fresh, unwrapped copy of the HF model from the same source (for editing)."""
-        return load_hf(self.source, self.dtype, self.device)[0]
+        """A fresh, unwrapped copy of the HF model from the same source (for editing); a model
+        pruned in memory (``lens_heads.prune``) gives a copy pruned the same way."""
+        hf = load_hf(self.source, self.dtype, self.device)[0]
+        plan = getattr(self.hf_model.config, "lens_heads_pruned", None)
+        if plan and not getattr(hf.config, "lens_heads_pruned", None):
+            from lens_heads.pruned_model import shrink
+
+            shrink(hf, plan)
+            hf.config.lens_heads_pruned = plan
+        return hf
 
     def to_tokens(self, texts: list[str] | str) -> list[torch.Tensor]:
         texts = [texts] if isinstance(texts, str) else texts
@@ -333,7 +341,14 @@ def load_hf(source: ModelSource, dtype: torch.dtype, device: str = "cpu", placem
         with _quiet():
             config = AutoConfig.from_pretrained(path, **kwargs)
             HeadGeometry.from_config(config)  # a config without head counts fails here, early
-            model = AutoModelForCausalLM.from_pretrained(  # a conversion is kept in float32
+            auto = AutoModelForCausalLM
+            if getattr(config, "lens_heads_pruned", None):  # an exported pruned model: shrunk by our code
+                import transformers
+
+                from lens_heads.pruned_model import pruned_class
+
+                auto = pruned_class(getattr(transformers, config.architectures[0].removeprefix("LensHeadsPruned")))
+            model = auto.from_pretrained(  # a conversion is kept in float32
                 path, dtype=torch.float32 if convert else dtype, attn_implementation="eager", **kwargs,
                 **({} if convert else placement.hf_kwargs()))
             tokenizer = AutoTokenizer.from_pretrained(path, **kwargs)

@@ -91,7 +91,7 @@ class ScoreCollector:
     def _reduce(self, kind: HookKind, L: int, x: Tensor, batch: BatchGeometry) -> None:
         if batch.maskf.device != x.device:  # a layer on another device (a sharded model)
             batch = self._on.setdefault(x.device, batch.to(x.device))
-        acts = Acts(kind, x, batch, L, self.gram, self.geometry.group_size)
+        acts = Acts(kind, x, batch, L, self.gram, self.geometry.group_size_of(L))
         store = self._layer[L]
         for fn in self._base[kind]:
             store[fn.id] = fn.compute(acts)
@@ -108,8 +108,8 @@ class ScoreCollector:
             store = self._layer[L]
             for fn in self._derived:
                 store[fn.id] = fn.combine(store)
-            for s in self._out_ids:
-                self._scores[s][:, L] = store[s].to(self._scores[s].device)
+            for s in self._out_ids:  # a pruned layer fills its first heads_in(L) columns; the rest stay NaN
+                self._scores[s][:, L, :store[s].shape[-1]] = store[s].to(self._scores[s].device)
             layer_scores = {s: store[s] for s in self.score_ids}
             self._layer[L] = {}  # nothing of this layer is kept beyond the scores
             if z_transform is not None:

@@ -26,7 +26,8 @@ def check_out_dir(out_dir: str | os.PathLike, source) -> Path:
     return out
 
 
-def export_model(hf_model, tokenizer, out_dir: str | os.PathLike) -> Path:
+def export_model(hf_model, tokenizer, out_dir: str | os.PathLike, extra_files: dict[str, str] | None = None) -> Path:
+    """``save_pretrained`` of the model and tokenizer (plus ``extra_files``: name -> text) into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     for stale in out.glob(".export.*"):  # left by a run killed mid-export
@@ -37,6 +38,8 @@ def export_model(hf_model, tokenizer, out_dir: str | os.PathLike) -> Path:
             p.requires_grad_(False)
         hf_model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        for name, text in (extra_files or {}).items():
+            (tmp / name).write_text(text, encoding="utf-8")
         for f in tmp.iterdir():
             os.replace(f, out / f.name)
     finally:

@@ -70,6 +70,8 @@ def repair(model, selector: TargetSelector, train_texts: list[str], eval_texts: 
         raise LensHeadsError("repair trains a full copy of the model on one device: load it without a device map "
                              "(--device-map); diagnosis, scores and evaluation run on a placed model")
     model.geometry.arch.require_table("repair (surgery)")
+    if model.geometry.pruned:
+        raise LensHeadsError("repair of a pruned model is not supported: repair the original, then prune it")
     out = check_out_dir(out_dir, model.source)
     if config.passes < 1:
         raise LensHeadsError(f"passes must be >= 1, got {config.passes}")

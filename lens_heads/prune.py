@@ -1,0 +1,135 @@
+"""Physical head pruning: from "these heads can go" to a smaller model (docs/methods.md §7).
+
+``prune(model, heads)`` returns a new ``LoadedModel`` whose attention layers have lost the
+heads: each removed query head's rows of the query projection and its input columns of the
+output projection go; a KV head's rows of the key and value projections go only when every
+query head of its group goes. Grouped-query attention needs every KV group of a layer to keep
+the same number of query heads, so a group that keeps fewer than the layer's largest also keeps
+some of its removed heads as *padding*: their output columns are zero, so they change nothing
+(the pruned model equals the original under zero-ablation of the removed heads exactly). A layer
+that would lose every head is an error, unless ``allow_empty_layers``: it then keeps one padding
+head (its output is the projection's bias alone, as under zero-ablation).
+
+Supported: the table's ``separate`` layouts (Llama / Mistral, Qwen2, Gemma 3). OLMo-2 is refused:
+its query / key norm spans all heads, so removing heads changes the others. GPT-2 is refused for
+now: the shrinking works in transformers (``pruned_model`` keeps its ``blocked`` layout), but
+TransformerLens' GPT-2 adapter splits the fused ``c_attn`` by the config's head count. BLOOM is
+refused for now: its ALiBi biases are built for all heads at once.
+
+``save_pruned(model, out_dir)`` writes a ``save_pretrained`` folder whose config carries the
+plan (``lens_heads_pruned``) and whose remote code (``modeling_lens_heads_pruned.py``, a copy of
+``lens_heads.pruned_model``) rebuilds it: ``load_model(folder)`` in lens_heads, or
+``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` in transformers alone.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from lens_heads.errors import LensHeadsError
+from lens_heads.interventions import Head
+
+PRUNABLE = {"separate"}
+REMOTE_CODE = "modeling_lens_heads_pruned.py"
+
+
+@dataclass(frozen=True)
+class LayerPlan:
+    """One layer after pruning: the original query heads kept (padding included), those kept
+    only as padding (zero output), and the original KV heads kept."""
+
+    keep_q: tuple[int, ...]
+    pad_q: tuple[int, ...]
+    keep_kv: tuple[int, ...]
+
+
+def plan_layer(geometry, layer: int, removed: set[int], allow_empty: bool) -> LayerPlan:
+    n = geometry.heads_in(layer)
+    group = geometry.group_size_of(layer)
+    kept = {g: [h for h in range(g * group, (g + 1) * group) if h not in removed] for g in range(n // group)}
+    live = {g: hs for g, hs in kept.items() if hs}
+    if not live:
+        if not allow_empty:
+            raise LensHeadsError(f"pruning would remove every head of layer {layer}; keep at least one, or allow "
+                                 f"empty layers (--allow-empty-layers: one zero-output head stays)")
+        return LayerPlan((0,), (0,), (0 // group,))
+    width = max(len(hs) for hs in live.values())  # every kept group keeps this many query heads
+    keep_q, pad_q = [], []
+    for g, hs in live.items():
+        pads = [h for h in range(g * group, (g + 1) * group) if h in removed][:width - len(hs)]
+        keep_q += sorted(hs + pads)
+        pad_q += pads
+    return LayerPlan(tuple(keep_q), tuple(sorted(pad_q)), tuple(live))
+
+
+def plan_prune(geometry, heads: Sequence[Head], allow_empty_layers: bool = False) -> list[LayerPlan]:
+    """The per-layer plan for removing ``heads`` (checked against ``geometry``)."""
+    arch = geometry.arch
+    arch.require_table("pruning")
+    if arch.qk_norm == "full":
+        raise LensHeadsError(f"pruning {arch.name}: its query/key norm spans all heads, so removing a head changes "
+                             f"the others; pruning is exact only for per-head or no query/key norms")
+    if arch.layout not in PRUNABLE:
+        why = {"blocked": "TransformerLens' GPT-2 adapter splits the fused c_attn by the config's head count",
+               "interleaved": "its ALiBi biases are built for all heads at once"}[arch.layout]
+        raise LensHeadsError(f"pruning {arch.name} is not supported yet: {why}; supported: the separate-projection "
+                             f"layouts (Llama/Mistral, Qwen2, Gemma 3)")
+    if not heads:
+        raise LensHeadsError("nothing to prune: the head set is empty")
+    for L, h in heads:
+        geometry.check_head(L, h)
+    by_layer: dict[int, set[int]] = {}
+    for L, h in heads:
+        by_layer.setdefault(L, set()).add(h)
+    return [plan_layer(geometry, L, by_layer.get(L, set()), allow_empty_layers) for L in range(geometry.n_layers)]
+
+
+def plan_config(geometry, layers: list[LayerPlan]) -> dict:
+    """The plan as the config field ``lens_heads_pruned`` (what ``pruned_model.shrink`` reads)."""
+    a = geometry.arch
+    return {"layout": a.layout, "layers": a.layers, "attn": a.attn, "q": a.qkv["q"], "k": a.qkv["k"],
+            "v": a.qkv["v"], "out": a.out, "d_head": geometry.d_head,
+            "keep_q": [list(p.keep_q) for p in layers], "keep_kv": [list(p.keep_kv) for p in layers],
+            "pad_q": [list(p.pad_q) for p in layers]}
+
+
+def prune(model, heads: Sequence[Head], allow_empty_layers: bool = False):
+    """A new ``LoadedModel``: ``model`` without ``heads`` (``model`` itself is unchanged)."""
+    from lens_heads.hashing import sha256_bytes
+    from lens_heads.models.load import boot, model_digest
+    from lens_heads.pruned_model import shrink
+
+    if model.geometry.pruned:
+        raise LensHeadsError("the model is pruned already: prune the original with the union of the head sets")
+    if model.sharded:
+        raise LensHeadsError("pruning copies the model onto one device: load it without a device map")
+    layers = plan_prune(model.geometry, heads, allow_empty_layers)
+    plan = plan_config(model.geometry, layers)
+    hf = model.load_hf_model()
+    shrink(hf, plan)
+    hf.config.lens_heads_pruned = plan
+    pruned = boot(hf, model.tokenizer, model.source, model.dtype, model.device)
+    pruned.weights_digest = sha256_bytes([model_digest(model).encode(), json.dumps(plan, sort_keys=True).encode()])
+    return pruned
+
+
+def save_pruned(model, out_dir: str | os.PathLike) -> Path:
+    """Export a pruned model: weights, config with the plan, tokenizer and the remote code."""
+    import inspect
+
+    import lens_heads.pruned_model as pruned_model
+    from lens_heads.surgery.export import export_model
+
+    if not model.geometry.pruned:
+        raise LensHeadsError("not a pruned model (lens_heads.prune.prune makes one)")
+    hf = model.load_hf_model()  # a plain (unbridged) copy, pruned as the model is
+    base = type(hf).__name__.removeprefix("LensHeadsPruned")
+    hf.config.auto_map = {"AutoModelForCausalLM": f"{REMOTE_CODE[:-3]}.{'LensHeadsPruned' + base}"}
+    code = inspect.getsource(pruned_model) + (
+        f"\n\nimport transformers as _transformers\n\nLensHeadsPruned{base} = pruned_class(_transformers.{base})\n")
+    out = export_model(hf, model.tokenizer, out_dir, extra_files={REMOTE_CODE: code})
+    return out

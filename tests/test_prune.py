@@ -1,0 +1,152 @@
+"""Physical head pruning (``lens_heads.prune``): for every prunable architecture and random head
+sets (a whole KV group, none of one, several layers), the pruned model's logits equal the original
+model's under static zero-ablation of the same heads; the exported folder reloads, in lens_heads
+and in transformers alone, with identical logits; scores, ablation and evaluation run on it."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from lens_heads import LensHeadsError
+from lens_heads.ablation import parse_ablation
+from lens_heads.hooks import run_with_hooks
+
+PRUNABLE = ["llama", "qwen2", "gemma3"]
+TEXTS = ["The capital of France is Paris. The capital of Italy is Rome.", "Attention heads that do nothing",
+         "A B C D Answer: the following"]
+
+
+def _ids(model):
+    from lens_heads.data import pad_batch
+
+    seqs = model.to_tokens(TEXTS)
+    return pad_batch(seqs, model.tokenizer.pad_token_id, side="right")
+
+
+def _zeroed_logits(model, heads):
+    ids, mask = _ids(model)
+    ab = parse_ablation("static:" + ",".join(f"{L}.{h}" for L, h in heads), model.geometry)
+    return run_with_hooks(model, ids, mask, ab.hooks(model, mask, list(range(len(TEXTS))))), mask.bool()
+
+
+def head_sets(g, seed: int):
+    """A whole KV group of layer 0, one head of layer 1 (no whole group), and random extras."""
+    rng = random.Random(seed)
+    group = g.group_size
+    sets = [[(0, h) for h in range(group)],  # every query head of KV head 0
+            [(1, group - 1)] if g.n_heads > 1 else [(1, 0)]]
+    extra = rng.sample([(L, h) for L in range(g.n_layers) for h in range(g.n_heads)], k=g.n_heads // 2)
+    sets.append(sorted(set(sets[0] + extra)))
+    return [s for s in sets if len({h for L, h in s if L == 0}) < g.n_heads and
+            len({h for L, h in s if L == 1}) < g.n_heads]
+
+
+@pytest.mark.parametrize("arch", PRUNABLE)
+def test_pruned_equals_zero_ablation_and_reloads(arch, tiny_model, tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from lens_heads import load_model
+    from lens_heads.prune import prune, save_pruned
+
+    model = tiny_model(arch)
+    g = model.geometry
+    for i, heads in enumerate(head_sets(g, seed=hash(arch) % 1000)):
+        pruned = prune(model, heads)
+        ref, real = _zeroed_logits(model, heads)
+        ids, mask = _ids(pruned)
+        got = run_with_hooks(pruned, ids, mask, [])
+        torch.testing.assert_close(got[real], ref[real], atol=1e-5, rtol=0, msg=f"{arch} {heads}")
+        n_before = sum(p.numel() for p in model.hf_model.parameters())
+        n_after = sum(p.numel() for p in pruned.hf_model.parameters())
+        assert n_after < n_before if i == 0 else n_after <= n_before  # one head of a GQA group may stay as padding
+        removed_groups = [L for L in range(g.n_layers)
+                          if any(all((L, h) in heads for h in range(k * g.group_size, (k + 1) * g.group_size))
+                                 for k in range(g.n_kv_heads))]
+        for L in removed_groups:  # a whole group removed: its KV head is gone
+            assert pruned.geometry.kv_in(L) < g.n_kv_heads
+        out = save_pruned(pruned, tmp_path / f"{arch}-{i}")
+        again = load_model(str(out))
+        assert again.geometry.heads_per_layer == pruned.geometry.heads_per_layer
+        torch.testing.assert_close(run_with_hooks(again, ids, mask, [])[real], got[real], atol=1e-6, rtol=0)
+        hf = AutoModelForCausalLM.from_pretrained(out, trust_remote_code=True, attn_implementation="eager").eval()
+        with torch.no_grad():
+            plain = hf(ids, attention_mask=mask).logits
+        torch.testing.assert_close(plain[real], got[real], atol=1e-5, rtol=0)
+
+
+def test_gqa_padding_keeps_groups_uniform(tiny_model):
+    """Llama's 4 query heads over 2 KV heads: removing one head of group 0 keeps the group as wide as
+    group 1 with a zero-output padding head, and nothing else changes."""
+    from lens_heads.prune import plan_prune
+
+    model = tiny_model("llama")
+    plan = plan_prune(model.geometry, [(0, 1)])
+    assert plan[0].keep_q == (0, 1, 2, 3) and plan[0].pad_q == (1,) and plan[0].keep_kv == (0, 1)
+    plan = plan_prune(model.geometry, [(0, 0), (0, 1), (0, 3)])  # one group left: no padding needed
+    assert plan[0].keep_q == (2,) and plan[0].pad_q == () and plan[0].keep_kv == (1,)
+    assert plan[1].keep_q == (0, 1, 2, 3) and not plan[1].pad_q
+
+
+def test_scores_evaluation_and_ablation_run_on_a_pruned_model(tiny_model, tmp_path):
+    import json
+
+    from test_sweep import TASK_ROWS
+
+    from lens_heads.data import load_task
+    from lens_heads.diagnose import diagnose
+    from lens_heads.evaluate import evaluate_task
+    from lens_heads.prune import prune
+    from lens_heads.scores import score_heads
+
+    model = tiny_model("llama")
+    pruned = prune(model, [(0, 0), (0, 1)])  # layer 0 keeps heads 2, 3 as its heads 0, 1
+    full, small = score_heads(model, TEXTS, "all", progress=False), score_heads(pruned, TEXTS, "all", progress=False)
+    for sid in ("ahon", "awft", "avvn"):  # layer 1 unchanged upstream? no: layer 0's output changed; shapes
+        assert small.mean[sid].shape == full.mean[sid].shape
+        assert torch.isnan(small.mean[sid][0, 2:]).all() and not torch.isnan(small.mean[sid][0, :2]).any()
+    zeroed = score_heads(model, TEXTS, ["ahon"], progress=False)  # layer 0's kept heads read the same inputs
+    torch.testing.assert_close(small.mean["ahon"][0, :2], zeroed.mean["ahon"][0, 2:], atol=1e-5, rtol=1e-5)
+    rows = tmp_path / "mini.jsonl"
+    rows.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in TASK_ROWS))
+    task = load_task(f"file:{rows}")
+    a = evaluate_task(model, task, ablation=parse_ablation("static:0.0,0.1", model.geometry), progress=False)
+    b = evaluate_task(pruned, task, progress=False)
+    assert [q.pred for q in a.questions] == [q.pred for q in b.questions]
+    rnd = evaluate_task(pruned, task, ablation=parse_ablation("random:0.5@0", pruned.geometry), progress=False)
+    assert 0.2 < rnd.zeroed_fraction < 0.8
+    assert rnd.config["zeroed_units"][1] == len(task) * pruned.geometry.n_units * 0 + rnd.config["zeroed_units"][1]
+    with pytest.raises(LensHeadsError, match="layer 0 has 2"):
+        parse_ablation("static:0.3", pruned.geometry)
+    d = diagnose(pruned, pruned.to_tokens(TEXTS))
+    assert len(d.classes) >= 1
+
+
+@pytest.mark.parametrize("arch, heads, message", [
+    ("llama", [(0, 9)], "out of range"),
+    ("llama", [], "head set is empty"),
+    ("llama", [(0, h) for h in range(4)], "every head of layer 0"),
+    ("olmo2", [(0, 1)], "norm spans all heads"),
+    ("bloom", [(0, 1)], "ALiBi"),
+    ("gpt2", [(0, 1)], "c_attn"),
+    ("phi3", [(0, 1)], "add an ArchSpec entry"),
+])
+def test_bad_prunes(arch, heads, message, tiny_model):
+    from lens_heads.prune import prune
+
+    with pytest.raises(LensHeadsError, match=message):
+        prune(tiny_model(arch), heads)
+
+
+def test_an_emptied_layer_with_the_flag_keeps_one_zero_head(tiny_model):
+    from lens_heads.prune import prune
+
+    model = tiny_model("llama")
+    heads = [(0, h) for h in range(4)]
+    pruned = prune(model, heads, allow_empty_layers=True)
+    assert pruned.geometry.heads_per_layer[0] == 1
+    ref, real = _zeroed_logits(model, heads)
+    ids, mask = _ids(pruned)
+    torch.testing.assert_close(run_with_hooks(pruned, ids, mask, [])[real], ref[real], atol=1e-5, rtol=0)
