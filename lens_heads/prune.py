@@ -117,8 +117,9 @@ def prune(model, heads: Sequence[Head], allow_empty_layers: bool = False):
     return pruned
 
 
-def save_pruned(model, out_dir: str | os.PathLike) -> Path:
-    """Export a pruned model: weights, config with the plan, tokenizer and the remote code."""
+def save_pruned(model, out_dir: str | os.PathLike, extra_files: dict[str, str] | None = None) -> Path:
+    """Export a pruned model: weights, config with the plan, tokenizer and the remote code (and
+    ``extra_files``, name -> text, written with them)."""
     import inspect
 
     import lens_heads.pruned_model as pruned_model
@@ -131,5 +132,77 @@ def save_pruned(model, out_dir: str | os.PathLike) -> Path:
     hf.config.auto_map = {"AutoModelForCausalLM": f"{REMOTE_CODE[:-3]}.{'LensHeadsPruned' + base}"}
     code = inspect.getsource(pruned_model) + (
         f"\n\nimport transformers as _transformers\n\nLensHeadsPruned{base} = pruned_class(_transformers.{base})\n")
-    out = export_model(hf, model.tokenizer, out_dir, extra_files={REMOTE_CODE: code})
+    out = export_model(hf, model.tokenizer, out_dir, extra_files={REMOTE_CODE: code, **(extra_files or {})})
     return out
+
+
+# -----------------------------------------------------------------------------
+# Selecting the heads to remove
+
+
+@dataclass(frozen=True)
+class PruneSelection:
+    """Which heads go: the least active ``fraction`` of all heads by a score (``ID@P%``), or every
+    head whose dataset-level score crosses a threshold (``ID<TAU``, ``ID>=TAU``, ...)."""
+
+    score_id: str
+    fraction: float | None = None  # ID@P%
+    op: str | None = None  # ID<TAU
+    threshold: float | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> "PruneSelection":
+        from lens_heads.scores import resolve_score_ids
+        from lens_heads.surgery.targets import parse_select
+
+        text = text.strip()
+        if "@" in text:
+            sid, _, pct = text.partition("@")
+            try:
+                p = float(pct.removesuffix("%")) / 100
+            except ValueError:
+                p = -1.0
+            if not pct.endswith("%") or not 0 < p < 1:
+                raise LensHeadsError(f"--select {text!r}: write ID@P% with 0 < P < 100 (e.g. ahon_ln@30%)")
+            resolve_score_ids(sid)
+            return cls(sid, fraction=p)
+        sid, op, tau = parse_select(text)
+        return cls(sid, op=op, threshold=tau)
+
+    def __str__(self) -> str:
+        if self.fraction is not None:
+            return f"{self.score_id}@{100 * self.fraction:g}%"
+        return f"{self.score_id}{self.op}{self.threshold!r}"
+
+    def resolve(self, model, inputs) -> list[Head]:
+        """The heads this selection removes from ``model``, scored on ``inputs``."""
+        from lens_heads.scores import score_heads
+
+        hs = score_heads(model, inputs, [self.score_id], progress=False)
+        if self.fraction is not None:
+            return sorted(hs.least_active(self.score_id, round(self.fraction * model.geometry.n_units)))
+        from lens_heads.surgery.targets import TargetSelector
+
+        return TargetSelector(select=f"{self.score_id}{self.op}{self.threshold!r}").resolve(model, inputs=inputs)
+
+
+def parameter_count(model) -> int:
+    return sum(p.numel() for p in model.hf_model.parameters())
+
+
+REPORT_FILE = "prune_report.json"
+
+
+def read_prune_report(folder: str | os.PathLike) -> dict:
+    """The ``prune_report.json`` a ``lens-heads prune`` folder holds (one clear error otherwise)."""
+    path = Path(folder) / REPORT_FILE
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise LensHeadsError(f"{folder} holds no {REPORT_FILE}: give the --out folder of 'lens-heads prune'") from None
+    except (OSError, ValueError) as exc:
+        raise LensHeadsError(f"{path} is unreadable: {exc}") from None
+    need = {"removed", "heads_before", "heads_after", "parameters_before", "parameters_after", "heads_per_layer"}
+    if not isinstance(data, dict) or not need <= set(data):
+        raise LensHeadsError(f"{path} is not a prune report (it lacks {sorted(need - set(data or {}))})")
+    return data

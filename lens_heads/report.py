@@ -63,6 +63,7 @@ class ReportData:
     meta: dict[str, str] = field(default_factory=dict)  # the "Run" table: model, data, versions, ...
     heatmaps: Sequence[str] = ("ahon_ln", "awft")
     key_score: str = KEY_SCORE
+    pruning: dict | None = None  # a 'lens-heads prune' run's prune_report.json
 
 
 @dataclass
@@ -265,6 +266,28 @@ def diagnosis_section(data: ReportData) -> Section:
     return Section("Diagnosis", "\n".join(body), "diagnosis")
 
 
+def pruning_section(data: ReportData) -> Section | None:
+    """What a pruning run removed and what it cost (its prune_report.json), when one is given."""
+    r = data.pruning
+    if r is None:
+        return None
+    rows = [("heads removed", f"{len(r['removed'])} of {r['heads_before']} "
+                              f"({100 * len(r['removed']) / r['heads_before']:.1f} %), by {r.get('selection', '?')}"),
+            ("parameters", f"{r['parameters_before']:,} → {r['parameters_after']:,} "
+                           f"({100 * (1 - r['parameters_after'] / r['parameters_before']):.2f} % fewer)"),
+            ("heads per layer", ", ".join(map(str, r["heads_per_layer"]))),
+            ("KV heads per layer", ", ".join(map(str, r.get("kv_heads_per_layer", []))))]
+    ev = r.get("eval")
+    if ev:
+        rows.append((f"{ev['task']} accuracy ({ev['n_questions']} questions)",
+                     f"{ev['acc_before']:.4f} → {ev['acc_after']:.4f}: {100 * ev['delta']:+.1f} "
+                     f"[{100 * ev['ci_low']:+.1f}, {100 * ev['ci_high']:+.1f}] points (paired bootstrap, 95 %)"))
+    table = pd.DataFrame(rows, columns=["", "value"])
+    removed = ", ".join(r["removed"][:60]) + (" …" if len(r["removed"]) > 60 else "")
+    body = [table_html(table), f'<p class="note">Removed: {html.escape(removed)}</p>']
+    return Section("Pruning", "\n".join(body), "pruning")
+
+
 def view_block(view: AttentionView, table: pd.DataFrame) -> str:
     """A table describing the view's heads, then the circuitsvis view itself."""
     idx = table.set_index(["layer", "head"])
@@ -289,7 +312,9 @@ def patterns_section(data: ReportData) -> Section:
 
 def render_report(data: ReportData) -> str:
     """The page for ``data`` (HTML text)."""
-    sections = [scores_section(data), sweep_section(data), diagnosis_section(data), patterns_section(data)]
+    sections = [scores_section(data), sweep_section(data), pruning_section(data), diagnosis_section(data),
+                patterns_section(data)]
+    sections = [s for s in sections if s is not None]
     return render_page(f"Attention heads of {Path(data.title).name or data.title}", data.meta, sections,
                        with_bundle=bool(data.views))
 

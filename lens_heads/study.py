@@ -105,6 +105,7 @@ class ReportConfig:
     batch_size: int = 8
     progress: bool = True
     protocol: dict = field(default_factory=dict)  # resolve_protocol settings for that sweep (paper=..., ...)
+    prune_run: str | None = None  # a 'lens-heads prune' --out folder: the report's pruning section
 
 
 VERSION_PACKAGES = ("lens_heads", "torch", "transformer_lens", "transformers", "circuitsvis", "matplotlib",
@@ -123,7 +124,7 @@ def check_report_config(cfg: ReportConfig) -> None:
     if out.suffix.lower() not in (".html", ".htm"):
         raise LensHeadsError(f"--out must end in .html, got {out.name!r}")
     for name in ("top_k", "n_inputs", "max_len", "batch_size", "view_tokens"):
-        if getattr(cfg, name) < 1:
+        if isinstance(getattr(cfg, name), int) and getattr(cfg, name) < 1:  # ("auto" batch sizes pass)
             raise LensHeadsError(f"{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
     if cfg.max_sink_views < 0:
         raise LensHeadsError(f"max-sink-views must be >= 0, got {cfg.max_sink_views}")
@@ -137,6 +138,10 @@ def check_report_config(cfg: ReportConfig) -> None:
 
         resolve_score_ids(cfg.sweep_scores)
         load_task(cfg.task)  # an unknown task fails here, before the model is loaded
+    if cfg.prune_run is not None:
+        from lens_heads.prune import read_prune_report
+
+        read_prune_report(cfg.prune_run)
     if cfg.sweep is not None:
         sweep = Path(cfg.sweep)
         if not sweep.exists():
@@ -225,8 +230,14 @@ def build_report(cfg: ReportConfig, model=None, texts: list[str] | None = None) 
         "wall time": f"{time.time() - t0:.1f} s",
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
+    pruning = None
+    if cfg.prune_run is not None:
+        from lens_heads.prune import read_prune_report
+
+        pruning = read_prune_report(cfg.prune_run)
     data = ReportData(model.name, scores, diagnosis, sweep, views, text,
-                      min(len(model.to_tokens(text)[0]), cfg.view_tokens), sources, meta, tuple(cfg.heatmaps))
+                      min(len(model.to_tokens(text)[0]), cfg.view_tokens), sources, meta, tuple(cfg.heatmaps),
+                      pruning=pruning)
     return write_report(data, cfg.out)
 
 

@@ -96,7 +96,7 @@ def _cases(tmp_path, bad, model):
         (["evaluate", model, "--task", "piqa", "--ablate", "score:nope@0.3"], ["unknown score", "'nope'"]),
         (["evaluate", model, "--task", "piqa", "--ablate", "random:2@0"], ["probability must be in [0, 1]"]),
         (["evaluate", model, "--task", "piqa", "--limit", "0"], ["--limit must be >= 1"]),
-        (["evaluate", model, "--task", "piqa", "--batch-size", "0"], ["--batch-size must be >= 1"]),
+        (["evaluate", model, "--task", "piqa", "--batch-size", "0"], ["--batch-size must be >= 1 or auto"]),
         (["evaluate", model, "--task", "piqa", "--n-shot", "-1"], ["--n-shot must be >= 0"]),
         (["sweep", model, "--task", "piqa", "--ablate", "static:a.b", "--out", str(tmp_path / "s")], ["bad head"]),
         (["sweep", model, "--task", "piqa", "--limit", "0", "--out", str(tmp_path / "s")], ["limit must be >= 1"]),

@@ -150,3 +150,65 @@ def test_an_emptied_layer_with_the_flag_keeps_one_zero_head(tiny_model):
     ref, real = _zeroed_logits(model, heads)
     ids, mask = _ids(pruned)
     torch.testing.assert_close(run_with_hooks(pruned, ids, mask, [])[real], ref[real], atol=1e-5, rtol=0)
+
+
+def test_cli_prune_select_eval_and_reload(tiny_model_dir, tiny_model, tmp_path, capsys):
+    import json
+
+    from lens_heads import load_model
+    from lens_heads.cli import main
+
+    data = tmp_path / "texts.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    rows = tmp_path / "mini.jsonl"
+    from test_sweep import TASK_ROWS
+
+    rows.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in TASK_ROWS))
+    out = tmp_path / "pruned"
+    assert main(["prune", str(tiny_model_dir("llama")), "--select", "ahon_ln@25%", "--data", str(data),
+                 "--out", str(out), "--eval", f"file:{rows}", "--n-boot", "200"]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "prune_report.json").read_text())
+    assert report["n_removed"] == 2 and report["heads_before"] == 8 and "change" in printed
+    from lens_heads.scores import score_heads
+
+    model = tiny_model("llama")
+    hs = score_heads(model, model.to_tokens(TEXTS), ["ahon_ln"], progress=False)
+    assert report["removed"] == [f"{L}.{h}" for L, h in sorted(hs.least_active("ahon_ln", 2))]
+    again = load_model(str(out))
+    assert sum(again.geometry.heads_per_layer) >= 6 and report["parameters_after"] <= report["parameters_before"]
+    assert report["eval"]["n_questions"] == len(TASK_ROWS)
+    # the HTML report's pruning section reads the same file
+    from types import SimpleNamespace
+
+    from lens_heads.prune import read_prune_report
+    from lens_heads.report import pruning_section
+
+    sec = pruning_section(SimpleNamespace(pruning=read_prune_report(out)))
+    assert sec.anchor == "pruning" and "2 of 8 (25.0 %), by ahon_ln@25%" in sec.body
+    assert f"{report['parameters_before']:,}" in sec.body and "paired bootstrap" in sec.body
+    for r in report["removed"]:
+        assert r in sec.body
+    with pytest.raises(LensHeadsError, match="holds no prune_report.json"):
+        read_prune_report(tmp_path)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--heads", "0.9"], "out of range"),
+    (["--heads", "0.0,0.1,0.2,0.3"], "every head of layer 0"),
+    (["--select", "ahon_ln@130%"], "0 < P < 100"),
+    (["--select", "nope@10%"], "unknown score"),
+    (["--heads", "0.1", "--eval", "nope"], "Unknown task"),
+    (["--heads", "0.1", "--out", "FILE"], "not a folder"),
+])
+def test_cli_prune_bad_input(extra, message, tiny_model_dir, tmp_path, capsys):
+    from lens_heads.cli import main
+
+    (tmp_path / "file").write_text("x")
+    out = tmp_path / "out"
+    argv = ["prune", str(tiny_model_dir("llama")), "--out", str(out), *extra]
+    argv = [str(tmp_path / "file") if a == "FILE" else a for a in argv]
+    code = main(argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and message in err[0], err
+    assert not out.exists()

@@ -13,7 +13,7 @@ import sys
 
 from lens_heads.errors import LensHeadsError
 
-COMMANDS = ["info", "score", "evaluate", "sweep", "diagnose", "repair", "report", "demo", "lm-eval"]
+COMMANDS = ["info", "score", "evaluate", "sweep", "diagnose", "repair", "prune", "report", "demo", "lm-eval"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +28,10 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if isinstance(getattr(args, "batch_size", None), str):  # "auto" or a number, before any work
+            from lens_heads.cli.common import parse_batch_size
+
+            args.batch_size = parse_batch_size(args.batch_size)
         if hasattr(args, "device_map"):  # the model's placement flags, checked before any work
             from lens_heads.cli.common import placement_from_args
 

@@ -92,20 +92,23 @@ def add_data_args(p: argparse.ArgumentParser, default: str | None = "c4") -> Non
                    help="corpus name (c4, c4-train, wikitext2) or a local .txt/.jsonl/.parquet file")
     p.add_argument("--n-inputs", type=int, default=32, help="number of inputs (default 32)")
     p.add_argument("--max-len", type=int, default=256, help="tokens per input (default 256)")
-    p.add_argument("--batch-size", type=parse_batch_size, default=8, help="inputs per forward, or auto (default 8)")
+    p.add_argument("--batch-size", default="8", help="inputs per forward, or auto (default 8)")
 
 
-def parse_batch_size(text: str):
-    """``--batch-size``: a positive integer or ``auto`` (argparse reports a bad one as usage)."""
-    import argparse
-
-    from lens_heads.batching import parse_batch_size as parse
+def parse_batch_size(text: str) -> int | str:
+    """``--batch-size``: a positive integer or ``auto`` (checked with the other arguments, before
+    anything loads: ``cli.main`` applies it)."""
     from lens_heads.errors import LensHeadsError
 
+    if str(text).strip().lower() == "auto":
+        return "auto"
     try:
-        return parse(text)
-    except LensHeadsError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
+        value = int(text)
+    except (TypeError, ValueError):
+        raise LensHeadsError(f"--batch-size must be >= 1 or auto, got {text!r}") from None
+    if value < 1:
+        raise LensHeadsError(f"--batch-size must be >= 1 or auto, got {value}")
+    return value
 
 
 def add_protocol_args(p: argparse.ArgumentParser, thresholds: bool = True) -> None:

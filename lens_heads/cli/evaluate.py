@@ -9,7 +9,7 @@ sweep (``lens-heads sweep``, same ``--limit`` / ``--seed`` / ``--n-shot``) measu
 from __future__ import annotations
 
 from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
-                                   model_from_args, parse_batch_size, protocol_from_args)
+                                   model_from_args, protocol_from_args)
 
 
 def register(sub) -> None:
@@ -28,7 +28,7 @@ def register(sub) -> None:
     p.add_argument("--ablate", default=None,
                    help="static:L.H,L.H | score:ID@THRESHOLD | score:ID@P%% (threshold taking P%% of "
                         "the heads, set on these inputs unablated) | random:P@SEED | none")
-    p.add_argument("--batch-size", type=parse_batch_size, default="auto",
+    p.add_argument("--batch-size", default="auto",
                    help="rows per forward, or auto (default: the largest that fits, lens_heads.batching)")
     p.add_argument("--out", default=None, help="write per-question results here (JSONL, atomic)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")

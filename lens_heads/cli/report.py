@@ -23,6 +23,7 @@ def register(sub) -> None:
     p.add_argument("--heads", default=None, help="extra heads to show, e.g. 3.1,4.2")
     p.add_argument("--max-sink-views", type=int, default=8, help="most BOS-sink/DEAD heads shown (default 8)")
     p.add_argument("--view-tokens", type=int, default=40, help="tokens of the text in attention views (default 40)")
+    p.add_argument("--prune-run", default=None, help="a 'lens-heads prune' --out folder: adds its pruning section")
     p.add_argument("--out", required=True, help="HTML file to write")
     add_protocol_args(p, thresholds=False)
     p.set_defaults(func=run)
@@ -57,7 +58,7 @@ def run(args) -> int:
         task=args.task, limit=args.limit, sweep_scores=args.sweep_scores, sweep=args.sweep,
         diagnosis=args.diagnosis, scores=args.scores,
         top_k=args.top_k, heads=args.heads, max_sink_views=args.max_sink_views, view_tokens=args.view_tokens,
-        dtype=args.dtype, device=args.device, batch_size=args.batch_size,
+        dtype=args.dtype, device=args.device, batch_size=args.batch_size, prune_run=args.prune_run,
         protocol={"paper": args.paper_protocol, "add_bos_token": args.add_bos_token,
                   "apply_chat_template": args.apply_chat_template, "fewshot_as_multiturn": args.fewshot_as_multiturn})
     path = build_report(cfg)

@@ -10,7 +10,7 @@ loaded, ablation specs parsed) before anything is written.
 from __future__ import annotations
 
 from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
-                                   model_from_args, parse_batch_size, protocol_from_args)
+                                   model_from_args, protocol_from_args)
 
 
 def register(sub) -> None:
@@ -34,7 +34,7 @@ def register(sub) -> None:
                    help="questions per stored part of a point: a killed run loses at most one part (default 250)")
     p.add_argument("--n-shot", type=int, default=None, help="few-shot examples (default: the task's)")
     p.add_argument("--seed", type=int, default=1234, help="few-shot sampling seed (default 1234, lm-eval's)")
-    p.add_argument("--batch-size", type=parse_batch_size, default="auto",
+    p.add_argument("--batch-size", default="auto",
                    help="rows per forward, or auto (default: the largest that fits, lens_heads.batching)")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")
     p.add_argument("--first", default="",
