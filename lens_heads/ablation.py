@@ -106,6 +106,17 @@ class Ablation:
     spec = NoHeads()
     reuses_prefix: bool = True
     _counts_type = Counts
+    replacement = None  # what ablated heads become (lens_heads.replacement runtime); None: zero
+
+    def _prepare(self, model, attention_mask, row_keys) -> None:
+        if self.replacement is not None:
+            self.replacement.prepare(model, attention_mask, row_keys)
+
+    def _apply(self, layer: int, z: Tensor, drop: Tensor) -> Tensor:
+        """z with the heads in ``drop`` (per row) replaced: by 0, or by the replacement's values."""
+        if self.replacement is None:
+            return _zero_heads(z, drop)
+        return torch.where(drop.to(z.device)[:, None, :, None], self.replacement.values(layer, z), z)
 
     @property
     def name(self) -> str:
@@ -177,13 +188,14 @@ class StaticAblation(Ablation):
         g = self.geometry
         batch = attention_mask.shape[0]
         self.counts.start(batch, g)
+        self._prepare(model, attention_mask, row_keys)
         # The set is input-independent: count the whole forward once, hook only layers that change.
         for L in range(g.n_layers):
             self.counts.record(L, self._mask[L, :g.heads_in(L)].expand(batch, -1))
 
         def make(L: int) -> HookFn:
             drop = self._mask[L, :g.heads_in(L)].expand(batch, -1)
-            return lambda z, hook: _zero_heads(z, drop)
+            return lambda z, hook: self._apply(L, z, drop)
 
         return [(hook_name("z", L), make(L)) for L in range(g.n_layers) if self._mask[L].any()]
 
@@ -217,13 +229,14 @@ class RandomAblation(Ablation):
             raise LensHeadsError(f"random ablation: {len(row_keys)} row keys for a batch of {attention_mask.shape[0]}")
         masks = self.masks(row_keys)
         self.counts.start(len(row_keys), g)
+        self._prepare(model, attention_mask, row_keys)
 
         def make(L: int) -> HookFn:
             drop = masks[:, L, :g.heads_in(L)]  # a pruned layer draws for all heads, uses its own
 
             def hook(z, hook):
                 self.counts.record(L, drop)
-                return _zero_heads(z, drop)
+                return self._apply(L, z, drop)
             return hook
 
         return [(hook_name("z", L), make(L)) for L in range(g.n_layers)]
@@ -265,12 +278,13 @@ class ScoreAblation(Ablation):
     def hooks(self, model, attention_mask, row_keys) -> Hooks:
         g = self.geometry
         self.counts.start(attention_mask.shape[0], g)
+        self._prepare(model, attention_mask, row_keys)
         collector = self.collector(model)
 
         def z_transform(layer: int, z: Tensor, scores: dict[str, Tensor]) -> Tensor:
             drop = self.crosses(scores[self.score_id])
             self.counts.record(layer, drop)
-            return _zero_heads(z, drop)
+            return self._apply(layer, z, drop)
 
         return collector.hooks(attention_mask, z_transform=z_transform)
 

@@ -248,11 +248,51 @@ class RandomHeads(AblationSpec):
         return RandomAblation(self.p, self.seed, geometry)
 
 
+@dataclass(frozen=True)
+class Replaced(AblationSpec):
+    """An ablation whose heads are replaced, not zeroed: ``SPEC|REPLACEMENT``
+    (``lens_heads.replacement``: ``mean:CORPUS``, ``resample:CORPUS@SEED``)."""
+
+    spec: AblationSpec
+    replacement: object  # a lens_heads.replacement.Replacement
+
+    def __str__(self) -> str:
+        return f"{self.spec}|{self.replacement}"
+
+    @property
+    def needs_calibration(self) -> bool:  # type: ignore[override]
+        return self.spec.needs_calibration
+
+    def bind(self, geometry):
+        from lens_heads.replacement import Resample
+
+        ablation = self.spec.bind(geometry)
+        ablation.spec, ablation.replacement = self, self.replacement.runtime()
+        if isinstance(self.replacement, Resample):
+            ablation.reuses_prefix = False  # each row its own source: no shared prefix
+        return ablation
+
+
+def with_replacement(spec: AblationSpec, replacement) -> AblationSpec:
+    """``spec`` with its heads replaced by ``replacement`` (zero, or nothing to replace: ``spec``)."""
+    from lens_heads.replacement import Zero, parse_replacement
+
+    replacement = parse_replacement(replacement) if isinstance(replacement, str) else replacement
+    if isinstance(replacement, Zero) or isinstance(spec, NoHeads):
+        return spec
+    if isinstance(spec, Replaced):
+        spec = spec.spec
+    return Replaced(spec, replacement)
+
+
 def parse_spec(text: str) -> AblationSpec:
-    """The one parser of ablation specs (``ABLATION_FORMS``); ``str()`` of the result is its
-    canonical form (heads sorted, floats in repr)."""
+    """The one parser of ablation specs (``ABLATION_FORMS``, optionally ``|REPLACEMENT``); ``str()``
+    of the result is its canonical form (heads sorted, floats in repr)."""
     if not isinstance(text, str) or not text.strip():
         raise LensHeadsError(f"empty ablation spec; use one of: {ABLATION_FORMS}")
+    if "|" in text:
+        left, _, right = text.partition("|")
+        return with_replacement(parse_spec(left), right)
     s = text.strip()
     kind, sep, body = s.partition(":")
     cls = SPEC_KINDS.get(kind.strip())

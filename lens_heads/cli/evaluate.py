@@ -32,6 +32,9 @@ def register(sub) -> None:
                    help="rows per forward, or auto (default: the largest that fits, lens_heads.batching)")
     p.add_argument("--out", default=None, help="write per-question results here (JSONL, atomic)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--ablate-with", default="zero",
+                   help="what ablated heads become: zero (default), mean:CORPUS[@N] (their mean output over the "
+                        "first N texts of CORPUS), resample:CORPUS@SEED[@N] (another input's output)")
     add_protocol_args(p)
     p.set_defaults(func=run)
 
@@ -58,6 +61,10 @@ def run(args) -> int:
     elif args.ablate is not None:
         parse_ablation(args.ablate, None)  # syntax and score names; head ranges once the model is loaded
     check_protocol_args(args)
+    from lens_heads.replacement import parse_replacement
+
+    replacement = parse_replacement(args.ablate_with)
+    replacement.check()  # the reference corpus exists and has texts
     if args.thresholds_file is not None and percent is None:
         raise LensHeadsError("--thresholds-file gives thresholds for --ablate score:ID@P% only")
     task = load_task(args.task, include_path=args.include_path, rolling=True)  # bad specs fail before the model
@@ -90,20 +97,26 @@ def run(args) -> int:
         print(f"{args.ablate.strip()}: threshold {tau!r} from the unablated scores of the {len(inputs)} "
               f"evaluated inputs" if tau is not None else f"{args.ablate.strip()}: nothing to zero")
     if spec is not None:
-        ablation = parse_ablation(spec, model.geometry)
+        from lens_heads.interventions import with_replacement
+
+        ablation = parse_ablation(str(with_replacement(parse_spec(spec), replacement)), model.geometry)
     res = evaluate_task(model, task, n_shot=args.n_shot, limit=args.limit, seed=args.seed,
                         ablation=ablation, batch_size=args.batch_size, progress=not args.quiet,
                         protocol=protocol)
     if protocol.key():
         print(f"protocol: {protocol}")
-    line = f"{res.task} {res.n_shot}-shot  n={len(res.questions)}  " + "  ".join(
-        f"{k} {v:.4f}" for k, v in res.metrics.items())
+    return show(args, res, f"{res.task} {res.n_shot}-shot  n={len(res.questions)}", len(res.questions), "questions")
+
+
+def show(args, res, head: str, n: int, what: str) -> int:
+    """Print a result's metrics (and the zeroed fraction); write its per-item JSONL with --out."""
+    line = f"{head}  " + "  ".join(f"{k} {v:.4f}" for k, v in res.metrics.items())
     if res.zeroed_fraction is not None and res.zeroed_fraction == res.zeroed_fraction:
         line += f"  zeroed {100 * res.zeroed_fraction:.2f}% of heads ({res.config['ablation']})"
     print(line)
     if args.out is not None:
         res.write_jsonl(args.out)
-        print(f"wrote {len(res.questions)} questions to {args.out}")
+        print(f"wrote {n} {what} to {args.out}")
     return 0
 
 
@@ -121,14 +134,10 @@ def run_rolling(args, task, percent) -> int:
     if args.thresholds_file is not None or args.apply_chat_template:
         raise LensHeadsError(f"{task.name} is a perplexity task: --thresholds-file and --apply-chat-template "
                              "do not apply")
+    from lens_heads.interventions import parse_spec, with_replacement
+
     model = model_from_args(args)
-    ablation = parse_ablation(args.ablate, model.geometry) if args.ablate is not None else None
+    ablation = None if args.ablate is None else \
+        parse_ablation(str(with_replacement(parse_spec(args.ablate), args.ablate_with)), model.geometry)
     res = evaluate_rolling_task(model, task, ablation, args.limit, args.batch_size, progress=not args.quiet)
-    line = f"{res.task}  docs={len(res.docs)}  " + "  ".join(f"{k} {v:.4f}" for k, v in res.metrics.items())
-    if res.zeroed_fraction is not None and res.zeroed_fraction == res.zeroed_fraction:
-        line += f"  zeroed {100 * res.zeroed_fraction:.2f}% of heads ({res.config['ablation']})"
-    print(line)
-    if args.out is not None:
-        res.write_jsonl(args.out)
-        print(f"wrote {len(res.docs)} documents to {args.out}")
-    return 0
+    return show(args, res, f"{res.task}  docs={len(res.docs)}", len(res.docs), "documents")

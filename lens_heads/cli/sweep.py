@@ -45,6 +45,9 @@ def register(sub) -> None:
     p.add_argument("--status", action="store_true",
                    help="compute nothing: print what --out already holds for this sweep (while it runs "
                         "elsewhere, or after it stopped): points stored, the complete curves' values")
+    p.add_argument("--ablate-with", default="zero",
+                   help="what ablated heads become: zero (default), mean:CORPUS[@N] (their mean output over the "
+                        "first N texts of CORPUS), resample:CORPUS@SEED[@N] (another input's output)")
     g = p.add_argument_group("scale-out (docs/methods.md §8; the store in --out is the only coordination)")
     g.add_argument("--executor", choices=("local", "ray", "slurm"), default="local",
                    help="where the units run: this process (default), a Ray cluster, a Slurm job array")
@@ -111,8 +114,12 @@ def run(args) -> int:
                       random_seeds=list(range(args.random_seeds)), n_shot=args.n_shot, limit=args.limit,
                       seed=args.seed, batch_size=args.batch_size, extra_ablations=list(args.ablate),
                       n_boot=args.n_boot, chunk_questions=args.chunk_questions,
-                      first=[f.strip() for f in args.first.split(",") if f.strip()])
+                      first=[f.strip() for f in args.first.split(",") if f.strip()], replacement=args.ablate_with)
     cfg.validate()
+    if cfg.replacement is not None:
+        from lens_heads.replacement import parse_replacement
+
+        parse_replacement(cfg.replacement).check()  # the reference corpus exists and has texts
     check_protocol_args(args)
     if args.n_boot < 1:
         raise LensHeadsError(f"--n-boot must be >= 1, got {args.n_boot}")

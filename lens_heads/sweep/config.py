@@ -66,6 +66,7 @@ class SweepConfig:
     protocol: Protocol = field(default_factory=Protocol)  # BOS, chat template, threshold rule
     thresholds_file: str | None = None  # the authors' thresholds.json instead of a scoring pass
     thresholds_model: str | None = None  # its model key (hub id), with thresholds_file
+    replacement: str | None = None  # what ablated heads become (lens_heads.replacement): None/"zero", "mean:c4", ...
 
     def validate(self) -> None:
         """Check the settings; fractions become sorted, unique and always include 0 (the baseline)."""
@@ -87,6 +88,12 @@ class SweepConfig:
             raise LensHeadsError(f"protocol must be a lens_heads.protocol.Protocol, got {type(self.protocol).__name__}")
         if (self.thresholds_file is None) != (self.thresholds_model is None):
             raise LensHeadsError("thresholds_file and thresholds_model go together (the file's model key)")
+        if self.replacement is not None:
+            from lens_heads.replacement import parse_replacement
+
+            self.replacement = str(parse_replacement(self.replacement))
+            if self.replacement == "zero":
+                self.replacement = None
         self.first = list(dict.fromkeys(str(self._check_first(PointId.parse(f, self.extra_ablations)))
                                         for f in self.first))
 

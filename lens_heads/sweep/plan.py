@@ -58,6 +58,13 @@ def plan_points(cfg: SweepConfig, thresholds: Thresholds) -> list[SweepPoint]:
         pts.append(SweepPoint(BASELINE, 0.0, "none"))
     for spec in cfg.extra_ablations:
         pts.append(SweepPoint(spec, math.nan, spec))
+    if cfg.replacement:  # every ablated point replaces its heads instead of zeroing them (its own keys)
+        from dataclasses import replace
+
+        from lens_heads.interventions import parse_spec, with_replacement
+
+        pts = [p if p.spec == "none" else replace(p, spec=str(with_replacement(parse_spec(p.spec), cfg.replacement)))
+               for p in pts]
     return pts
 
 
