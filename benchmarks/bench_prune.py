@@ -98,7 +98,9 @@ def main() -> int:
     piqa = load_task("piqa")
     lines = [f"# bench_prune ({', '.join(dtypes)}, torch threads {torch.get_num_threads()}, "
              f"load avg {os.getloadavg()[0]:.1f})", "",
-             "Heads removed: the least active by dataset-level AHON(LN) on 16 C4 texts (static). Speeds: the plain "
+             "Heads removed: the least active by dataset-level AHON(LN) on 16 C4 texts (static), either heads one by one "
+             "(a KV head goes only with its whole group; GQA groups keep zero-output padding heads) or whole KV groups "
+             "by their heads' mean score (--select ahon_ln@P%:groups). Speeds: the plain "
              "transformers model, best of the repeats, the unpruned model re-measured right before each pruned one (its best "
              "so far is the reference); predicted speed-up = total matmul FLOPs before / "
              "after at a 512-token prefill; realised = (measured - 1) / (predicted - 1).", "",
@@ -111,13 +113,16 @@ def main() -> int:
         texts = load_texts("c4", n=16)
         hs = score_heads(m32, tokenize_texts(m32.tokenizer, texts, 256), ["ahon_ln"], progress=False)
         order = hs.least_active("ahon_ln")
+        from lens_heads.prune import whole_groups
         ref = evaluate_task(m32, piqa, limit=args.piqa, progress=False)
         base_hf = {dt: base[dt].load_hf_model().eval() for dt in dtypes}
         base_speed = {dt: speeds(base_hf[dt], m32.hf_model.config.vocab_size, args.repeats) for dt in dtypes}
         f0 = flops_per_token(m32, 256)
-        for frac in [0.0, *fractions]:
-            k = round(frac * m32.geometry.n_units)
-            row_models = {dt: (prune(base[dt], order[:k]) if k else base[dt]) for dt in dtypes}
+        for frac, how in [(0.0, "heads"), *((f, h) for f in fractions for h in ("heads", "groups"))]:
+            chosen = order[:round(frac * m32.geometry.n_units)] if how == "heads" else \
+                whole_groups(m32.geometry, hs.mean["ahon_ln"], "ahon_ln", frac)
+            k = len(chosen)
+            row_models = {dt: (prune(base[dt], chosen) if k else base[dt]) for dt in dtypes}
             p32 = row_models["float32"]
             f = flops_per_token(p32, 256)
             if k:
@@ -138,7 +143,7 @@ def main() -> int:
                 predicted = f0["total"] / f["total"]
                 measured = pre / base_speed[dt][0]
                 realised = (measured - 1) / (predicted - 1) if k else float("nan")
-                line = (f"| {spec} | {100 * k / m32.geometry.n_units:.1f} % ({k}) | {parameter_count(p32):,} | "
+                line = (f"| {spec} | {100 * k / m32.geometry.n_units:.1f} % ({k}{', whole KV groups' if how == 'groups' else ''}) | {parameter_count(p32):,} | "
                         f"{f['attention'] / 1e6:.2f} M | {kv_bytes_per_token(p32, 4):,} | {dt} | {pre:.0f} | {dec:.1f} | "
                         f"{measured:.3f}x ({predicted:.3f}x) | {realised:.2f} | {acc} |")
                 print(line, flush=True)

@@ -149,6 +149,7 @@ class PruneSelection:
     fraction: float | None = None  # ID@P%
     op: str | None = None  # ID<TAU
     threshold: float | None = None
+    groups: bool = False  # ID@P%:groups -- whole KV groups, least active first (what GQA pruning saves)
 
     @classmethod
     def parse(cls, text: str) -> "PruneSelection":
@@ -156,6 +157,11 @@ class PruneSelection:
         from lens_heads.surgery.targets import parse_select
 
         text = text.strip()
+        groups = text.endswith(":groups")
+        if groups:
+            text = text.removesuffix(":groups")
+            if "@" not in text:
+                raise LensHeadsError(f"--select {text}:groups: whole groups go with ID@P% (e.g. ahon_ln@30%:groups)")
         if "@" in text:
             sid, _, pct = text.partition("@")
             try:
@@ -165,13 +171,13 @@ class PruneSelection:
             if not pct.endswith("%") or not 0 < p < 1:
                 raise LensHeadsError(f"--select {text!r}: write ID@P% with 0 < P < 100 (e.g. ahon_ln@30%)")
             resolve_score_ids(sid)
-            return cls(sid, fraction=p)
+            return cls(sid, fraction=p, groups=groups)
         sid, op, tau = parse_select(text)
         return cls(sid, op=op, threshold=tau)
 
     def __str__(self) -> str:
         if self.fraction is not None:
-            return f"{self.score_id}@{100 * self.fraction:g}%"
+            return f"{self.score_id}@{100 * self.fraction:g}%" + (":groups" if self.groups else "")
         return f"{self.score_id}{self.op}{self.threshold!r}"
 
     def resolve(self, model, inputs) -> list[Head]:
@@ -179,11 +185,40 @@ class PruneSelection:
         from lens_heads.scores import score_heads
 
         hs = score_heads(model, inputs, [self.score_id], progress=False)
+        if self.fraction is not None and self.groups:
+            return whole_groups(model.geometry, hs.mean[self.score_id], self.score_id, self.fraction)
         if self.fraction is not None:
             return sorted(hs.least_active(self.score_id, round(self.fraction * model.geometry.n_units)))
         from lens_heads.surgery.targets import TargetSelector
 
         return TargetSelector(select=f"{self.score_id}{self.op}{self.threshold!r}").resolve(model, inputs=inputs)
+
+
+def whole_groups(geometry, mean, score_id: str, fraction: float) -> list[Head]:
+    """The query heads of whole KV groups, least active groups first by the mean of their heads'
+    dataset-level scores (in the function's inactive direction), until ``fraction`` of all heads;
+    no layer loses its last group."""
+    import math
+
+    from lens_heads.scores import SCORES
+
+    sign = 1.0 if SCORES[score_id].inactive_when == "low" else -1.0
+    g = geometry.group_size
+    ranked = []
+    for L in range(geometry.n_layers):
+        for k in range(geometry.n_kv_heads):
+            vals = [float(mean[L, h]) for h in range(k * g, (k + 1) * g)]
+            vals = [v for v in vals if math.isfinite(v)]
+            ranked.append((sign * sum(vals) / len(vals) if vals else math.inf, L, k))
+    ranked.sort()
+    target, heads, left = round(fraction * geometry.n_units), [], {L: geometry.n_kv_heads for L in range(geometry.n_layers)}
+    for _, L, k in ranked:
+        if len(heads) >= target:
+            break
+        if left[L] > 1:
+            left[L] -= 1
+            heads += [(L, h) for h in range(k * g, (k + 1) * g)]
+    return sorted(heads)
 
 
 def parameter_count(model) -> int:

@@ -212,3 +212,26 @@ def test_cli_prune_bad_input(extra, message, tiny_model_dir, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and message in err[0], err
     assert not out.exists()
+
+
+def test_whole_group_selection_removes_kv_heads(tiny_model):
+    """ID@P%:groups: whole KV groups by their heads' mean score, so the KV heads (and their cache) go."""
+    from lens_heads.prune import PruneSelection, prune, whole_groups
+    from lens_heads.scores import score_heads
+
+    model = tiny_model("llama")  # 2 layers x 4 heads over 2 KV heads
+    sel = PruneSelection.parse("ahon_ln@50%:groups")
+    assert str(sel) == "ahon_ln@50%:groups" and sel.groups
+    heads = sel.resolve(model, model.to_tokens(TEXTS))
+    assert len(heads) == 4 and all(((L, h ^ 1) in heads) for L, h in heads)  # pairs: whole groups
+    hs = score_heads(model, model.to_tokens(TEXTS), ["ahon_ln"], progress=False)
+    m = hs.mean["ahon_ln"]
+    assert heads == whole_groups(model.geometry, m, "ahon_ln", 0.5)
+    for L in range(2):  # no layer loses its last group, so each loses its less active one (AHON: low = inactive)
+        k = min(range(2), key=lambda k: float(m[L, 2 * k:2 * k + 2].mean()))
+        assert [h for L2, h in heads if L2 == L] == [2 * k, 2 * k + 1]
+    pruned = prune(model, heads)
+    assert pruned.geometry.kv_per_layer == (1, 1) and pruned.geometry.heads_per_layer == (2, 2)
+    assert whole_groups(model.geometry, m, "ahon_ln", 1.0) == heads  # even asked for all: one group stays
+    with pytest.raises(LensHeadsError, match="whole groups go with ID@P%"):
+        PruneSelection.parse("ahon_ln<0.5:groups")
