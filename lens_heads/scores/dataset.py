@@ -107,7 +107,13 @@ class HeadScores:
         return next(iter(self.mean.values())).shape[1]
 
     def inactive_when(self, score_id: str) -> str:
-        return SCORES[score_id].inactive_when
+        if score_id in SCORES:
+            return SCORES[score_id].inactive_when
+        from lens_heads.scores.attribution import INACTIVE_WHEN, SCORE_ID
+
+        if score_id == SCORE_ID:  # a task-aware score (scores.attribution), not a hook statistic
+            return INACTIVE_WHEN
+        raise LensHeadsError(f"unknown score {score_id!r}")
 
     def least_active(self, score_id: str, k: int | None = None) -> list[Head]:
         """The ``k`` (default all) least active heads by this function's mean (see ``least_active``)."""
