@@ -84,3 +84,20 @@ def test_atp_scores_rank_heads(tiny_model, tmp_path):
     assert float(hs.mean["atp"][order[0]]) <= float(hs.mean["atp"][order[-1]])
     with pytest.raises(Exception, match="resample"):
         atp_scores(model, load_task(f"file:{rows}"), replacement="resample:self@0", progress=False)
+
+
+def test_cli_score_atp_writes_a_loadable_table(tiny_model_dir, tmp_path, capsys):
+    from test_sweep import TASK_ROWS
+
+    from lens_heads.cli import main
+    from lens_heads.scores import HeadScores
+
+    rows = tmp_path / "mini.jsonl"
+    rows.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in TASK_ROWS))
+    out = tmp_path / "atp.csv"
+    assert main(["score", str(tiny_model_dir("llama")), "--scores", "atp", "--task", f"file:{rows}",
+                 "--out", str(out), "--quiet"]) == 0
+    back = HeadScores.load(out)
+    assert back.score_ids == ["atp"] and back.least_active("atp")
+    assert main(["score", str(tiny_model_dir("llama")), "--scores", "atp", "--out", str(tmp_path / "x.csv")]) == 2
+    assert "needs --task" in capsys.readouterr().err

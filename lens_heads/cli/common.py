@@ -87,8 +87,8 @@ def no_texts(spec) -> "LensHeadsError":
     return LensHeadsError(f"no texts in {spec!r} (empty data: an empty file, or its text field holds no strings)")
 
 
-def add_data_args(p: argparse.ArgumentParser, default: str | None = "c4") -> None:
-    p.add_argument("--data", default=default, required=default is None,
+def add_data_args(p: argparse.ArgumentParser, default: str | None = "c4", required: bool | None = None) -> None:
+    p.add_argument("--data", default=default, required=default is None if required is None else required,
                    help="corpus name (c4, c4-train, wikitext2) or a local .txt/.jsonl/.parquet file")
     p.add_argument("--n-inputs", type=int, default=32, help="number of inputs (default 32)")
     p.add_argument("--max-len", type=int, default=256, help="tokens per input (default 256)")

@@ -15,7 +15,10 @@ from lens_heads.cli.common import add_data_args, add_model_args, check_positive,
 def register(sub) -> None:
     p = sub.add_parser("score", help="score every attention head with the inactivity functions")
     add_model_args(p)
-    add_data_args(p, default=None)
+    add_data_args(p, default=None, required=False)
+    p.add_argument("--task", default=None, help="with --scores atp: the task whose gold answers atp attributes "
+                                                "(attribution patching, per question); --limit N of its questions")
+    p.add_argument("--limit", type=int, default=None, help="with --task: a seeded sample of N questions")
     p.add_argument("--scores", default="all",
                    help="'all' (default), 'paper' (the paper's 12) or a comma list of score ids")
     p.add_argument("--out", required=True, help="output table, .csv or .parquet")
@@ -39,6 +42,12 @@ def run(args) -> int:
     check_output_file(out, sidecars=HeadScores.sidecars(out))
     check_positive(args, "max_len", minimum=2)
     check_positive(args, "n_inputs", "batch_size")
+    if args.scores.strip() == "atp":
+        return run_atp(args, out)
+    if args.task is not None:
+        raise LensHeadsError("--task goes with --scores atp (the hook scores are read on --data)")
+    if args.data is None:
+        raise LensHeadsError("give --data (a corpus the scores are read on)")
     ids = resolve_score_ids(args.scores)
     texts = load_texts(args.data, n=args.n_inputs)
     if not texts:
@@ -50,4 +59,21 @@ def run(args) -> int:
     scores.save(out)
     print(f"wrote {out} ({len(ids)} score functions x {scores.n_layers * scores.n_heads} heads, "
           f"{scores.n} inputs)")
+    return 0
+
+
+def run_atp(args, out) -> int:
+    """Attribution patching on a task's questions (lens_heads.scores.attribution)."""
+    from lens_heads.data import load_task
+    from lens_heads.errors import LensHeadsError
+    from lens_heads.scores.attribution import atp_scores
+
+    if args.task is None:
+        raise LensHeadsError("--scores atp needs --task (the gold answers it attributes)")
+    check_positive(args, "limit")
+    task = load_task(args.task)
+    model = model_from_args(args)
+    scores = atp_scores(model, task, limit=args.limit, progress=not args.quiet)
+    scores.save(out)
+    print(f"wrote {out} (atp x {scores.n_layers * scores.n_heads} heads, {scores.n} questions of {task.name})")
     return 0

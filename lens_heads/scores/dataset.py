@@ -152,7 +152,7 @@ class HeadScores:
         frame = self.to_frame()
         meta = dict(self.meta, score_ids=self.score_ids, n_inputs=self.n,
                     n_layers=self.n_layers, n_heads=self.n_heads,
-                    inactive_when={s: SCORES[s].inactive_when for s in self.score_ids if s in SCORES},
+                    inactive_when={s: self.inactive_when(s) for s in self.score_ids},
                     per_input=per_path.name if self.per_input is not None else None)
         writes = [(path, lambda f: frame.to_csv(f, index=False) if fmt == "csv" else frame.to_parquet(f, index=False)),
                   (meta_path, lambda f: Path(f).write_text(json.dumps(meta, indent=2, default=str) + "\n"))]
@@ -187,7 +187,9 @@ class HeadScores:
             meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise LensHeadsError(f"corrupt scores metadata {meta_path}: {exc}; delete it or save the scores again") from None
-        unknown = [s for s in dict.fromkeys(frame["score_fn"].astype(str)) if s not in SCORES]
+        from lens_heads.scores.attribution import SCORE_ID as ATP
+
+        unknown = [s for s in dict.fromkeys(frame["score_fn"].astype(str)) if s not in SCORES and s != ATP]
         if unknown:
             raise LensHeadsError(f"{path}: unknown score function(s) {', '.join(unknown)}; this version knows: "
                                  f"{', '.join(SCORES)}")
