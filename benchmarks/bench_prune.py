@@ -45,32 +45,41 @@ def kv_bytes_per_token(model, elem: int) -> int:
     return sum(2 * g.kv_in(L) * g.d_head * elem for L in range(g.n_layers))
 
 
-def timed(fn, repeats: int) -> float:
-    fn()  # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
-
-
-def speeds(hf, vocab: int, repeats: int) -> tuple[float, float]:
-    """(prefill tokens/s at 512, decode tokens/s) of a plain HF model."""
+def paired_speeds(a, b, vocab: int, repeats: int) -> tuple[tuple[float, float], tuple[float, float]]:
+    """((prefill tok/s at 512, decode tok/s) of plain HF model ``a``, the same of ``b``), each the
+    best of ``repeats`` timings taken alternately (a, b, a, b, ...): drift of the machine's speed
+    hits both alike."""
     import torch
 
     g = torch.Generator().manual_seed(0)
     prompt = torch.randint(0, vocab, (1, 512), generator=g)
+    short = prompt[:, :128]
+
+    def prefill(m):
+        return lambda: m(prompt)
+
+    def decode(m):
+        return lambda: m.generate(short, attention_mask=torch.ones_like(short), max_new_tokens=64,
+                                  min_new_tokens=64, do_sample=False, pad_token_id=0)
+
+    def best_pair(make, n):
+        fa, fb = make(a), make(b)
+        fa(), fb()  # warm-up
+        ta = tb = float("inf")
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fa()
+            ta = min(ta, time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            fb()
+            tb = min(tb, time.perf_counter() - t0)
+        return ta, tb
+
     with torch.inference_mode():
-        prefill = timed(lambda: hf(prompt), repeats)
-        short = prompt[:, :128]
-
-        def decode():
-            hf.generate(short, attention_mask=torch.ones_like(short), max_new_tokens=64, min_new_tokens=64,
-                        do_sample=False, pad_token_id=0)
-
-        dec = timed(decode, max(1, repeats // 2)) - timed(lambda: hf(short), repeats)
-    return 512 / prefill, 64 / dec
+        pa, pb = best_pair(prefill, repeats)
+        da, db = best_pair(decode, max(1, repeats // 2))
+        sa, sb = best_pair(lambda m: (lambda: m(short)), repeats)  # the decode's own prompt, taken off
+    return (512 / pa, 64 / (da - sa)), (512 / pb, 64 / (db - sb))
 
 
 def main() -> int:
@@ -101,8 +110,8 @@ def main() -> int:
              "Heads removed: the least active by dataset-level AHON(LN) on 16 C4 texts (static), either heads one by one "
              "(a KV head goes only with its whole group; GQA groups keep zero-output padding heads) or whole KV groups "
              "by their heads' mean score (--select ahon_ln@P%:groups). Speeds: the plain "
-             "transformers model, best of the repeats, the unpruned model re-measured right before each pruned one (its best "
-             "so far is the reference); predicted speed-up = total matmul FLOPs before / "
+             "transformers model, best of the repeats, timed alternately with the unpruned model (the reference of each "
+             "row); predicted speed-up = total matmul FLOPs before / "
              "after at a 512-token prefill; realised = (measured - 1) / (predicted - 1).", "",
              "| model | removed | params | attn FLOPs/token | KV bytes/token (fp32) | dtype | prefill tok/s | "
              "decode tok/s | prefill speed-up (predicted) | realised | PIQA acc | change [95 % CI] |",
@@ -116,7 +125,7 @@ def main() -> int:
         from lens_heads.prune import whole_groups
         ref = evaluate_task(m32, piqa, limit=args.piqa, progress=False)
         base_hf = {dt: base[dt].load_hf_model().eval() for dt in dtypes}
-        base_speed = {dt: speeds(base_hf[dt], m32.hf_model.config.vocab_size, args.repeats) for dt in dtypes}
+        vocab = m32.hf_model.config.vocab_size
         f0 = flops_per_token(m32, 256)
         for frac, how in [(0.0, "heads"), *((f, h) for f in fractions for h in ("heads", "groups"))]:
             chosen = order[:round(frac * m32.geometry.n_units)] if how == "heads" else \
@@ -133,15 +142,10 @@ def main() -> int:
             else:
                 acc = f"{ref.metrics['acc']:.4f} | (baseline)"
             for dt in dtypes:
-                if k:  # the baseline again, right before: the machine's speed drifts between rows
-                    base_speed[dt] = max(base_speed[dt], speeds(base_hf[dt], m32.hf_model.config.vocab_size,
-                                                                args.repeats))
-                    pre, dec = speeds(row_models[dt].load_hf_model().eval(), m32.hf_model.config.vocab_size,
-                                      args.repeats)
-                else:
-                    pre, dec = base_speed[dt]
+                pruned_hf = row_models[dt].load_hf_model().eval() if k else base_hf[dt]
+                (b_pre, _), (pre, dec) = paired_speeds(base_hf[dt], pruned_hf, vocab, args.repeats)
                 predicted = f0["total"] / f["total"]
-                measured = pre / base_speed[dt][0]
+                measured = pre / b_pre
                 realised = (measured - 1) / (predicted - 1) if k else float("nan")
                 line = (f"| {spec} | {100 * k / m32.geometry.n_units:.1f} % ({k}{', whole KV groups' if how == 'groups' else ''}) | {parameter_count(p32):,} | "
                         f"{f['attention'] / 1e6:.2f} M | {kv_bytes_per_token(p32, 4):,} | {dt} | {pre:.0f} | {dec:.1f} | "

@@ -66,8 +66,8 @@ def plan_layer(geometry, layer: int, removed: set[int], allow_empty: bool) -> La
     return LayerPlan(tuple(keep_q), tuple(sorted(pad_q)), tuple(live))
 
 
-def plan_prune(geometry, heads: Sequence[Head], allow_empty_layers: bool = False) -> list[LayerPlan]:
-    """The per-layer plan for removing ``heads`` (checked against ``geometry``)."""
+def check_prunable(geometry) -> None:
+    """One clear error, before any work, when ``geometry``'s architecture cannot be pruned exactly."""
     arch = geometry.arch
     arch.require_table("pruning")
     if arch.qk_norm == "full":
@@ -78,6 +78,12 @@ def plan_prune(geometry, heads: Sequence[Head], allow_empty_layers: bool = False
                "interleaved": "its ALiBi biases are built for all heads at once"}[arch.layout]
         raise LensHeadsError(f"pruning {arch.name} is not supported yet: {why}; supported: the separate-projection "
                              f"layouts (Llama/Mistral, Qwen2, Gemma 3)")
+
+
+def plan_prune(geometry, heads: Sequence[Head], allow_empty_layers: bool = False) -> list[LayerPlan]:
+    """The per-layer plan for removing ``heads`` (checked against ``geometry``)."""
+    check_prunable(geometry)
+    heads = sorted(set(heads))
     if not heads:
         raise LensHeadsError("nothing to prune: the head set is empty")
     for L, h in heads:

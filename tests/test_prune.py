@@ -235,3 +235,28 @@ def test_whole_group_selection_removes_kv_heads(tiny_model):
     assert whole_groups(model.geometry, m, "ahon_ln", 1.0) == heads  # even asked for all: one group stays
     with pytest.raises(LensHeadsError, match="whole groups go with ID@P%"):
         PruneSelection.parse("ahon_ln<0.5:groups")
+
+
+def test_cli_prune_refuses_an_unprunable_model_before_scoring_and_reports_padding(tiny_model_dir, tmp_path,
+                                                                                  capsys, monkeypatch):
+    import json
+
+    import lens_heads.scores as scores
+    from lens_heads.cli import main
+
+    data = tmp_path / "texts.jsonl"
+    data.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
+    real = scores.score_heads
+    monkeypatch.setattr(scores, "score_heads", lambda *a, **k: pytest.fail("scored before refusing"))
+    assert main(["prune", str(tiny_model_dir("gpt2")), "--select", "ahon_ln<0.99", "--data", str(data),
+                 "--out", str(tmp_path / "g")]) == 2
+    assert "pruning gpt2 is not supported" in capsys.readouterr().err and not (tmp_path / "g").exists()
+    monkeypatch.setattr(scores, "score_heads", real)
+    out = tmp_path / "p"
+    assert main(["prune", str(tiny_model_dir("llama")), "--heads", "0.1,0.1,1.2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    report = json.loads((out / "prune_report.json").read_text())
+    assert report["removed"] == ["0.1", "1.2"] and report["padding_heads"] == 2 and "zero-output padding" in printed
+    assert main(["info", str(out), "--data", str(data), "--n-inputs", "2", "--max-len", "16"]) == 0
+    info = capsys.readouterr().out
+    assert "pruned: [4, 4] per layer" in info and "nan" not in info.split("tokens:")[1]

@@ -28,7 +28,11 @@ def run(args) -> int:
     g = model.geometry
     print(f"model        {model.name}")
     print(f"architecture {g.arch.name}")
-    print(f"heads        {g.n_layers} layers x {g.n_heads} heads ({g.n_kv_heads} KV heads), d_head {g.d_head}")
+    if g.pruned:
+        print(f"heads        {g.n_layers} layers, {g.n_units} heads (pruned: {list(g.heads_per_layer)} per layer, "
+              f"{list(g.kv_per_layer)} KV heads), d_head {g.d_head}")
+    else:
+        print(f"heads        {g.n_layers} layers x {g.n_heads} heads ({g.n_kv_heads} KV heads), d_head {g.d_head}")
     print(f"BOS          tokenizer {'prepends' if model.prepends_bos else 'does not prepend'} a BOS token")
     if g.arch.alibi:
         print("ALiBi slopes " + " ".join(f"{s:.4g}" for s in g.alibi_slopes().tolist()))
@@ -37,6 +41,7 @@ def run(args) -> int:
     per_layer = score_heads(model, inputs, "awft", progress=False).mean["awft"]
     print(f"mean attention on the first token, {len(inputs)} {args.data} texts x <= {args.max_len} tokens:")
     for layer, row in enumerate(per_layer):
-        bar = "#" * int(round(row.mean().item() * 40))
-        print(f"  layer {layer:>2}  {row.mean().item():.3f}  {bar}")
+        value = row[:g.heads_in(layer)].mean().item()  # a pruned layer: its own heads only
+        bar = "#" * int(round(value * 40)) if value == value else ""
+        print(f"  layer {layer:>2}  {value:.3f}  {bar}")
     return 0

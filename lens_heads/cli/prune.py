@@ -42,7 +42,7 @@ def run(args) -> int:
         raise LensHeadsError(f"--out {args.out} is not empty: give a new or empty folder")
     check_positive(args, "limit", "n_boot", "n_inputs")
     check_positive(args, "max_len", minimum=2)
-    heads = parse_heads(args.heads, None) if args.heads is not None else None
+    heads = sorted(set(parse_heads(args.heads, None))) if args.heads is not None else None
     if heads is not None and not heads:
         raise LensHeadsError("--heads is empty: nothing to prune")
     selection = PruneSelection.parse(args.select) if args.select is not None else None
@@ -58,7 +58,12 @@ def run(args) -> int:
         from lens_heads.data import load_task
 
         task = load_task(args.eval)
+    if args.device_map is not None:
+        raise LensHeadsError("pruning copies the model onto one device: give --device, not --device-map")
     model = model_from_args(args)
+    from lens_heads.prune import check_prunable
+
+    check_prunable(model.geometry)  # before any scoring
     if selection is not None:
         from lens_heads.data import tokenize_texts
 
@@ -74,9 +79,13 @@ def run(args) -> int:
               "heads_per_layer": list(g.heads_per_layer), "kv_heads_per_layer": list(g.kv_per_layer),
               "heads_before": model.geometry.n_units, "heads_after": g.n_units,
               "parameters_before": before, "parameters_after": after}
+    padding = g.n_units - (model.geometry.n_units - len(heads))
+    record["padding_heads"] = padding
     print(f"removed {len(heads)} of {model.geometry.n_units} heads ({100 * len(heads) / model.geometry.n_units:.1f} %); "
           f"parameters {before:,} -> {after:,} ({100 * (1 - after / before):.2f} % fewer); "
-          f"heads per layer {list(g.heads_per_layer)}")
+          f"heads per layer {list(g.heads_per_layer)}"
+          + (f"; {padding} of the removed heads stay as zero-output padding (their KV group keeps its width; "
+             f"--select ...:groups removes whole groups)" if padding else ""))
     if task is not None:
         from lens_heads.curves import bootstrap_indices, paired_difference
         from lens_heads.evaluate import evaluate_task

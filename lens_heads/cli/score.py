@@ -45,7 +45,7 @@ def run(args) -> int:
     if args.scores.strip() == "atp":
         return run_atp(args, out)
     if args.task is not None:
-        raise LensHeadsError("--task goes with --scores atp (the hook scores are read on --data)")
+        raise LensHeadsError("--task goes with --scores atp alone (the hook scores are read on --data)")
     if args.data is None:
         raise LensHeadsError("give --data (a corpus the scores are read on)")
     ids = resolve_score_ids(args.scores)

@@ -238,6 +238,9 @@ def resolve_score_ids(spec: str | Sequence[str]) -> list[str]:
         spec = [s for s in spec.split(",")]
     ids = [s.strip() for s in spec if s.strip()]
     unknown = [s for s in ids if s not in SCORES]
+    if "atp" in unknown:
+        raise LensHeadsError("'atp' (attribution patching) is scored on a task's questions, on its own: "
+                             "--scores atp --task TASK (lens_heads.scores.attribution.atp_scores)")
     if unknown:
         raise LensHeadsError(f"unknown score id(s) {', '.join(map(repr, unknown))}; valid ids: "
                              f"{', '.join(SCORES)} (or 'all', 'paper')")

@@ -112,7 +112,13 @@ class RaySession:
         self.ray, self.started = ray, False
         if not ray.is_initialized():
             if config.address is None:
-                ray.init(num_cpus=config.workers * config.cpus_per_worker, include_dashboard=False,
+                import torch
+
+                gpus = torch.cuda.device_count()
+                if config.gpus_per_worker * config.workers > gpus:
+                    raise LensHeadsError(f"--gpus-per-worker {config.gpus_per_worker:g} x --workers {config.workers}: "
+                                         f"this machine has {gpus} GPU(s) for the local Ray cluster")
+                ray.init(num_cpus=config.workers * config.cpus_per_worker, num_gpus=gpus, include_dashboard=False,
                          log_to_driver=False, configure_logging=False)
                 self.started = True
             else:
