@@ -14,8 +14,8 @@ def register(sub) -> None:
     g.add_argument("--heads", default=None, help="heads to remove: L.H,L.H,...")
     g.add_argument("--select", default=None,
                    help="ID@P%% (the least active P%% of all heads by a dataset-level score on --data), "
-                        "ID@P%%:groups (whole KV groups, least active first: what saves compute and KV cache under "
-                        "grouped-query attention) or ID<TAU / ID>TAU (every head whose score crosses TAU)")
+                        "ID@P%%:groups (whole KV groups, least active first, rounded up to whole groups, every layer keeping "
+                        "one: what saves compute and KV cache under grouped-query attention) or ID<TAU / ID>TAU (every head whose score crosses TAU)")
     p.add_argument("--allow-empty-layers", action="store_true",
                    help="a layer may lose every head (one zero-output head stays)")
     p.add_argument("--out", required=True, help="folder for the pruned model (new or empty)")
