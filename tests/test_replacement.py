@@ -142,3 +142,17 @@ def test_a_sweep_under_mean_ablation_has_its_own_points(tiny_model, tmp_path, on
     assert len(list((tmp_path / "s" / "points").glob("*.json"))) == 1 + 2 * 2  # the baseline is shared
     base = lambda r: float(r.summary.loc[r.summary.spec == "none", "accuracy"].iloc[0])  # noqa: E731
     assert base(zero) == base(mean)
+
+
+def test_ablate_with_needs_ablate_and_a_sweep_never_writes_into_the_model_folder(tiny_model_dir, capsys, tmp_path):
+    import shutil
+
+    from lens_heads.cli import main
+
+    assert main(["evaluate", str(tiny_model_dir("llama")), "--task", "piqa", "--ablate-with", "mean:c4"]) == 2
+    assert "give the heads with --ablate" in capsys.readouterr().err
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model_dir("llama"), model)
+    before = sorted(p.name for p in model.iterdir())
+    assert main(["sweep", str(model), "--task", "piqa", "--scores", "ahon_ln", "--out", str(model)]) == 2
+    assert "the model's own folder" in capsys.readouterr().err and sorted(p.name for p in model.iterdir()) == before

@@ -64,6 +64,8 @@ def run(args) -> int:
     from lens_heads.replacement import parse_replacement
 
     replacement = parse_replacement(args.ablate_with)
+    if args.ablate is None and str(replacement) != "zero":
+        raise LensHeadsError("--ablate-with says what ablated heads become: give the heads with --ablate")
     replacement.check()  # the reference corpus exists and has texts
     if args.thresholds_file is not None and percent is None:
         raise LensHeadsError("--thresholds-file gives thresholds for --ablate score:ID@P% only")

@@ -150,9 +150,9 @@ def run(args) -> int:
             import ray  # noqa: F401
         except ImportError:
             raise LensHeadsError("--executor ray needs Ray: pip install 'lens_heads[ray]'") from None
-    if args.status:
-        from pathlib import Path
+    from pathlib import Path
 
+    if args.status:
         if not Path(args.out).is_dir():
             raise LensHeadsError(f"{args.out} holds no baseline (or no thresholds) of this sweep: it is "
                                  f"{'not a folder' if Path(args.out).exists() else 'no folder'} (give the --out "
@@ -161,6 +161,8 @@ def run(args) -> int:
         from lens_heads.atomic import check_output_dir
 
         check_output_dir(args.out)
+        if Path(args.model).is_dir() and Path(args.out).resolve() == Path(args.model).resolve():
+            raise LensHeadsError(f"--out {args.out} is the model's own folder; give another folder")
     task = load_task(args.task, n_shot=args.n_shot, include_path=args.include_path)
     task.check_fewshot(args.n_shot, args.seed)
     if args.thresholds_file is not None and score_ids:
