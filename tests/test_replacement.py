@@ -8,7 +8,6 @@ import json
 import pytest
 import torch
 
-from lens_heads import LensHeadsError
 from lens_heads.ablation import parse_ablation
 from lens_heads.hooks import run_with_hooks
 from lens_heads.interventions import StaticHeads, parse_spec
