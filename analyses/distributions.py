@@ -51,8 +51,8 @@ from lens_heads.data import load_task, load_texts, tokenize_texts  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
 from lens_heads.evaluate import task_inputs  # noqa: E402
 from lens_heads.scores import (HeadScores, prepare_inputs, resolve_score_ids, revision_key, score_heads,  # noqa: E402
-                               score_metadata)
-from lens_heads.viz import score_distributions, wasserstein_matrix  # noqa: E402
+                               score_metadata, wasserstein_distances)
+from lens_heads.viz import distance_heatmap, score_distributions  # noqa: E402
 
 KEY_FUNCTIONS = ("ahon_ln", "awft")  # the paper's stability claim: AHON(LN) vs AWFT
 
@@ -169,9 +169,10 @@ def main(argv=None) -> int:
     for sid in args.score_ids:
         raw = {m: pooled(corpus_scores[m], sid) for m in labels}
         if len(labels) >= 2:
-            mat_raw, _ = wasserstein_matrix(raw)
-            mat_scaled, fig = wasserstein_matrix({m: raw[m] / scale[m, sid] for m in labels})
+            mat_raw = wasserstein_distances(raw)
+            mat_scaled = wasserstein_distances({m: raw[m] / scale[m, sid] for m in labels})
             if sid in KEY_FUNCTIONS:
+                fig = distance_heatmap(mat_scaled)
                 fig.suptitle(f"{sid}, scaled, on {corpus}")
                 write_figure(fig, out / "figures" / f"wasserstein_models_{sid}.png")
             for a, b in itertools.combinations(labels, 2):
@@ -179,8 +180,8 @@ def main(argv=None) -> int:
                              "w_raw": mat_raw.loc[a, b], "w_scaled": mat_scaled.loc[a, b]})
         for m, hs in task_scores.items():
             t = pooled(hs, sid)
-            mat_raw, _ = wasserstein_matrix({corpus: raw[m], tname: t})
-            mat_scaled, _ = wasserstein_matrix({corpus: raw[m] / scale[m, sid], tname: t / scale[m, sid]})
+            mat_raw = wasserstein_distances({corpus: raw[m], tname: t})
+            mat_scaled = wasserstein_distances({corpus: raw[m] / scale[m, sid], tname: t / scale[m, sid]})
             rows.append({"score_fn": sid, "comparison": "datasets", "dataset": "", "model": m, "a": corpus,
                          "b": tname, "w_raw": mat_raw.loc[corpus, tname], "w_scaled": mat_scaled.loc[corpus, tname]})
     wass = pd.DataFrame(rows, columns=["score_fn", "comparison", "dataset", "model", "a", "b", "w_raw", "w_scaled"])

@@ -26,6 +26,7 @@ from lens_heads.sweep import SweepConfig, SweepResult, run_sweep, tabulate  # no
 from lens_heads.diagnose import diagnose  # noqa: E402
 from lens_heads.surgery import RepairConfig, RepairReport, TargetSelector, TrainConfig, repair  # noqa: E402
 from lens_heads.study import ModelRef, ReportConfig, build_report  # noqa: E402
+from lens_heads.activations import HeadPatterns, attention_heads, head_patterns  # noqa: E402
 
 
 
@@ -42,4 +43,4 @@ __all__ = ["ARCHITECTURES", "ZOO", "HeadGeometry", "LensHeadsError", "LoadedMode
            "SCORES", "HeadScores", "score_heads", "StaticAblation", "parse_ablation", "Protocol",
            "paper_protocol", "load_authors_thresholds", "evaluate_task",
            "SweepConfig", "SweepResult", "run_sweep", "tabulate", "diagnose", "RepairConfig", "TargetSelector", "TrainConfig", "repair", "RepairReport", "ModelRef",
-           "ReportConfig", "build_report", "LensHeadsLM"]
+           "ReportConfig", "build_report", "HeadPatterns", "head_patterns", "attention_heads", "LensHeadsLM"]

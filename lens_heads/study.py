@@ -181,7 +181,7 @@ def build_report(cfg: ReportConfig, model=None, texts: list[str] | None = None) 
     from lens_heads.report import ReportData, ViewGroup, head_titles, pick_views, write_report
     from lens_heads.scores import HeadScores, score_heads
     from lens_heads.sweep import SweepResult
-    from lens_heads.viz import attention_heads
+    from lens_heads.activations import attention_heads
 
     t0 = time.time()
     check_report_config(cfg)

@@ -270,9 +270,9 @@ def test_distributions_wasserstein(tmp_path, tiny_model_dir, tiny_model):
     scaled = wasserstein_distance(pooled["llama"] / pooled["llama"].mean(), pooled["qwen2"] / pooled["qwen2"].mean())
     assert row.w_scaled == pytest.approx(scaled, rel=1e-5)
     # a distribution against itself: distance 0 (the library function the script uses)
-    from lens_heads.viz import wasserstein_matrix
+    from lens_heads.scores import wasserstein_distances
 
-    assert wasserstein_matrix({"x": pooled["llama"], "y": pooled["llama"]})[0].loc["x", "y"] == 0.0
+    assert wasserstein_distances({"x": pooled["llama"], "y": pooled["llama"]}).loc["x", "y"] == 0.0
 
     # stability ratio = W(datasets) / mean W(models), scaled; only the first model compared across datasets
     st = pd.read_csv(out / "stability.csv")

@@ -15,7 +15,8 @@ from lens_heads.sweep import PointId
 
 PACKAGE = Path(__file__).resolve().parent.parent / "lens_heads"
 COMPUTING = ("lens_heads.scores", "lens_heads.diagnose", "lens_heads.sweep", "lens_heads.evaluate",
-             "lens_heads.study", "lens_heads.surgery", "lens_heads.thresholds")
+             "lens_heads.study", "lens_heads.surgery", "lens_heads.thresholds", "lens_heads.activations",
+             "lens_heads.hooks", "lens_heads.models", "lens_heads.ablation", "lens_heads.replacement")
 
 
 def _imports(path: Path, skip_type_checking: bool = True) -> list[str]:
@@ -41,6 +42,15 @@ def test_the_report_imports_nothing_that_computes():
     imported = _imports(PACKAGE / "report.py")
     assert "lens_heads.viz" in imported  # the test reads the real imports
     assert [m for m in imported if m.startswith(COMPUTING)] == []
+
+
+@pytest.mark.parametrize("view", sorted(p.name for p in (PACKAGE / "viz").glob("*.py")))
+def test_the_views_import_nothing_that_computes(view):
+    """viz/ renders captured patterns and stored results; the model runs in activations.py."""
+    imported = _imports(PACKAGE / "viz" / view)
+    assert imported  # the test reads the real imports
+    reads = {"lens_heads.scores.functions"}  # the score registry: which way is inactive, no computation
+    assert [m for m in imported if (m.startswith(COMPUTING) or m == "torch") and m not in reads] == []
 
 
 def test_no_module_imports_from_the_package_root():

@@ -15,18 +15,18 @@ import pandas as pd
 import pytest
 import torch
 
+from lens_heads.activations import attention_heads
 from lens_heads.errors import LensHeadsError
 from lens_heads.sweep import SweepResult
 from lens_heads.viz import (
     AttentionView,
-    attention_heads,
     diagnosis_map,
     parse_heads,
     point_changes,
     score_distributions,
     score_heatmap,
     sweep_curves,
-    wasserstein_matrix,
+    distance_heatmap,
 )
 
 from conftest import SAMPLE_TEXTS
@@ -269,10 +269,13 @@ def test_score_distributions_one_violin_per_model(scores_of):
         score_distributions({}, "ahon_ln")
 
 
-def test_wasserstein_matrix_against_sorted_differences(scores_of):
+def test_wasserstein_distances_against_sorted_differences(scores_of):
+    from lens_heads.scores import wasserstein_distances
+
     per = scores_of("llama", keep_per_input=True).per_input
     samples = {sid: per[sid].reshape(-1).numpy() for sid in ("ahon_ln", "lthon_ln", "awft_ln")}
-    matrix, fig = wasserstein_matrix(samples)
+    matrix = wasserstein_distances(samples)
+    fig = distance_heatmap(matrix)
     labels = list(samples)
     assert list(matrix.index) == labels and list(matrix.columns) == labels
     for a in labels:  # equal-size samples: W1 = mean |sorted(a) - sorted(b)|
@@ -281,9 +284,9 @@ def test_wasserstein_matrix_against_sorted_differences(scores_of):
             assert matrix.loc[a, b] == pytest.approx(ref, rel=1e-6, abs=1e-9)
     assert np.asarray(fig.axes[0].images[0].get_array()).shape == (3, 3)
     with pytest.raises(LensHeadsError, match="two"):
-        wasserstein_matrix({"a": [1.0]})
+        wasserstein_distances({"a": [1.0]})
     with pytest.raises(LensHeadsError, match="finite"):
-        wasserstein_matrix({"a": [1.0], "b": [np.nan]})
+        wasserstein_distances({"a": [1.0], "b": [np.nan]})
 
 
 @pytest.mark.parametrize("arch", ["bloom", "llama"])

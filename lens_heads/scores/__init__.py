@@ -53,10 +53,11 @@ from lens_heads.scores.dataset import (
     prepare_inputs,
     score_heads,
     score_metadata,
+    wasserstein_distances,
 )
 
 __all__ = [
     "PAPER_SCORES", "SCORES", "Acts", "BatchGeometry", "ScoreFn", "base", "derived", "layer_normalised",
-    "register_score", "resolve_score_ids", "revision_key", "ScoreCollector", "ZTransform",
+    "register_score", "resolve_score_ids", "revision_key", "ScoreCollector", "ZTransform", "wasserstein_distances",
     "HeadScores", "context_length", "least_active", "prepare_inputs", "score_heads", "score_metadata",
 ]

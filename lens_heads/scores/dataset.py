@@ -10,7 +10,10 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
 
 import torch
 from torch import Tensor
@@ -334,3 +337,26 @@ def score_metadata(model, seqs: Sequence[Tensor], max_len: int | None, data: str
         "n_tokens": int(sum(len(s) for s in seqs)),
         "versions": package_versions(),
     }
+
+
+def wasserstein_distances(samples: Mapping[str, Sequence[float] | np.ndarray]) -> pd.DataFrame:
+    """Pairwise 1-Wasserstein distances between score samples (e.g. one score function's
+    per-head values for base vs instruct models), as a labelled square matrix; non-finite
+    values are left out of each sample."""
+    from scipy.stats import wasserstein_distance
+
+    if len(samples) < 2:
+        raise LensHeadsError("need at least two samples to compare")
+    arrays = {}
+    for label, s in samples.items():
+        a = np.asarray(s, dtype=float).ravel()
+        a = a[np.isfinite(a)]
+        if a.size == 0:
+            raise LensHeadsError(f"sample {label!r} has no finite values")
+        arrays[label] = a
+    labels = list(arrays)
+    d = np.zeros((len(labels), len(labels)))
+    for i in range(len(labels)):
+        for j in range(i + 1, len(labels)):
+            d[i, j] = d[j, i] = wasserstein_distance(arrays[labels[i]], arrays[labels[j]])
+    return pd.DataFrame(d, index=labels, columns=labels)

@@ -1,6 +1,6 @@
 """Views of lens_heads results: circuitsvis attention patterns (``patterns``) and matplotlib
-figures (``figures``). Views read results; only ``attention_heads`` runs the model (one
-forward of one text, for its patterns)."""
+figures (``figures``). Views only read results: the patterns they show are captured by
+``lens_heads.activations`` (``attention_heads`` there captures and wraps in one call)."""
 
 from lens_heads.viz.figures import (
     DIAGNOSIS_COLOURS,
@@ -12,18 +12,17 @@ from lens_heads.viz.figures import (
     score_grid,
     score_heatmap,
     sweep_curves,
-    wasserstein_matrix,
+    distance_heatmap,
 )
 from lens_heads.viz.patterns import (
     AttentionView,
-    attention_heads,
     bundle_script,
     head_label,
     parse_heads,
 )
 
 __all__ = [
-    "AttentionView", "attention_heads", "bundle_script", "head_label", "parse_heads",
+    "AttentionView", "bundle_script", "head_label", "parse_heads",
     "score_heatmap", "score_grid", "sweep_curves", "point_changes", "base_accuracy", "random_baseline",
-    "score_distributions", "wasserstein_matrix", "diagnosis_map", "DIAGNOSIS_COLOURS",
+    "score_distributions", "distance_heatmap", "diagnosis_map", "DIAGNOSIS_COLOURS",
 ]

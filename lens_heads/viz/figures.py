@@ -40,7 +40,7 @@ def _require(frame: pd.DataFrame, columns: Sequence[str], what: str) -> None:
 def inactive_when(score_fn: str) -> str | None:
     """"high"/"low" from the score registry, or None when the registry does not know it."""
     try:
-        from lens_heads.scores import SCORES
+        from lens_heads.scores.functions import SCORES  # the registry's definitions, read only
     except ImportError:
         return None
     fn = SCORES.get(score_fn)
@@ -245,28 +245,12 @@ def score_distributions(frames: Mapping[str, pd.DataFrame], score_fn: str | Sequ
     return fig
 
 
-def wasserstein_matrix(samples: Mapping[str, Sequence[float] | np.ndarray]) -> tuple[pd.DataFrame, Figure]:
-    """Pairwise 1-Wasserstein distances between score samples (e.g. one score function's
-    per-head values for base vs instruct models), as a labelled matrix and its heatmap."""
-    from scipy.stats import wasserstein_distance
-
-    if len(samples) < 2:
-        raise LensHeadsError("need at least two samples to compare")
-    arrays = {}
-    for label, s in samples.items():
-        a = np.asarray(s, dtype=float).ravel()
-        a = a[np.isfinite(a)]
-        if a.size == 0:
-            raise LensHeadsError(f"sample {label!r} has no finite values")
-        arrays[label] = a
-    labels = list(arrays)
+def distance_heatmap(matrix: pd.DataFrame, title: str = "Wasserstein distance") -> Figure:
+    """A labelled square matrix of distances (``scores.wasserstein_distances``) as a heatmap
+    with each value printed in its cell."""
+    labels = list(matrix.index)
+    d = matrix.to_numpy(dtype=float)
     n = len(labels)
-    d = np.zeros((n, n))
-    for i in range(n):
-        for j in range(i + 1, n):
-            d[i, j] = d[j, i] = wasserstein_distance(arrays[labels[i]], arrays[labels[j]])
-    matrix = pd.DataFrame(d, index=labels, columns=labels)
-
     fig = Figure(figsize=(2.5 + 0.9 * n, 2.0 + 0.8 * n), layout="constrained")
     ax = fig.add_subplot()
     im = ax.imshow(d, cmap="magma_r", interpolation="nearest")
@@ -276,9 +260,9 @@ def wasserstein_matrix(samples: Mapping[str, Sequence[float] | np.ndarray]) -> t
     for (i, j), v in np.ndenumerate(d):
         ax.text(j, i, f"{v:.3g}", ha="center", va="center", fontsize=8,
                 color="white" if v > 0.6 * top else "black")
-    ax.set_title("Wasserstein distance")
+    ax.set_title(title)
     fig.colorbar(im, ax=ax, shrink=0.85)
-    return matrix, fig
+    return fig
 
 
 # --- diagnosis --------------------------------------------------------------------------

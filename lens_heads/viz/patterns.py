@@ -1,8 +1,8 @@
 """Per-head attention patterns as circuitsvis views that render with no network.
 
-``attention_heads(model, text, heads)`` runs ONE forward of ``text`` with hooks on
-``hook_pattern`` of only the layers it needs and wraps the [head, q, k] patterns in a
-circuitsvis ``AttentionHeads`` view. The view carries the circuitsvis JavaScript bundle
+``AttentionView.of(patterns)`` wraps the [head, q, k] patterns that
+``activations.head_patterns`` captured in a circuitsvis ``AttentionHeads`` view; it reads
+them and computes nothing. The view carries the circuitsvis JavaScript bundle
 inline (``local_src``), never the CDN version, so it works from a file on an offline machine.
 A report can place several views on one page and inline the ~1.3 MB bundle once
 (``bundle_script()`` + ``view.mount_html()``).
@@ -16,17 +16,18 @@ import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
-import torch
 from jaxtyping import Float
 
 from lens_heads.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
-from lens_heads.hooks import hook_name, layer_of, run_with_hooks
 from lens_heads.interventions import Head
 from lens_heads.interventions import parse_heads  # noqa: F401  (the one head-list grammar, re-exported)
+
+if TYPE_CHECKING:
+    from lens_heads.activations import HeadPatterns
 
 
 
@@ -63,6 +64,23 @@ class AttentionView:
     text: str = ""
     model_name: str = ""
     dom_id: str = field(default_factory=lambda: "lh-cv-" + uuid.uuid4().hex[:12])
+
+    @classmethod
+    def of(cls, patterns: "HeadPatterns", titles: Mapping[Head, str] | Sequence[str] | None = None) -> "AttentionView":
+        """The view of captured patterns; ``titles`` adds text to each head's name, from a
+        mapping (layer, head) -> text or a list parallel to the heads."""
+        heads = list(patterns.heads)
+        if isinstance(titles, Mapping):
+            extra = [titles.get(hd, "") for hd in heads]
+        elif titles is not None:
+            extra = list(titles)
+            if len(extra) != len(heads):
+                raise LensHeadsError(f"{len(extra)} titles for {len(heads)} heads")
+        else:
+            extra = [""] * len(heads)
+        names = [head_label(*hd) + (f" | {t}" if t else "") for hd, t in zip(heads, extra)]
+        return cls(list(patterns.tokens), patterns.patterns, heads, names, text=patterns.text,
+                   model_name=patterns.model_name)
 
     def props(self) -> dict:
         return {"attention": np.round(self.patterns, 4), "tokens": self.tokens,
@@ -120,55 +138,3 @@ class AttentionView:
     def save(self, path: str | os.PathLike) -> Path:
         """Write a standalone HTML file atomically."""
         return atomic_write_text(path, self.to_html())
-
-
-def _token_strings(tokenizer, ids: Sequence[int]) -> list[str]:
-    """One readable string per token (decoded one by one; spaces and newlines kept)."""
-    return [tokenizer.decode([int(i)]) for i in ids]
-
-
-def attention_heads(
-    model,
-    text: str,
-    heads: Sequence[Head] | None = None,
-    titles: Mapping[Head, str] | Sequence[str] | None = None,
-    max_tokens: int = 64,
-) -> AttentionView:
-    """Attention patterns of ``heads`` (default: every head) of ``model`` on ``text``.
-
-    ``titles`` adds text to each head's name ("L3.H1 | ahon_ln 0.41 | BOS-sink"): a mapping
-    from (layer, head), or a list parallel to ``heads``. Only the layers holding a requested
-    head are hooked; the text is cut to its first ``max_tokens`` tokens.
-    """
-    g = model.geometry
-    if heads is None:
-        heads = [(L, h) for L in range(g.n_layers) for h in range(g.n_heads)]
-    heads = [(int(L), int(h)) for L, h in heads]
-    if not heads:
-        raise LensHeadsError("no heads to show")
-    for L, h in heads:
-        g.check_head(L, h)
-    if isinstance(titles, Mapping):
-        extra = [titles.get(hd, "") for hd in heads]
-    elif titles is not None:
-        extra = list(titles)
-        if len(extra) != len(heads):
-            raise LensHeadsError(f"{len(extra)} titles for {len(heads)} heads")
-    else:
-        extra = [""] * len(heads)
-    names = [head_label(*hd) + (f" | {t}" if t else "") for hd, t in zip(heads, extra)]
-
-    ids = model.to_tokens(text)[0][:max_tokens]
-    if ids.numel() == 0:
-        raise LensHeadsError("text has no tokens")
-    layers = sorted({L for L, _ in heads})
-    got: dict[int, torch.Tensor] = {}
-
-    def grab(pattern, hook):
-        got[layer_of(hook)] = pattern[0].float().cpu()  # [head, q, k]
-
-    run_with_hooks(model, ids[None], torch.ones(1, ids.numel(), dtype=torch.long),
-                   [(hook_name("pattern", L), grab) for L in layers], return_logits=False)
-    patterns = torch.stack([got[L][h] for L, h in heads]).numpy()
-    return AttentionView(_token_strings(model.tokenizer, ids.tolist()), patterns, heads, names,
-                         text=text, model_name=model.name)

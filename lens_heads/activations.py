@@ -1,0 +1,73 @@
+"""Model -> activations: the attention patterns of chosen heads on one text.
+
+``head_patterns(model, text, heads)`` runs ONE forward of ``text`` with hooks on
+``hook_pattern`` of only the layers holding a requested head and returns the [head, q, k]
+patterns with the text's tokens (``HeadPatterns``). Views (``viz.AttentionView``) only render
+such a record; ``attention_heads`` is the notebook shortcut that does both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping, Sequence
+
+import numpy as np
+import torch
+from jaxtyping import Float
+
+from lens_heads.errors import LensHeadsError
+from lens_heads.hooks import hook_name, layer_of, run_with_hooks
+from lens_heads.interventions import Head
+
+
+@dataclass
+class HeadPatterns:
+    """What one forward of ``text`` gives for ``heads``: tokens as strings and their patterns."""
+
+    tokens: list[str]
+    patterns: Float[np.ndarray, "head q k"]
+    heads: list[Head]
+    text: str = ""
+    model_name: str = ""
+
+
+def _token_strings(tokenizer, ids: Sequence[int]) -> list[str]:
+    """One readable string per token (decoded one by one; spaces and newlines kept)."""
+    return [tokenizer.decode([int(i)]) for i in ids]
+
+
+def head_patterns(model, text: str, heads: Sequence[Head] | None = None, max_tokens: int = 64) -> HeadPatterns:
+    """Attention patterns of ``heads`` (default: every head) of ``model`` on ``text``, cut to
+    its first ``max_tokens`` tokens."""
+    g = model.geometry
+    if heads is None:
+        heads = [(L, h) for L in range(g.n_layers) for h in range(g.n_heads)]
+    heads = [(int(L), int(h)) for L, h in heads]
+    if not heads:
+        raise LensHeadsError("no heads to show")
+    for L, h in heads:
+        g.check_head(L, h)
+    ids = model.to_tokens(text)[0][:max_tokens]
+    if ids.numel() == 0:
+        raise LensHeadsError("text has no tokens")
+    got: dict[int, torch.Tensor] = {}
+
+    def grab(pattern, hook):
+        got[layer_of(hook)] = pattern[0].float().cpu()  # [head, q, k]
+
+    run_with_hooks(model, ids[None], torch.ones(1, ids.numel(), dtype=torch.long),
+                   [(hook_name("pattern", L), grab) for L in sorted({L for L, _ in heads})], return_logits=False)
+    patterns = torch.stack([got[L][h] for L, h in heads]).numpy()
+    return HeadPatterns(_token_strings(model.tokenizer, ids.tolist()), patterns, heads, text, model.name)
+
+
+def attention_heads(model, text: str, heads: Sequence[Head] | None = None,
+                    titles: Mapping[Head, str] | Sequence[str] | None = None, max_tokens: int = 64):
+    """``head_patterns`` rendered as a circuitsvis view (``viz.AttentionView``); ``titles`` adds
+    text to each head's name ("L3.H1 | ahon_ln 0.41 | BOS-sink"): a mapping from (layer, head),
+    or a list parallel to ``heads``."""
+    from lens_heads.viz import AttentionView
+
+    if titles is not None and not isinstance(titles, Mapping) and heads is not None and len(titles) != len(heads):
+        raise LensHeadsError(f"{len(titles)} titles for {len(heads)} heads")  # before the forward
+    return AttentionView.of(head_patterns(model, text, heads, max_tokens), titles)
