@@ -105,6 +105,7 @@ class Ablation:
 
     spec = NoHeads()
     reuses_prefix: bool = True
+    needs_task: bool = False  # decided by a task-level score: only evaluate_task can run it
     _counts_type = Counts
     replacement = None  # what ablated heads become (lens_heads.replacement runtime); None: zero
 
@@ -135,6 +136,10 @@ class Ablation:
 
     def hooks(self, model, attention_mask: Tensor, row_keys: Sequence[int]) -> Hooks:
         raise NotImplementedError
+
+    def prepare_task(self, model, task, records, n_shot: int, seed: int, protocol=None) -> None:
+        """Called by ``evaluate_task`` with the questions about to be evaluated, before any
+        forward: an ablation decided by a task-level score (``atp``) computes it here."""
 
     # the current counts, for interactive use
     @property
@@ -288,6 +293,64 @@ class ScoreAblation(Ablation):
 
         return collector.hooks(attention_mask, z_transform=z_transform)
 
+
+
+class TaskScoreAblation(ScoreAblation):
+    """Per question: zero the heads whose task-level score on that question crosses
+    ``threshold`` -- ``atp``, the first-order effect of ablating the head on the gold answer's
+    log-likelihood (``scores.attribution``), as ``|atp|``, small = inactive.
+
+    The score needs the question's gold answer, so it is read from a table computed before the
+    forwards (``prepare_task``: one forward + backward per question, on the unablated model,
+    with the same replacement as this ablation) rather than from the forward itself. Every
+    choice row of a question gets the same heads (row key = doc_id * 1000 + choice). An
+    oracle: it knows which answer is right, which an inactivity score never does
+    (docs/methods.md §2)."""
+
+    def __init__(self, score_id: str, threshold: float, geometry, strict: bool = False):
+        from lens_heads.scores.attribution import INACTIVE_WHEN, SCORE_ID
+
+        if score_id != SCORE_ID:
+            raise LensHeadsError(f"unknown task-level score {score_id!r}; the one there is is {SCORE_ID!r}")
+        if not math.isfinite(threshold):
+            raise LensHeadsError(f"score ablation threshold must be a finite number, got {threshold}")
+        self.score_id, self.threshold, self.geometry = score_id, float(threshold), geometry
+        self.strict, self.inactive_when = bool(strict), INACTIVE_WHEN
+        self.spec = ScoreThreshold(score_id, self.threshold, self.strict)
+        self._table: dict[int, Tensor] = {}
+
+    needs_task = True
+
+    def prepare_task(self, model, task, records, n_shot: int, seed: int, protocol=None) -> None:
+        from lens_heads.scores.attribution import atp_table
+
+        todo = [r for r in records if r.doc_id not in self._table]
+        if todo:
+            self._table.update(atp_table(model, task, todo, n_shot, seed, self.replacement, protocol))
+
+    def hooks(self, model, attention_mask, row_keys) -> Hooks:
+        from lens_heads.evaluate import _KEY_STRIDE
+
+        g = self.geometry
+        docs = [int(k) // _KEY_STRIDE for k in row_keys]
+        missing = sorted({d for d in docs if d not in self._table})
+        if missing:
+            raise LensHeadsError(f"ablation {self.name}: no atp for question(s) {missing[:3]}; a task-level "
+                                 f"score needs the task: evaluate with evaluate_task, a sweep or "
+                                 f"'lens-heads evaluate' (not the lm-eval route)")
+        drop = self.crosses(torch.stack([self._table[d] for d in docs]).abs())  # [batch, layer, head]
+        self.counts.start(len(row_keys), g)
+        self._prepare(model, attention_mask, row_keys)
+
+        def make(L: int) -> HookFn:
+            d = drop[:, L, :g.heads_in(L)]
+
+            def hook(z, hook):
+                self.counts.record(L, d)
+                return self._apply(L, z, d)
+            return hook
+
+        return [(hook_name("z", L), make(L)) for L in range(g.n_layers)]
 
 
 # -----------------------------------------------------------------------------

@@ -460,6 +460,8 @@ def evaluate_task(
     if not records:
         raise LensHeadsError(f"task {task.name!r} has no records to evaluate")
     reqs, keys, spans = _task_requests(task, records, k, seed, _chat(model, protocol))
+    if ablation is not None:
+        ablation.prepare_task(model, task, records, k, seed, protocol)
     with ablation.counting() if ablation is not None else contextlib.nullcontext() as counts:
         lls = loglikelihoods(model, reqs, ablation, batch_size, progress, keys=keys,
                              add_bos=None if protocol is None else protocol.add_bos_token, **engine_kwargs)

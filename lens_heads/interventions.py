@@ -69,11 +69,13 @@ def _number(text: str, what: str, spec: str, kind=float):
 
 
 def _score_id(text: str) -> str:
-    from lens_heads.scores.functions import SCORES  # scores sit left of interventions in the data flow
+    """A score a per-input ablation can threshold: a registered one, or the task-level ``atp``."""
+    from lens_heads.scores.attribution import SCORE_ID as ATP  # scores sit left of interventions
+    from lens_heads.scores.functions import SCORES
 
     sid = text.strip()
-    if sid not in SCORES:
-        raise LensHeadsError(f"unknown score {sid!r}; choose one of: {', '.join(SCORES)}")
+    if sid not in SCORES and sid != ATP:
+        raise LensHeadsError(f"unknown score {sid!r}; choose one of: {', '.join(SCORES)}, {ATP}")
     return sid
 
 
@@ -193,9 +195,11 @@ class ScoreThreshold(_ScoreSpec):
         return f"{self.score_id}@{self.threshold!r}" + (STRICT_SUFFIX if self.strict else "")
 
     def bind(self, geometry):
-        from lens_heads.ablation import ScoreAblation
+        from lens_heads.ablation import ScoreAblation, TaskScoreAblation
+        from lens_heads.scores.attribution import SCORE_ID as ATP
 
-        return ScoreAblation(self.score_id, self.threshold, geometry, self.strict)
+        cls = TaskScoreAblation if self.score_id == ATP else ScoreAblation
+        return cls(self.score_id, self.threshold, geometry, self.strict)
 
 
 @dataclass(frozen=True)

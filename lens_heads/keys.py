@@ -132,13 +132,16 @@ class RunIdentity:
 
     # -- the keys built from it ------------------------------------------------------------
 
-    def thresholds(self, score_ids: Sequence[str], fractions: Sequence[float]) -> StoreKey:
-        """The thresholds of one scoring pass over the run's unablated inputs."""
+    def thresholds(self, score_ids: Sequence[str], fractions: Sequence[float],
+                   atp_replacement: str | None = None) -> StoreKey:
+        """The thresholds of one scoring pass over the run's unablated inputs; ``atp_replacement``:
+        what atp's Δz replaced heads with (its values depend on it; zero: None, not in the key)."""
         revisions = _revisions(score_ids)
+        atp = {"atp_replacement": atp_replacement} if atp_replacement and "atp" in score_ids else {}
         return StoreKey(Kind.THRESHOLDS, {**self.config(), "kind": Kind.THRESHOLDS.value,
                                           "score_ids": list(score_ids),
                                           "fractions": sorted(float(p) for p in fractions),
-                                          **({"score_revisions": revisions} if revisions else {})})
+                                          **({"score_revisions": revisions} if revisions else {}), **atp})
 
     def point(self, spec: str, score_fn: str | None = None) -> StoreKey:
         """One sweep point: the ablation ``spec`` evaluated; ``score_fn`` the function whose

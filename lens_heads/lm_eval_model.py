@@ -125,6 +125,10 @@ def _batch_size(value) -> int:
     return value
 
 
+NEEDS_TASK = ("a task-level score (atp) is computed per question from its gold answer, which lm-eval's "
+              "requests do not carry; use 'lens-heads evaluate' or a sweep, or a static set of heads here")
+
+
 @register_model("lens_heads")
 class LensHeadsLM(LM):
     """An lm-eval ``LM`` on a lens_heads ``LoadedModel``, with an optional head ablation.
@@ -150,6 +154,9 @@ class LensHeadsLM(LM):
         super().__init__()
         from lens_heads.ablation import Ablation, NoAblation, parse_ablation
 
+        probe = parse_ablation(ablation, None) if isinstance(ablation, str) else ablation
+        if getattr(probe, "needs_task", False):
+            raise LensHeadsError(f"ablation {probe.name}: {NEEDS_TASK}")
         if isinstance(pretrained, (str, os.PathLike)):
             from lens_heads.models import load_model
 

@@ -18,14 +18,13 @@ ablation spec with ``|``: ``static:3.1,4.2|mean:c4``, ``score:ahon_ln@0.41|resam
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import ClassVar
 
 import torch
 from torch import Tensor
 
+from lens_heads.cache import cache_dir, cached_tensors
 from lens_heads.errors import LensHeadsError
 
 SEPARATOR = "|"
@@ -162,10 +161,6 @@ def _z_capture(model, ids: Tensor, mask: Tensor) -> dict[int, Tensor]:
     return out
 
 
-def _cache_dir() -> Path:
-    return Path(os.environ.get("LENS_HEADS_CACHE", Path.home() / ".cache" / "lens_heads")) / "head_means"
-
-
 def head_means(model, texts: list[str], max_len: int = MAX_LEN, batch_size: int = 8) -> Tensor:
     """[layer, head, d_head] mean ``hook_z`` over every real token position of ``texts``
     (float64 sums, one streaming pass; heads a pruned layer lacks stay NaN)."""
@@ -201,20 +196,8 @@ class MeanValues:
 
             texts = _texts(self.spec.corpus, self.spec.n)
             key = sha256_bytes([json.dumps([model_digest(model), str(model.dtype), texts, MAX_LEN]).encode()])[:32]
-            path = _cache_dir() / f"{key}.safetensors"
-            if path.is_file():
-                from safetensors.torch import load_file
-
-                self._means = load_file(str(path))["means"]
-            else:
-                from safetensors.torch import save_file
-
-                from lens_heads.atomic import atomic_path
-
-                self._means = head_means(model, texts)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with atomic_path(path) as tmp:
-                    save_file({"means": self._means.contiguous()}, str(tmp))
+            path = cache_dir("head_means") / f"{key}.safetensors"
+            self._means = cached_tensors(path, lambda: {"means": head_means(model, texts)})["means"]
             self._model = model
         return self._means
 

@@ -167,10 +167,8 @@ def scoring_shards(inputs: Sequence[Tensor], batch_size: int, n_shards: int) -> 
 def thresholds_of(hs, score_ids: Sequence[str], fractions: Sequence[float],
                   rule: str = DEFAULT_RULE) -> dict[str, dict[float, float | None]]:
     """Thresholds from the per-input scores of a ``score_heads(..., keep_per_input=True)`` pass."""
-    from lens_heads.scores import SCORES
-
     return thresholds_from_scores({sid: hs.per_input[sid] for sid in score_ids},
-                                  {sid: SCORES[sid].inactive_when for sid in score_ids}, fractions, rule)
+                                  {sid: hs.inactive_when(sid) for sid in score_ids}, fractions, rule)
 
 
 def score_ablation_spec(score_id: str, tau: float | None, strict: bool = False) -> str:

@@ -8,10 +8,24 @@ import json
 import pytest
 import torch
 
-from lens_heads.scores.attribution import atp_effects, atp_scores
+from lens_heads.scores.attribution import atp_effects, atp_scores, atp_table
 
 CTX = "The capital of France is Paris. The capital of Italy is"
 CONT = " Rome"
+
+
+@pytest.fixture(autouse=True)
+def own_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("LENS_HEADS_CACHE", str(tmp_path / "cache"))
+
+
+@pytest.fixture
+def task_file(tmp_path):
+    from test_sweep import TASK_ROWS
+
+    path = tmp_path / "mini.jsonl"
+    path.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in TASK_ROWS))
+    return path
 
 
 def _hand_atp(hf, ids, n_ctx, cont_ids):
@@ -101,3 +115,120 @@ def test_cli_score_atp_writes_a_loadable_table(tiny_model_dir, tmp_path, capsys)
     assert back.score_ids == ["atp"] and back.least_active("atp")
     assert main(["score", str(tiny_model_dir("llama")), "--scores", "atp", "--out", str(tmp_path / "x.csv")]) == 2
     assert "needs --task" in capsys.readouterr().err
+
+
+# -----------------------------------------------------------------------------
+# per-input ablation by atp: score:atp@TAU
+
+
+def _pooled_median(table) -> float:
+    return float(torch.stack(list(table.values())).abs().flatten().median())
+
+
+@pytest.mark.parametrize("replacement", [None, "mean:{corpus}"])
+def test_per_input_atp_ablation_equals_each_questions_static_set(tiny_model, task_file, tmp_path, replacement):
+    """score:atp@TAU zeroes, on each question, exactly the heads whose |atp| on that question is
+    <= TAU: the same log-likelihoods as evaluating each question alone with that static set."""
+    from lens_heads.ablation import parse_ablation
+    from lens_heads.data import load_task
+    from lens_heads.evaluate import evaluate_task, select_records
+    from lens_heads.interventions import StaticHeads, parse_spec, with_replacement
+
+    if replacement:
+        corpus = tmp_path / "corpus.jsonl"
+        corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in [CTX + CONT, "Dormant heads do nothing."]))
+        replacement = replacement.format(corpus=corpus)
+    model, task = tiny_model("llama"), load_task(f"file:{task_file}")
+    records = select_records(task, None)
+    rep = None
+    if replacement:
+        from lens_heads.replacement import parse_replacement
+
+        rep = parse_replacement(replacement).runtime()
+    table = atp_table(model, task, records, 0, 1234, rep)
+    tau = _pooled_median(table)
+    spec = lambda s: parse_ablation(str(with_replacement(parse_spec(s), replacement or "zero")), model.geometry)  # noqa: E731
+    got = evaluate_task(model, task, ablation=spec(f"score:atp@{tau!r}"), progress=False)
+    zeroed = units = 0
+    for rec, q in zip(records, got.questions):
+        heads = [(L, h) for L, h in torch.nonzero(table[rec.doc_id].abs() <= tau).tolist()]
+        alone = evaluate_task(model, task, ablation=spec(str(StaticHeads(tuple(heads)))), doc_ids=[rec.doc_id],
+                              progress=False)
+        torch.testing.assert_close(torch.tensor(q.lls), torch.tensor(alone.questions[0].lls), atol=1e-5, rtol=0)
+        zeroed, units = zeroed + alone.config["zeroed_units"][0], units + alone.config["zeroed_units"][1]
+    assert got.config["zeroed_units"] == [zeroed, units]  # the same (row, layer, head) units zeroed
+    assert 0.3 < got.zeroed_fraction < 0.7  # the median splits the pooled values
+
+
+def test_atp_table_is_cached_per_question_and_keyed_by_replacement(tiny_model, task_file, tmp_path):
+    from lens_heads.cache import cache_dir
+    from lens_heads.data import load_task
+    from lens_heads.evaluate import select_records
+    from lens_heads.replacement import parse_replacement
+
+    model, task = tiny_model("llama"), load_task(f"file:{task_file}")
+    records = select_records(task, None)
+    first = atp_table(model, task, records, 0, 1234)
+    assert len(list(cache_dir("atp").glob("*.safetensors"))) == len(records)
+    again = atp_table(model, task, records, 0, 1234)  # from the cache: the same values
+    assert all(torch.equal(first[d], again[d]) for d in first)
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"text": CTX + CONT}) + "\n")
+    mean = atp_table(model, task, records, 0, 1234, parse_replacement(f"mean:{corpus}").runtime())
+    assert len(list(cache_dir("atp").glob("*.safetensors"))) == 2 * len(records)
+    assert not all(torch.allclose(first[d], mean[d]) for d in first)
+
+
+def test_atp_ablation_outside_evaluate_task_says_so(tiny_model, task_file):
+    from lens_heads.ablation import parse_ablation
+    from lens_heads.errors import LensHeadsError
+    from lens_heads.evaluate import encode_pair, loglikelihoods_tokens
+    from lens_heads.lm_eval_model import LensHeadsLM
+
+    model = tiny_model("llama")
+    c, x = encode_pair(model.tokenizer, CTX, CONT)
+    with pytest.raises(LensHeadsError, match="no atp for question"):
+        loglikelihoods_tokens(model, [(c, x)], parse_ablation("score:atp@0.1", model.geometry), progress=False)
+    with pytest.raises(LensHeadsError, match="gold answer"):
+        LensHeadsLM(model, ablation="score:atp@0.1")
+
+
+def test_cli_refuses_atp_where_it_cannot_run(tiny_model_dir, task_file, tmp_path, capsys):
+    from lens_heads.cli import main
+
+    model = str(tiny_model_dir("llama"))
+    assert main(["lm-eval", model, "--tasks", "piqa", "--ablate", "score:atp@0.1", "--out", str(tmp_path / "l")]) == 2
+    assert "gold answer" in capsys.readouterr().err
+    sweep = ["sweep", model, "--task", f"file:{task_file}", "--scores", "atp", "--fractions", "0,0.5",
+             "--no-progress", "--out", str(tmp_path / "s")]
+    assert main([*sweep, "--shard", "0/2"]) == 2
+    assert "one process" in capsys.readouterr().err
+    assert main([*sweep, "--ablate-with", "resample:self@0"]) == 2
+    assert "zero or mean" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists() and not (tmp_path / "l").exists()
+
+
+def test_sweep_thresholds_atp_per_question_and_zeroes_the_target_fraction(tiny_model, task_file, tmp_path):
+    """A sweep with --scores atp: its thresholds are those of the pooled per-question |atp|
+    (thresholds_of on atp_scores), the points zero about the target fraction, and a sweep under
+    mean replacement gets its own atp thresholds (another score), not the zero sweep's."""
+    from lens_heads.data import load_task
+    from lens_heads.sweep import SweepConfig, run_sweep
+    from lens_heads.thresholds import thresholds_of
+
+    model, task = tiny_model("llama"), load_task(f"file:{task_file}")
+    cfg = SweepConfig(task=f"file:{task_file}", score_ids=["atp", "ahon_ln"], fractions=[0.0, 0.25, 0.5],
+                      random_seeds=[], batch_size=4, n_boot=50, chunk_questions=2)
+    res = run_sweep(model, cfg, tmp_path / "zero", progress=False)
+    want = thresholds_of(atp_scores(model, task, progress=False), ["atp"], [0.0, 0.25, 0.5])["atp"]
+    assert res.thresholds["atp"] == want
+    rows = res.summary[(res.summary["score_fn"] == "atp") & (res.summary["fraction"] > 0)]
+    assert len(rows) == 2 and all(abs(r.pct_zeroed / 100 - r.fraction) < 0.1 for r in rows.itertuples())
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text(json.dumps({"text": CTX + CONT}) + "\n")
+    mcfg = SweepConfig(task=f"file:{task_file}", score_ids=["atp"], fractions=[0.0, 0.5], random_seeds=[],
+                       batch_size=4, n_boot=50, replacement=f"mean:{corpus}")
+    mres = run_sweep(model, mcfg, tmp_path / "zero", progress=False)  # same store: must not reuse zero's atp
+    mwant = thresholds_of(atp_scores(model, task, replacement=f"mean:{corpus}", progress=False),
+                          ["atp"], [0.0, 0.5])["atp"]
+    assert mres.thresholds["atp"] == mwant and mwant[0.5] != want[0.5]

@@ -300,3 +300,13 @@ def test_status_counts_units_a_worker_stored(tiny_model_dir, task_file, tmp_path
     shown = capsys.readouterr().out.splitlines()
     assert shown[0] == f"{n_base + 1} of {len(plan.all_units)} units and 1 of {len(plan.order)} points stored"
     assert shown[1] == f"  running: {second}: 1 of {len(plan.parts(second))} parts stored"
+
+
+def test_device_map_with_a_shard_is_refused_with_exit_2(tiny_model_dir, task_file, tmp_path, capsys):
+    from lens_heads.cli import main
+
+    out = tmp_path / "s"
+    assert main(["sweep", str(tiny_model_dir("llama")), "--task", f"file:{task_file}", "--scores", "ahon_ln",
+                 "--fractions", "0,0.5", "--no-progress", "--shard", "0/2", "--device-map", "auto",
+                 "--out", str(out)]) == 2
+    assert "--device-map with --executor / --shard" in capsys.readouterr().err and not out.exists()

@@ -138,7 +138,10 @@ def run(args) -> int:
             raise LensHeadsError(f"--ablate {args.ablate.strip()}: a percentage needs a threshold calibrated on "
                                  f"inputs; give score:ID@THRESHOLD (lens-heads evaluate --ablate "
                                  f"{args.ablate.strip()} prints the threshold it takes)")
-        parse_ablation(args.ablate, None)  # syntax and score names; head ranges once the model is loaded
+        if parse_ablation(args.ablate, None).needs_task:  # syntax and score names; head ranges once loaded
+            from lens_heads.lm_eval_model import NEEDS_TASK
+
+            raise LensHeadsError(f"--ablate {args.ablate.strip()}: {NEEDS_TASK}")
     out = Path(args.out)
     check_output_dir(out)
     try:

@@ -97,6 +97,7 @@ def _executor_config(args):
         args.score_shards or args.workers
 
 
+
 def run(args) -> int:
     from lens_heads.ablation import parse_ablation
     from lens_heads.data import load_task
@@ -107,7 +108,7 @@ def run(args) -> int:
 
     # cheap checks first, then the task, then the model; nothing is written until all pass
     fractions = parse_fractions(args.fractions)
-    score_ids = resolve_score_ids(args.scores) if args.scores.strip() else []
+    score_ids = resolve_score_ids(args.scores, task_level=True) if args.scores.strip() else []
     if args.random_seeds < 0:
         raise LensHeadsError(f"--random-seeds must be >= 0, got {args.random_seeds}")
     cfg = SweepConfig(task=args.task, score_ids=score_ids, fractions=fractions,
@@ -131,6 +132,10 @@ def run(args) -> int:
     check_positive(args, "slurm_retries", "gpus_per_task", minimum=0)
     if args.gpus_per_worker < 0:
         raise LensHeadsError(f"--gpus-per-worker must be >= 0, got {args.gpus_per_worker}")
+    if "atp" in score_ids and (args.shard is not None or args.executor != "local"):
+        from lens_heads.sweep.executors import ATP_IN_PROCESS
+
+        raise LensHeadsError(ATP_IN_PROCESS)
     if args.shard is not None and args.executor != "local":
         raise LensHeadsError("--shard is for launching local processes by hand; ray and slurm split the units "
                              "themselves (--workers)")
@@ -216,6 +221,7 @@ def show_status(args, cfg, task) -> int:
 def run_scaled(args, cfg, scale) -> int:
     """The sweep on an executor (or as one --shard): planned, merged and tabulated here with no
     weights loaded; the workers load the model."""
+    from lens_heads.errors import LensHeadsError
     from lens_heads.sweep.executors import job_for, launch
 
     name, config, n_shards = scale

@@ -19,6 +19,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from lens_heads.cache import cache_dir
 from lens_heads.errors import LensHeadsError
 # the digests live in lens_heads.hashing; zoo.sha256_file / zoo.sha256_files stay importable here
 from lens_heads.hashing import sha256_file, sha256_files  # noqa: F401
@@ -69,8 +70,6 @@ ZOO: dict[str, ZooModel] = {
 }
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("LENS_HEADS_CACHE", Path.home() / ".cache" / "lens_heads"))
 
 
 def verify(path: Path, sha256: str) -> None:

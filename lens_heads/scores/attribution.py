@@ -15,6 +15,8 @@ heads rank like any score's (``HeadScores.least_active``) for static ablation an
 
 from __future__ import annotations
 
+import json
+
 import torch
 from torch import Tensor
 
@@ -62,45 +64,77 @@ def atp_effects(model, context_ids: list[int], continuation_ids: list[int], repl
     return out
 
 
-def atp_scores(model, task, n_shot: int | None = None, limit: int | None = None, seed: int = 1234,
-               replacement: str | None = None, progress: bool = True):
-    """``HeadScores`` of ``atp`` on ``task``'s questions (the gold answer's log-likelihood): per
-    input the signed estimate, dataset-level the mean of ``|atp|`` (the score)."""
-    from lens_heads.data import load_task
-    from lens_heads.evaluate import encode_pair, select_records
+def _runtime(replacement):
+    """The replacement runtime atp's Δz uses: None for zero, a mean's values (computed now);
+    a resample source differs per input, so it has no first-order table."""
+    from lens_heads.replacement import Mean, MeanValues, Zero, parse_replacement
+
+    if replacement is None or isinstance(replacement, MeanValues):
+        return replacement
+    rep = parse_replacement(replacement) if isinstance(replacement, str) else replacement
+    if isinstance(rep, Zero):
+        return None
+    if not isinstance(rep, Mean):
+        raise LensHeadsError(f"atp takes zero or mean replacements, not {rep} (a resample source differs per input)")
+    return rep.runtime()
+
+
+def atp_table(model, task, records, n_shot: int, seed: int, replacement=None, protocol=None,
+              progress: bool = False) -> dict[int, Tensor]:
+    """``{doc_id: [layer, head] signed atp}`` of each record's gold request, built exactly as
+    ``evaluate_task`` builds it (few-shot context, chat template, BOS), with ablated heads
+    zeroed or replaced by ``replacement`` (a mean spec or runtime). One forward + backward per
+    question, cached on disk per question (``lens_heads.cache``, ``atp/``): the key is the
+    weights' digest, the dtype, the exact context and continuation, and the replacement."""
+    from lens_heads.cache import cache_dir, cached_tensors
+    from lens_heads.evaluate import _chat, _task_requests, encode_pair
+    from lens_heads.hashing import sha256_bytes
     from lens_heads.models.load import model_digest
     from lens_heads.progress import progress_bar
+
+    runtime = _runtime(replacement)
+    if runtime is not None:
+        runtime.means(model)
+    add_bos = None if protocol is None else protocol.add_bos_token
+    reqs, _, spans = _task_requests(task, records, n_shot, seed, _chat(model, protocol))
+    digest, rep_name = model_digest(model), "zero" if runtime is None else str(runtime.spec)
+    out: dict[int, Tensor] = {}
+    bar = progress_bar(len(records), "attribution patching", enabled=progress, unit="question")
+    try:
+        for rec, (a, _) in zip(records, spans):
+            ctx, cont = reqs[a + rec.gold]
+            c_ids, x_ids = encode_pair(model.tokenizer, ctx, cont, add_bos=add_bos)
+            key = sha256_bytes([json.dumps([digest, str(model.dtype), c_ids, x_ids, rep_name]).encode()])[:32]
+            made = cached_tensors(cache_dir("atp") / f"{key}.safetensors",
+                                  lambda: {"atp": atp_effects(model, c_ids, x_ids, runtime)})
+            out[rec.doc_id] = made["atp"]
+            bar.update(1)
+    finally:
+        bar.close()
+    return out
+
+
+def atp_scores(model, task, n_shot: int | None = None, limit: int | None = None, seed: int = 1234,
+               replacement: str | None = None, progress: bool = True, protocol=None):
+    """``HeadScores`` of ``atp`` on ``task``'s questions (the gold answer's log-likelihood): per
+    input (question, in ``select_records`` order) the score ``|atp|``, dataset-level its mean;
+    ``meta["signed_mean"]`` is the mean of the signed estimate."""
+    from lens_heads.data import load_task
+    from lens_heads.evaluate import select_records
+    from lens_heads.models.load import model_digest
     from lens_heads.scores.dataset import HeadScores
 
     task = load_task(task) if isinstance(task, str) else task
     k = task.spec.n_shot if n_shot is None else n_shot
-    runtime = None
-    if replacement is not None:
-        from lens_heads.replacement import Zero, parse_replacement
-
-        rep = parse_replacement(replacement)
-        runtime = None if isinstance(rep, Zero) else rep.runtime()
-        if runtime is not None and not hasattr(runtime, "means"):
-            raise LensHeadsError("atp takes zero or mean replacements (a resample source differs per input)")
-        if runtime is not None:
-            runtime.means(model)
     records = select_records(task, limit, seed)
-    per = []
-    bar = progress_bar(len(records), "attribution patching", enabled=progress, unit="question")
-    try:
-        for rec in records:
-            ctx, cont = task.build(rec, k, seed)[rec.gold]
-            c_ids, x_ids = encode_pair(model.tokenizer, ctx, cont)
-            per.append(atp_effects(model, c_ids, x_ids, runtime))
-            bar.update(1)
-    finally:
-        bar.close()
-    signed = torch.stack(per)  # [question, layer, head]
+    table = atp_table(model, task, records, k, seed, replacement, protocol, progress)
+    signed = torch.stack([table[r.doc_id] for r in records])  # [question, layer, head]
     score = signed.abs()
     mean = score.double().nanmean(0)
     std = score.double().std(0)
     count = (~score.isnan()).sum(0)
     meta = {"model": model.source.spec, "model_digest": model_digest(model), "task": task.name, "n_shot": k,
-            "limit": limit, "seed": seed, "replacement": replacement or "zero", "signed_mean": signed.mean(0).tolist()}
+            "limit": limit, "seed": seed, "replacement": str(replacement or "zero"),
+            "signed_mean": signed.mean(0).tolist()}
     return HeadScores([SCORE_ID], {SCORE_ID: mean}, {SCORE_ID: std}, {SCORE_ID: count}, len(records),
                       {SCORE_ID: score}, meta)

@@ -228,8 +228,9 @@ def revision_key(score_ids: Sequence[str]) -> dict[str, int]:
     return {s: SCORES[s].revision for s in score_ids if s in SCORES and SCORES[s].revision != 1}
 
 
-def resolve_score_ids(spec: str | Sequence[str]) -> list[str]:
-    """``"all"``, ``"paper"`` (the paper's 12), a comma list, or a list of ids -> list of ids."""
+def resolve_score_ids(spec: str | Sequence[str], task_level: bool = False) -> list[str]:
+    """``"all"``, ``"paper"`` (the paper's 12), a comma list, or a list of ids -> list of ids;
+    ``task_level``: ``atp`` (scored on a task's questions, ``scores.attribution``) is allowed too."""
     if isinstance(spec, str):
         if spec.strip() == "all":
             return list(SCORES)
@@ -237,7 +238,7 @@ def resolve_score_ids(spec: str | Sequence[str]) -> list[str]:
             return list(PAPER_SCORES)
         spec = [s for s in spec.split(",")]
     ids = [s.strip() for s in spec if s.strip()]
-    unknown = [s for s in ids if s not in SCORES]
+    unknown = [s for s in ids if s not in SCORES and not (task_level and s == "atp")]
     if "atp" in unknown:
         raise LensHeadsError("'atp' (attribution patching) is scored on a task's questions, on its own: "
                              "--scores atp --task TASK (lens_heads.scores.attribution.atp_scores)")

@@ -89,11 +89,13 @@ class SweepConfig:
         if (self.thresholds_file is None) != (self.thresholds_model is None):
             raise LensHeadsError("thresholds_file and thresholds_model go together (the file's model key)")
         if self.replacement is not None:
-            from lens_heads.replacement import parse_replacement
+            from lens_heads.replacement import Mean, Zero, parse_replacement
 
-            self.replacement = str(parse_replacement(self.replacement))
-            if self.replacement == "zero":
-                self.replacement = None
+            rep = parse_replacement(self.replacement)
+            if "atp" in self.score_ids and not isinstance(rep, (Zero, Mean)):
+                raise LensHeadsError(f"atp's first-order table takes zero or mean replacements, not {rep} "
+                                     f"(a resample source differs per input)")
+            self.replacement = None if isinstance(rep, Zero) else str(rep)
         self.first = list(dict.fromkeys(str(self._check_first(PointId.parse(f, self.extra_ablations)))
                                         for f in self.first))
 

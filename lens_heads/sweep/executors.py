@@ -305,6 +305,10 @@ def check_one_weights(store, identity) -> None:
                     f"vs {identity.model_digest[:16]}...): use another --out, or the same weights")
 
 
+ATP_IN_PROCESS = ("atp: its thresholds come from a per-question attribution pass that the executors' scoring "
+                  "shards do not split yet; sweep atp in one process (no --executor / --shard)")
+
+
 def launch(job: SweepJob, executor: str = "local", config=None, progress: bool = True,
            session: Session | None = None) -> Launch:
     """Run (or resume) the sweep ``job`` on ``executor``: the scoring shards, the thresholds,
@@ -322,6 +326,8 @@ def launch(job: SweepJob, executor: str = "local", config=None, progress: bool =
     t0 = time.perf_counter()
     cfg = job.cfg
     cfg.validate()
+    if "atp" in cfg.score_ids:
+        raise LensHeadsError(ATP_IN_PROCESS)
     task = load_task(cfg.task, n_shot=cfg.n_shot, include_path=job.include_path)
     identity = cfg.identity_for(job.digest, job.dtype, task)
     store = ResultStore(job.out_dir)

@@ -102,7 +102,7 @@ def partial_config(cfg: SweepConfig, points: Sequence[SweepPoint], stored: set[s
 
 
 def thresholds_key(identity: RunIdentity, cfg: SweepConfig) -> StoreKey:
-    return identity.thresholds(cfg.score_ids, cfg.fractions)
+    return identity.thresholds(cfg.score_ids, cfg.fractions, cfg.replacement)
 
 
 def stored_thresholds(store: ResultStore, identity: RunIdentity, cfg: SweepConfig) -> ThresholdsRecord | None:
@@ -116,17 +116,21 @@ def stored_thresholds(store: ResultStore, identity: RunIdentity, cfg: SweepConfi
         return rec
     fractions = {float(p) for p in cfg.fractions}
     same = json.loads(json.dumps({**identity.config(), "kind": Kind.THRESHOLDS.value}, default=str))
-    revisions = thresholds_key(identity, cfg).config.get("score_revisions", {})
+    mine = thresholds_key(identity, cfg).config
+    revisions = mine.get("score_revisions", {})
     found: dict[str, dict] = {}
     n_inputs = None
+    per_function = ("score_ids", "fractions", "score_revisions", "atp_replacement")
     for data in store.records(Kind.THRESHOLDS):
         c = data.get("config", {})
         theirs = c.get("score_revisions", {})
-        if ({k: v for k, v in c.items() if k not in ("score_ids", "fractions", "score_revisions")} != same
+        if ({k: v for k, v in c.items() if k not in per_function} != same
                 or not fractions <= set(c.get("fractions", []))):
             continue
         rec = ThresholdsRecord.from_json(data)
         for sid in cfg.score_ids:
+            if sid == "atp" and c.get("atp_replacement") != mine.get("atp_replacement"):
+                continue  # atp under another replacement is another score
             if sid not in found and sid in c.get("score_ids", []) and theirs.get(sid, 1) == revisions.get(sid, 1):
                 found[sid] = {p: t for p, t in rec.thresholds[sid].items() if p in fractions}
                 n_inputs = rec.n_inputs

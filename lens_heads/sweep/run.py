@@ -45,23 +45,42 @@ def read_thresholds(store: ResultStore, identity: RunIdentity, cfg: SweepConfig,
     return None if rec is None else rec.thresholds
 
 
+def scoring_pass(model, task, cfg: SweepConfig, progress: bool) -> tuple[Thresholds, int]:
+    """(thresholds, n_inputs) of ``cfg``'s functions on the unablated model: the hook scores
+    pooled over the request sequences (every choice row; ``n_inputs`` counts them), ``atp``
+    over the questions' gold requests, with the sweep's replacement (docs/methods.md §3)."""
+    from lens_heads.evaluate import task_inputs
+    from lens_heads.scores.attribution import SCORE_ID as ATP, atp_scores
+    from lens_heads.thresholds import compute_thresholds, thresholds_of
+
+    rule = cfg.protocol.threshold_rule
+    hook_ids = [s for s in cfg.score_ids if s != ATP]
+    computed: Thresholds = {}
+    n_inputs = 0
+    if hook_ids:
+        inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.protocol)
+        computed.update(compute_thresholds(model, inputs, hook_ids, cfg.fractions, cfg.threshold_batch_size,
+                                           progress=progress, rule=rule))
+        n_inputs = len(inputs)
+    if ATP in cfg.score_ids:
+        hs = atp_scores(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.replacement, progress, cfg.protocol)
+        computed.update(thresholds_of(hs, [ATP], cfg.fractions, rule))
+        n_inputs = n_inputs or hs.n
+    return {sid: computed[sid] for sid in cfg.score_ids}, n_inputs
+
+
 def ensure_thresholds(model, store: ResultStore, identity: RunIdentity, cfg: SweepConfig, task,
                       progress: bool) -> Thresholds:
     """The sweep's thresholds, from one scoring pass over the unablated request sequences when
     the store lacks them (by whichever process claims that pass)."""
-    from lens_heads.evaluate import task_inputs
-    from lens_heads.thresholds import compute_thresholds
-
     found = read_thresholds(store, identity, cfg, task)
     key = thresholds_key(identity, cfg)
     path = store.path(key)
     while found is None:
         with claim(path) as mine:
             if mine and not path.is_file():
-                inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.protocol)
-                computed = compute_thresholds(model, inputs, cfg.score_ids, cfg.fractions, cfg.threshold_batch_size,
-                                              progress=progress, rule=cfg.protocol.threshold_rule)
-                found = put_thresholds(store, identity, cfg, computed, len(inputs)).thresholds
+                computed, n_inputs = scoring_pass(model, task, cfg, progress)
+                found = put_thresholds(store, identity, cfg, computed, n_inputs).thresholds
         if found is None:
             wait_for(path, CLAIM_POLL_S)
             found = read_thresholds(store, identity, cfg, task)
