@@ -150,11 +150,14 @@ class RunIdentity:
         return StoreKey(Kind.POINT, {**self.config(), "kind": Kind.POINT.value, "ablation": str(spec),
                                      **({"score_revision": revisions[score_fn]} if revisions else {})})
 
-    def static_scores(self, score_id: str) -> StoreKey:
-        """The dataset-level scores by ``score_id`` on the run's inputs (a static ablation's ranking)."""
+    def static_scores(self, score_id: str, atp_replacement: str | None = None) -> StoreKey:
+        """The dataset-level scores by ``score_id`` on the run's inputs (a static ablation's
+        ranking; ``random@SEED``: seeded uniform values, a random order); ``atp_replacement`` as
+        in ``thresholds``."""
         revisions = _revisions([score_id])
+        atp = {"atp_replacement": atp_replacement} if atp_replacement and score_id == "atp" else {}
         return StoreKey(Kind.STATIC_SCORES, {**self.config(), "kind": Kind.STATIC_SCORES.value, "score": score_id,
-                                             **({"score_revision": revisions[score_id]} if revisions else {})})
+                                             **({"score_revision": revisions[score_id]} if revisions else {}), **atp})
 
     def same_run(self, config: Mapping[str, Any]) -> bool:
         """Whether a stored key's configuration belongs to this run (whatever its kind)."""

@@ -641,3 +641,83 @@ def test_sweep_result_saves_and_loads_back(tiny_model, task_file, tmp_path):
     before = {p.name: p.read_bytes() for p in out.glob("*.csv")}
     back.save(tmp_path / "again")
     assert {p.name: p.read_bytes() for p in (tmp_path / "again").glob("*.csv")} == before
+
+
+# --- static curves ------------------------------------------------------------------------
+
+
+def test_static_curves_zero_the_least_active_heads_by_each_ranking(tiny_model, task_file, tmp_path, monkeypatch):
+    """static:ID zeroes the ceil(p x heads) least active heads by the dataset-level score, on
+    every input: the sets equal HeadScores.least_active of an independent scoring pass, each
+    point's accuracy equals evaluate_task with that set, and the tables come back from the store."""
+    from lens_heads.data import load_task
+    from lens_heads.evaluate import evaluate_task, task_inputs
+    from lens_heads.interventions import StaticHeads, parse_spec
+    from lens_heads.scores import score_heads
+    from lens_heads.scores.attribution import atp_scores
+    from lens_heads.sweep import run_sweep, tabulate
+
+    monkeypatch.setenv("LENS_HEADS_CACHE", str(tmp_path / "cache"))
+    model, task = tiny_model("llama"), load_task(f"file:{task_file}")
+    cfg = SweepConfig(task=f"file:{task_file}", score_ids=["ahon_ln"], static_ids=["ahon_ln", "atp", "random"],
+                      fractions=[0.0, 0.25, 0.5], random_seeds=[0, 1], batch_size=4, n_boot=100)
+    res = run_sweep(model, cfg, tmp_path / "s", progress=False)
+    n = model.geometry.n_layers * model.geometry.n_heads
+    rankings = {"static:ahon_ln": score_heads(model, task_inputs(model, task), ["ahon_ln"]).least_active("ahon_ln"),
+                "static:atp": atp_scores(model, task, progress=False).least_active("atp")}
+    s = res.summary
+    random_sets = {}
+    for row in s[s["score_fn"].str.startswith("static:") & (s["fraction"] > 0)].itertuples():
+        k = math.ceil(row.fraction * n)
+        assert row.pct_zeroed == pytest.approx(100 * k / n)
+        heads = parse_spec(row.spec)
+        assert isinstance(heads, StaticHeads) and len(heads.heads) == k
+        if row.score_fn in rankings:
+            assert heads == StaticHeads(tuple(rankings[row.score_fn][:k]))
+        else:
+            random_sets[(row.seed, row.fraction)] = set(heads.heads)
+        alone = evaluate_task(model, task, ablation=heads.bind(model.geometry), batch_size=4, progress=False)
+        assert row.accuracy == pytest.approx(alone.metrics["acc"])
+    assert random_sets[(0, 0.25)] <= random_sets[(0, 0.5)] and random_sets[(0, 0.5)] != random_sets[(1, 0.5)]
+    w = res.within.set_index("score_fn")
+    assert {"ahon_ln", "random", "static:ahon_ln", "static:atp", "static:random"} == set(w.index)
+    assert w.loc["static:random", "n_seeds"] == 2 and w.loc["static:ahon_ln", "n_ablated_points"] == 2
+    back = tabulate(tmp_path / "s", cfg.identity(model, task), cfg, task)
+    pd.testing.assert_frame_equal(back.within, res.within)
+    files = sorted(p.name for p in (tmp_path / "s").rglob("*.json"))
+    run_sweep(model, cfg, tmp_path / "s", progress=False)  # everything stored: nothing new
+    assert sorted(p.name for p in (tmp_path / "s").rglob("*.json")) == files
+
+
+def test_static_point_ids_round_trip_and_first_checks_them():
+    from lens_heads.sweep import PointId
+
+    for text in ["static:ahon_ln@0.25", "static:random@0.5@1", "static:atp@0.1"]:
+        assert str(PointId.parse(text)) == text
+    with pytest.raises(LensHeadsError, match="static:random@FRACTION@SEED"):
+        PointId.parse("static:random@0.5")
+    ok = SweepConfig(task="piqa", score_ids=[], static_ids=["ahon_ln", "random"], fractions=[0, 0.5],
+                     first=["static:random@0.5@1", "static:ahon_ln@0.5"])
+    ok.validate()
+    for first, msg in [("static:awft@0.5", "not among"), ("static:random@0.5@7", "random seeds")]:
+        with pytest.raises(LensHeadsError, match=msg):
+            SweepConfig(task="piqa", score_ids=[], static_ids=["ahon_ln", "random"], fractions=[0, 0.5],
+                        first=[first]).validate()
+    with pytest.raises(LensHeadsError, match="unknown score 'nope'"):
+        SweepConfig(task="piqa", score_ids=[], static_ids=["nope"]).validate()
+    with pytest.raises(LensHeadsError, match="need random seeds"):
+        SweepConfig(task="piqa", score_ids=[], static_ids=["random"], random_seeds=[]).validate()
+
+
+@pytest.mark.parametrize("extra, msg", [
+    (["--static", "nope"], "unknown score 'nope'"),
+    (["--static", "random", "--random-seeds", "0"], "need random seeds"),
+    (["--static", "ahon_ln", "--shard", "0/2"], "one process"),
+])
+def test_cli_bad_static_curves_fail_before_anything_is_written(tiny_model_dir, task_file, tmp_path, capsys,
+                                                                extra, msg):
+    from lens_heads.cli import main
+
+    out = tmp_path / "s"
+    assert main([*_args(tiny_model_dir("llama"), task_file, out), *extra]) == 2
+    assert msg in capsys.readouterr().err and not out.exists()

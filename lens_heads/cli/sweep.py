@@ -25,6 +25,10 @@ def register(sub) -> None:
     p.add_argument("--fractions", default="0,0.05,0.1,0.15,0.2,0.25,0.3",
                    help="target fractions of heads to zero, in [0, 1] (default 0,0.05,...,0.3)")
     p.add_argument("--random-seeds", type=int, default=3, help="random-head seeds 0..N-1 (default 3)")
+    p.add_argument("--static", default="",
+                   help="static curves too: comma list of score ids, atp or random; at each fraction p the "
+                        "ceil(p x heads) least active heads by the dataset-level score, zeroed on every input "
+                        "(random: a seeded random order per --random-seeds seed)")
     p.add_argument("--ablate", action="append", default=[], metavar="SPEC",
                    help="an extra fixed ablation to evaluate: static:L.H,L.H | score:ID@TAU | random:P@SEED "
                         "(repeatable)")
@@ -115,7 +119,8 @@ def run(args) -> int:
                       random_seeds=list(range(args.random_seeds)), n_shot=args.n_shot, limit=args.limit,
                       seed=args.seed, batch_size=args.batch_size, extra_ablations=list(args.ablate),
                       n_boot=args.n_boot, chunk_questions=args.chunk_questions,
-                      first=[f.strip() for f in args.first.split(",") if f.strip()], replacement=args.ablate_with)
+                      first=[f.strip() for f in args.first.split(",") if f.strip()], replacement=args.ablate_with,
+                      static_ids=[s.strip() for s in args.static.split(",") if s.strip()])
     cfg.validate()
     if cfg.replacement is not None:
         from lens_heads.replacement import parse_replacement
@@ -124,18 +129,18 @@ def run(args) -> int:
     check_protocol_args(args)
     if args.n_boot < 1:
         raise LensHeadsError(f"--n-boot must be >= 1, got {args.n_boot}")
-    if not score_ids and not cfg.random_seeds and not cfg.extra_ablations:
-        raise LensHeadsError("nothing to sweep: give --scores, --random-seeds > 0 or --ablate")
+    if not score_ids and not cfg.random_seeds and not cfg.extra_ablations and not cfg.static_ids:
+        raise LensHeadsError("nothing to sweep: give --scores, --static, --random-seeds > 0 or --ablate")
     for spec in cfg.extra_ablations:
         parse_ablation(spec, None)  # syntax and score names now; head ranges once the model is loaded
     check_positive(args, "workers", "cpus_per_worker", "slurm_time", "array_parallelism", "score_shards")
     check_positive(args, "slurm_retries", "gpus_per_task", minimum=0)
     if args.gpus_per_worker < 0:
         raise LensHeadsError(f"--gpus-per-worker must be >= 0, got {args.gpus_per_worker}")
-    if "atp" in score_ids and (args.shard is not None or args.executor != "local"):
-        from lens_heads.sweep.executors import ATP_IN_PROCESS
+    from lens_heads.sweep.executors import IN_PROCESS_ONLY, in_process_only
 
-        raise LensHeadsError(ATP_IN_PROCESS)
+    if in_process_only(cfg) and (args.shard is not None or args.executor != "local"):
+        raise LensHeadsError(IN_PROCESS_ONLY)
     if args.shard is not None and args.executor != "local":
         raise LensHeadsError("--shard is for launching local processes by hand; ray and slurm split the units "
                              "themselves (--workers)")

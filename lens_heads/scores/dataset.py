@@ -35,6 +35,17 @@ from lens_heads.scores.functions import SCORES, resolve_score_ids, revision_key
 # Dataset-level scores
 
 
+def inactive_when(score_id: str) -> str:
+    """Which end of ``score_id``'s values is inactive: a registered score's, or ``atp``'s ("low")."""
+    if score_id in SCORES:
+        return SCORES[score_id].inactive_when
+    from lens_heads.scores.attribution import INACTIVE_WHEN, SCORE_ID
+
+    if score_id == SCORE_ID:  # a task-aware score (scores.attribution), not a hook statistic
+        return INACTIVE_WHEN
+    raise LensHeadsError(f"unknown score {score_id!r}")
+
+
 def least_active(mean, inactive_when: str) -> list[Head]:
     """Every head of a dataset-level score ``mean`` [layer, head], least active first:
     ascending values for ``inactive_when="low"``, descending for ``"high"``, ties broken by
@@ -110,13 +121,7 @@ class HeadScores:
         return next(iter(self.mean.values())).shape[1]
 
     def inactive_when(self, score_id: str) -> str:
-        if score_id in SCORES:
-            return SCORES[score_id].inactive_when
-        from lens_heads.scores.attribution import INACTIVE_WHEN, SCORE_ID
-
-        if score_id == SCORE_ID:  # a task-aware score (scores.attribution), not a hook statistic
-            return INACTIVE_WHEN
-        raise LensHeadsError(f"unknown score {score_id!r}")
+        return inactive_when(score_id)
 
     def least_active(self, score_id: str, k: int | None = None) -> list[Head]:
         """The ``k`` (default all) least active heads by this function's mean (see ``least_active``)."""

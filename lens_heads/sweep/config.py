@@ -11,19 +11,30 @@ from lens_heads.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fracti
 
 RANDOM = "random"  # score_fn of the random-heads points
 BASELINE = "baseline"  # score_fn of the unablated point when no curve supplies it
+STATIC = "static:"  # score_fn prefix of a static curve: the k least active heads by a dataset-level score
+
+
+def static_name(score_id: str) -> str:
+    """The curve name of static ablation by ``score_id`` (``static:ahon_ln``, ``static:random``)."""
+    return STATIC + score_id
+
+
+STATIC_RANDOM = static_name(RANDOM)
+SEEDED = (RANDOM, STATIC_RANDOM)  # curves with one set of points per seed, averaged over seeds
 
 
 @dataclass(frozen=True)
 class PointId:
-    """One point of a sweep's plan by name: ``ID@FRACTION`` (a score function's point),
-    ``random@FRACTION@SEED``, or an extra ablation's spec (``extra``). One parser, one printer."""
+    """One point of a sweep's plan by name: ``ID@FRACTION`` (a score function's per-input point),
+    ``random@FRACTION@SEED``, ``static:ID@FRACTION`` / ``static:random@FRACTION@SEED`` (a static
+    curve's), or an extra ablation's spec (``extra``). One parser, one printer."""
 
     score_fn: str
     fraction: float = math.nan
     seed: int | None = None
     extra: str | None = None  # the spec of an extra ablation (then score_fn == extra)
 
-    GRAMMAR = "ID@FRACTION or random@FRACTION@SEED"
+    GRAMMAR = "ID@FRACTION, random@FRACTION@SEED, static:ID@FRACTION or static:random@FRACTION@SEED"
 
     @classmethod
     def parse(cls, text: str, extras=()) -> "PointId":
@@ -36,14 +47,14 @@ class PointId:
             seed = int(rest[1]) if len(rest) == 2 else None
         except (IndexError, ValueError):
             raise LensHeadsError(f"first: bad point {text!r}; write {cls.GRAMMAR}") from None
-        if len(rest) != (2 if name == RANDOM else 1):
+        if len(rest) != (2 if name in SEEDED else 1):
             raise LensHeadsError(f"first: bad point {text!r}; write {cls.GRAMMAR}")
         return cls(name, fraction, seed)
 
     def __str__(self) -> str:
         if self.extra is not None:
             return self.extra
-        return f"{self.score_fn}@{self.fraction:g}" + (f"@{self.seed}" if self.score_fn == RANDOM else "")
+        return f"{self.score_fn}@{self.fraction:g}" + (f"@{self.seed}" if self.score_fn in SEEDED else "")
 
 
 @dataclass
@@ -67,12 +78,20 @@ class SweepConfig:
     thresholds_file: str | None = None  # the authors' thresholds.json instead of a scoring pass
     thresholds_model: str | None = None  # its model key (hub id), with thresholds_file
     replacement: str | None = None  # what ablated heads become (lens_heads.replacement): None/"zero", "mean:c4", ...
+    static_ids: list[str] = field(default_factory=list)  # static curves: score ids, "atp" or "random" (seeds: random_seeds)
+
+    @property
+    def static_curves(self) -> list[str]:
+        """The names of the static curves (``static:ID``), in ``static_ids`` order."""
+        return [static_name(s) for s in self.static_ids]
 
     def validate(self) -> None:
         """Check the settings; fractions become sorted, unique and always include 0 (the baseline)."""
         self.fractions = sorted({0.0, *(check_fraction(p) for p in self.fractions)})
         self.random_seeds = list(dict.fromkeys(int(s) for s in self.random_seeds))
         self.score_ids = list(dict.fromkeys(self.score_ids))
+        self.static_ids = list(dict.fromkeys(self.static_ids))
+        self._check_static_ids()
         if self.limit is not None and self.limit < 1:
             raise LensHeadsError(f"limit must be >= 1, got {self.limit}")
         if self.n_shot is not None and self.n_shot < 0:
@@ -92,12 +111,22 @@ class SweepConfig:
             from lens_heads.replacement import Mean, Zero, parse_replacement
 
             rep = parse_replacement(self.replacement)
-            if "atp" in self.score_ids and not isinstance(rep, (Zero, Mean)):
+            if "atp" in (*self.score_ids, *self.static_ids) and not isinstance(rep, (Zero, Mean)):
                 raise LensHeadsError(f"atp's first-order table takes zero or mean replacements, not {rep} "
                                      f"(a resample source differs per input)")
             self.replacement = None if isinstance(rep, Zero) else str(rep)
         self.first = list(dict.fromkeys(str(self._check_first(PointId.parse(f, self.extra_ablations)))
                                         for f in self.first))
+
+    def _check_static_ids(self) -> None:
+        from lens_heads.scores.attribution import SCORE_ID as ATP
+        from lens_heads.scores.functions import SCORES
+
+        bad = [s for s in self.static_ids if s not in SCORES and s not in (ATP, RANDOM)]
+        if bad:
+            raise LensHeadsError(f"static curves: unknown score {bad[0]!r}; give score ids, {ATP!r} or {RANDOM!r}")
+        if RANDOM in self.static_ids and not self.random_seeds:
+            raise LensHeadsError("static random heads need random seeds (random_seeds / --random-seeds N > 0)")
 
     def _check_first(self, pid: PointId) -> PointId:
         """``pid`` checked against this sweep's plan (before any threshold is computed)."""
@@ -106,9 +135,12 @@ class SweepConfig:
         if pid.fraction == 0 or pid.fraction not in self.fractions:
             raise LensHeadsError(f"first: {str(pid)!r}: the sweep's fractions > 0 are "
                                  f"{', '.join(f'{p:g}' for p in self.fractions if p > 0)}")
-        if pid.score_fn == RANDOM and pid.seed not in self.random_seeds:
+        if pid.score_fn in SEEDED and pid.seed not in self.random_seeds:
             raise LensHeadsError(f"first: {str(pid)!r}: the sweep's random seeds are {self.random_seeds}")
-        if pid.score_fn != RANDOM and pid.score_fn not in self.score_ids:
+        if pid.score_fn in (STATIC_RANDOM, *self.static_curves):
+            if pid.score_fn not in self.static_curves:
+                raise LensHeadsError(f"first: {str(pid)!r}: the sweep has no static random curve")
+        elif pid.score_fn != RANDOM and pid.score_fn not in self.score_ids:
             raise LensHeadsError(f"first: {str(pid)!r}: {pid.score_fn!r} is not among the sweep's score functions")
         return pid
 

@@ -305,8 +305,14 @@ def check_one_weights(store, identity) -> None:
                     f"vs {identity.model_digest[:16]}...): use another --out, or the same weights")
 
 
-ATP_IN_PROCESS = ("atp: its thresholds come from a per-question attribution pass that the executors' scoring "
-                  "shards do not split yet; sweep atp in one process (no --executor / --shard)")
+IN_PROCESS_ONLY = ("atp and static curves (--static): the executors' scoring shards do not split the "
+                   "per-question attribution pass or the dataset-level scoring pass yet; sweep them in one "
+                   "process (no --executor / --shard)")
+
+
+def in_process_only(cfg) -> bool:
+    """Whether the sweep needs a scoring pass only one process runs (see ``IN_PROCESS_ONLY``)."""
+    return "atp" in cfg.score_ids or bool(cfg.static_ids)
 
 
 def launch(job: SweepJob, executor: str = "local", config=None, progress: bool = True,
@@ -326,8 +332,8 @@ def launch(job: SweepJob, executor: str = "local", config=None, progress: bool =
     t0 = time.perf_counter()
     cfg = job.cfg
     cfg.validate()
-    if "atp" in cfg.score_ids:
-        raise LensHeadsError(ATP_IN_PROCESS)
+    if in_process_only(cfg):
+        raise LensHeadsError(IN_PROCESS_ONLY)
     task = load_task(cfg.task, n_shot=cfg.n_shot, include_path=job.include_path)
     identity = cfg.identity_for(job.digest, job.dtype, task)
     store = ResultStore(job.out_dir)

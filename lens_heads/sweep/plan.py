@@ -14,11 +14,11 @@ from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import RandomHeads
+from lens_heads.interventions import RandomHeads, StaticHeads
 from lens_heads.keys import Kind, RunIdentity, StoreKey
 from lens_heads.store import ResultStore
-from lens_heads.sweep.config import BASELINE, RANDOM, PointId, SweepConfig
-from lens_heads.sweep.records import Thresholds, ThresholdsRecord
+from lens_heads.sweep.config import BASELINE, RANDOM, SEEDED, STATIC_RANDOM, PointId, SweepConfig, static_name
+from lens_heads.sweep.records import StaticScoresRecord, Thresholds, ThresholdsRecord
 from lens_heads.thresholds import score_ablation_spec
 
 
@@ -35,7 +35,7 @@ class SweepPoint:
         """The point's name in ``SweepConfig.first``."""
         if math.isnan(self.fraction):
             return PointId(self.spec, math.nan, None, self.spec)
-        return PointId(self.score_fn, self.fraction, self.seed if self.score_fn == RANDOM else None)
+        return PointId(self.score_fn, self.fraction, self.seed if self.score_fn in SEEDED else None)
 
 
 def point_label(p: SweepPoint) -> str:
@@ -43,8 +43,46 @@ def point_label(p: SweepPoint) -> str:
     return str(p.id)
 
 
-def plan_points(cfg: SweepConfig, thresholds: Thresholds) -> list[SweepPoint]:
-    """Every point of the sweep, baseline rows included (fraction 0 -> spec "none")."""
+StaticScores = dict[str, list]  # static_ranking name -> dataset-level value per head, [layer][head]
+
+
+def static_rankings(cfg: SweepConfig) -> list[str]:
+    """The dataset-level rankings the static curves need: each score id, ``random@SEED`` per seed."""
+    return [r for sid in cfg.static_ids for r in ([f"{RANDOM}@{s}" for s in cfg.random_seeds] if sid == RANDOM
+                                                  else [sid])]
+
+
+def static_heads(values, inactive_when: str, fraction: float) -> StaticHeads | None:
+    """The ``ceil(fraction * n_heads)`` least active heads by ``values`` ([layer][head]; NaN
+    -- a head a pruned layer lacks -- last, never chosen); None when that is no head. The sets of
+    one ranking are nested: each fraction's contains the smaller fractions' (docs/methods.md §2)."""
+    from lens_heads.scores.dataset import least_active
+
+    order = least_active(values, inactive_when)
+    defined = [lh for lh in order if math.isfinite(float(values[lh[0]][lh[1]]))]
+    k = min(math.ceil(fraction * len(defined) - 1e-9), len(defined))
+    return StaticHeads(tuple(defined[:k])) if k > 0 else None
+
+
+def _static_points(cfg: SweepConfig, static: StaticScores) -> list[SweepPoint]:
+    from lens_heads.scores.dataset import inactive_when
+
+    pts = []
+    for sid in cfg.static_ids:
+        for seed in (cfg.random_seeds if sid == RANDOM else [None]):
+            values = static[sid if seed is None else f"{RANDOM}@{seed}"]
+            direction = "low" if sid == RANDOM else inactive_when(sid)
+            for p in cfg.fractions:
+                heads = static_heads(values, direction, float(p)) if p > 0 else None
+                pts.append(SweepPoint(static_name(sid), float(p), "none" if heads is None else str(heads), seed))
+    return pts
+
+
+def plan_points(cfg: SweepConfig, thresholds: Thresholds, static: StaticScores | None = None) -> list[SweepPoint]:
+    """Every point of the sweep, baseline rows included (fraction 0 -> spec "none"); ``static``:
+    the dataset-level values of ``static_rankings(cfg)`` (needed when the sweep has static curves)."""
+    if cfg.static_ids and (static is None or any(r not in static for r in static_rankings(cfg))):
+        raise LensHeadsError("a sweep with static curves needs the dataset-level scores they rank heads by")
     pts: list[SweepPoint] = []
     for sid in cfg.score_ids:
         for p in cfg.fractions:
@@ -54,6 +92,8 @@ def plan_points(cfg: SweepConfig, thresholds: Thresholds) -> list[SweepPoint]:
         for p in cfg.fractions:
             spec = "none" if p == 0 else str(RandomHeads(float(p), s))
             pts.append(SweepPoint(RANDOM, float(p), spec, s, None))
+    if cfg.static_ids:
+        pts.extend(_static_points(cfg, static))
     if not pts:  # extra ablations only (or nothing): still measure the baseline they are compared with
         pts.append(SweepPoint(BASELINE, 0.0, "none"))
     for spec in cfg.extra_ablations:
@@ -70,30 +110,36 @@ def plan_points(cfg: SweepConfig, thresholds: Thresholds) -> list[SweepPoint]:
 
 def compute_order(points: Sequence[SweepPoint], first: Sequence[str] = ()) -> list[str]:
     """Distinct specs in the order they are evaluated: the baseline (every curve's origin), the
-    points named in ``first`` (``PointId`` strings, in that order), the random-heads curves
-    (what every function is compared with), then each function's curve whole before the next
-    one, then the extra ablations. A sweep stopped part-way thus holds its reference and
+    points named in ``first`` (``PointId`` strings, in that order), the random-heads curves,
+    per input then static (what every function is compared with), then each function's curve
+    whole before the next one (per input, then static), then the extra ablations. A sweep stopped part-way thus holds its reference and
     complete curves, which ``tabulate(..., partial=True)`` can show."""
     by_label = {point_label(p): p for p in points if p.spec != "none"}
     unknown = [f for f in first if f not in by_label]
     if unknown:
         raise LensHeadsError(f"first: {unknown[0]!r} is no point of this sweep; its points are "
                              f"{', '.join(list(by_label)[:6])}{', ...' if len(by_label) > 6 else ''}")
-    rank = lambda p: (0 if p.spec == "none" else 2 if p.score_fn == RANDOM else 4 if math.isnan(p.fraction) else 3)  # noqa: E731
+    rank = lambda p: (0 if p.spec == "none" else 2 if p.score_fn in SEEDED else 4 if math.isnan(p.fraction) else 3)  # noqa: E731
     ahead = [by_label[f].spec for f in first]
     return list(dict.fromkeys(["none"] * any(p.spec == "none" for p in points) + ahead
                               + [p.spec for p in sorted(points, key=rank)]))  # stable within a rank
 
 
 def partial_config(cfg: SweepConfig, points: Sequence[SweepPoint], stored: set[str]) -> SweepConfig:
-    """``cfg`` narrowed to what ``stored`` (specs) completes: the score functions and random
-    seeds whose every point is stored, and the stored extra ablations."""
+    """``cfg`` narrowed to what ``stored`` (specs) completes: the score functions, random seeds
+    and static curves whose every point is stored (static random heads only when their seeds are
+    the per-input random curve's), and the stored extra ablations."""
 
     def whole(keep) -> bool:
         return all(p.spec in stored for p in points if keep(p))
 
+    seeds = [s for s in cfg.random_seeds if whole(lambda p: p.score_fn == RANDOM and p.seed == s)]
+    static_seeds = [s for s in cfg.random_seeds if whole(lambda p: p.score_fn == STATIC_RANDOM and p.seed == s)]
+    static = [sid for sid in cfg.static_ids if sid != RANDOM and whole(lambda p: p.score_fn == static_name(sid))]
+    if RANDOM in cfg.static_ids and static_seeds == seeds and seeds:  # one seed list serves both random curves
+        static.append(RANDOM)
     return replace(cfg, score_ids=[sid for sid in cfg.score_ids if whole(lambda p: p.score_fn == sid)],
-                   random_seeds=[s for s in cfg.random_seeds if whole(lambda p: p.score_fn == RANDOM and p.seed == s)],
+                   random_seeds=seeds, static_ids=[s for s in cfg.static_ids if s in static],
                    extra_ablations=[e for e in cfg.extra_ablations if e in stored])
 
 
@@ -139,6 +185,22 @@ def stored_thresholds(store: ResultStore, identity: RunIdentity, cfg: SweepConfi
     return None
 
 
+def static_key(identity: RunIdentity, cfg: SweepConfig, ranking: str) -> StoreKey:
+    """Where the dataset-level values of one of ``static_rankings(cfg)`` are stored."""
+    return identity.static_scores(ranking, cfg.replacement)
+
+
+def stored_static(store: ResultStore, identity: RunIdentity, cfg: SweepConfig) -> StaticScores | None:
+    """The stored values of every ranking the sweep's static curves need; None while any is missing."""
+    out: StaticScores = {}
+    for r in static_rankings(cfg):
+        rec = store.load(static_key(identity, cfg, r), StaticScoresRecord)
+        if rec is None:
+            return None
+        out[r] = rec.mean
+    return out
+
+
 def put_thresholds(store: ResultStore, identity: RunIdentity, cfg: SweepConfig, computed: Thresholds,
                    n_inputs: int) -> ThresholdsRecord:
     """Store a sweep's thresholds ({score_id: {fraction: tau}}), from its own scoring pass or from a
@@ -174,10 +236,11 @@ class SweepPlan:
     doc_ids: list[int]  # the evaluated questions, in order
 
     @classmethod
-    def build(cls, identity: RunIdentity, cfg: SweepConfig, task, thresholds: Thresholds) -> "SweepPlan":
+    def build(cls, identity: RunIdentity, cfg: SweepConfig, task, thresholds: Thresholds,
+              static: StaticScores | None = None) -> "SweepPlan":
         from lens_heads.evaluate import select_records
 
-        points = plan_points(cfg, thresholds)
+        points = plan_points(cfg, thresholds, static)
         return cls(identity, cfg, thresholds, points, compute_order(points, cfg.first),
                    [r.doc_id for r in select_records(task, cfg.limit, cfg.seed)])
 

@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import time
 from enum import Enum
+from typing import Sequence
 
 from lens_heads.claims import claim, wait_for
 from lens_heads.keys import RunIdentity
 from lens_heads.progress import progress_bar
 from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
 from lens_heads.store import ResultStore
-from lens_heads.sweep.config import SweepConfig
-from lens_heads.sweep.plan import PartUnit, SweepPlan, plan_points, partial_config, put_thresholds, \
-    stored_thresholds, thresholds_key
-from lens_heads.sweep.records import PointRecord, Thresholds
+from lens_heads.sweep.config import RANDOM, SweepConfig
+from lens_heads.sweep.plan import PartUnit, StaticScores, SweepPlan, plan_points, point_label, partial_config, put_thresholds, \
+    static_key, static_rankings, stored_static, stored_thresholds, thresholds_key
+from lens_heads.sweep.records import PointRecord, StaticScoresRecord, Thresholds
 from lens_heads.sweep.result import SweepResult
 from lens_heads.sweep.stats import point_summary, tables
 
@@ -45,45 +46,109 @@ def read_thresholds(store: ResultStore, identity: RunIdentity, cfg: SweepConfig,
     return None if rec is None else rec.thresholds
 
 
-def scoring_pass(model, task, cfg: SweepConfig, progress: bool) -> tuple[Thresholds, int]:
-    """(thresholds, n_inputs) of ``cfg``'s functions on the unablated model: the hook scores
-    pooled over the request sequences (every choice row; ``n_inputs`` counts them), ``atp``
-    over the questions' gold requests, with the sweep's replacement (docs/methods.md §3)."""
+def _random_values(model, seed: int) -> list:
+    """[layer][head] seeded uniform values (NaN for heads a pruned layer lacks): ranked, a
+    random order of the heads -- the static random-heads curve of seed ``seed``."""
+    import hashlib
+
+    import torch
+
+    g = model.geometry
+    digest = hashlib.sha256(f"lens_heads.static_random:{int(seed)}".encode()).digest()
+    values = torch.rand(g.n_layers, g.n_heads, generator=torch.Generator().manual_seed(
+        int.from_bytes(digest[:8], "little") & ((1 << 63) - 1)), dtype=torch.float64)
+    for L in range(g.n_layers):
+        values[L, g.heads_in(L):] = float("nan")
+    return values.tolist()
+
+
+def scoring_pass(model, task, cfg: SweepConfig, progress: bool,
+                 rankings: Sequence[str] = ()) -> tuple[Thresholds, int, StaticScores]:
+    """(thresholds, n_inputs, static values) on the unablated model, in one pass per kind of
+    score: ``cfg``'s hook scores pooled over the request sequences (every choice row;
+    ``n_inputs`` counts them) and ``atp`` over the questions' gold requests, with the sweep's
+    replacement (docs/methods.md §3); and the dataset-level means of ``rankings`` (score ids,
+    ``atp``, ``random@SEED``) that static curves rank heads by."""
     from lens_heads.evaluate import task_inputs
+    from lens_heads.scores import score_heads
     from lens_heads.scores.attribution import SCORE_ID as ATP, atp_scores
-    from lens_heads.thresholds import compute_thresholds, thresholds_of
+    from lens_heads.thresholds import thresholds_of
 
     rule = cfg.protocol.threshold_rule
     hook_ids = [s for s in cfg.score_ids if s != ATP]
+    hook_static = [r for r in rankings if r != ATP and not r.startswith(f"{RANDOM}@")]
     computed: Thresholds = {}
+    static: StaticScores = {}
     n_inputs = 0
-    if hook_ids:
+    if hook_ids or hook_static:
         inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.protocol)
-        computed.update(compute_thresholds(model, inputs, hook_ids, cfg.fractions, cfg.threshold_batch_size,
-                                           progress=progress, rule=rule))
+        hs = score_heads(model, inputs, scores=list(dict.fromkeys([*hook_ids, *hook_static])),
+                         batch_size=cfg.threshold_batch_size, keep_per_input=bool(hook_ids), progress=progress)
+        computed.update(thresholds_of(hs, hook_ids, cfg.fractions, rule) if hook_ids else {})
+        static.update({r: hs.mean[r].tolist() for r in hook_static})
         n_inputs = len(inputs)
-    if ATP in cfg.score_ids:
+    if ATP in cfg.score_ids or ATP in rankings:
         hs = atp_scores(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.replacement, progress, cfg.protocol)
-        computed.update(thresholds_of(hs, [ATP], cfg.fractions, rule))
+        if ATP in cfg.score_ids:
+            computed.update(thresholds_of(hs, [ATP], cfg.fractions, rule))
+        if ATP in rankings:
+            static[ATP] = hs.mean[ATP].tolist()
         n_inputs = n_inputs or hs.n
-    return {sid: computed[sid] for sid in cfg.score_ids}, n_inputs
+    static.update({r: _random_values(model, int(r.split("@")[1])) for r in rankings if r.startswith(f"{RANDOM}@")})
+    return {sid: computed[sid] for sid in cfg.score_ids}, n_inputs, {r: static[r] for r in rankings}
+
+
+def _put_static(store: ResultStore, identity: RunIdentity, cfg: SweepConfig, static: StaticScores,
+                n_inputs: int) -> None:
+    for r, values in static.items():
+        store.save(static_key(identity, cfg, r), StaticScoresRecord(values, n_inputs))
+
+
+def _missing_static(store: ResultStore, identity: RunIdentity, cfg: SweepConfig) -> list[str]:
+    return [r for r in static_rankings(cfg) if not store.has(static_key(identity, cfg, r))]
 
 
 def ensure_thresholds(model, store: ResultStore, identity: RunIdentity, cfg: SweepConfig, task,
                       progress: bool) -> Thresholds:
     """The sweep's thresholds, from one scoring pass over the unablated request sequences when
-    the store lacks them (by whichever process claims that pass)."""
+    the store lacks them (by whichever process claims that pass; the pass also stores the
+    dataset-level scores the static curves need)."""
     found = read_thresholds(store, identity, cfg, task)
     key = thresholds_key(identity, cfg)
     path = store.path(key)
     while found is None:
         with claim(path) as mine:
             if mine and not path.is_file():
-                computed, n_inputs = scoring_pass(model, task, cfg, progress)
+                computed, n_inputs, static = scoring_pass(model, task, cfg, progress,
+                                                          _missing_static(store, identity, cfg))
+                _put_static(store, identity, cfg, static, n_inputs)
                 found = put_thresholds(store, identity, cfg, computed, n_inputs).thresholds
         if found is None:
             wait_for(path, CLAIM_POLL_S)
             found = read_thresholds(store, identity, cfg, task)
+    return found
+
+
+def ensure_static(model, store: ResultStore, identity: RunIdentity, cfg: SweepConfig, task,
+                  progress: bool) -> StaticScores | None:
+    """The dataset-level scores of the sweep's static curves (None without static curves),
+    scored when the store lacks them (by whichever process claims the pass)."""
+    from dataclasses import replace
+
+    if not cfg.static_ids:
+        return None
+    found = stored_static(store, identity, cfg)
+    while found is None:
+        missing = _missing_static(store, identity, cfg)
+        path = store.path(static_key(identity, cfg, missing[0]))
+        with claim(path) as mine:
+            if mine and _missing_static(store, identity, cfg) == missing:
+                _, n_inputs, static = scoring_pass(model, task, replace(cfg, score_ids=[]), progress, missing)
+                _put_static(store, identity, cfg, static, n_inputs)
+        found = stored_static(store, identity, cfg)
+        if found is None:
+            wait_for(path, CLAIM_POLL_S)
+            found = stored_static(store, identity, cfg)
     return found
 
 
@@ -166,7 +231,7 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
     store = ResultStore(out_dir)
     identity = cfg.identity(model, task)
     thresholds = ensure_thresholds(model, store, identity, cfg, task, progress)
-    plan = SweepPlan.build(identity, cfg, task, thresholds)
+    plan = SweepPlan.build(identity, cfg, task, thresholds, ensure_static(model, store, identity, cfg, task, progress))
     records: dict[str, PointRecord] = {}
     bar = progress_bar(len(plan.order), "sweep points", enabled=progress, unit="point", leave=True)
     try:
@@ -176,7 +241,7 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
             for spec in pending:
                 rec = store.load(plan.point_key(spec), PointRecord)
                 if rec is None:
-                    bar.set_postfix_str(spec, refresh=True)
+                    bar.set_postfix_str(point_label(plan.point(spec)), refresh=True)  # not a static set's heads
                     held = [u for u in plan.parts(spec) if run_unit(model, task, plan, u, store) is Outcome.HELD]
                     rec = None if held else merge_point(plan, spec, store)
                     if rec is None:
@@ -197,7 +262,7 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
 
 def tabulate(out_dir, identity: RunIdentity, cfg: SweepConfig, task, partial: bool = False) -> SweepResult | None:
     """The sweep's tables from the store alone (no model, nothing written): None when it lacks
-    the thresholds or, unless ``partial``, any point.
+    the thresholds, the static curves' scores or, unless ``partial``, any point.
 
     ``partial=True`` tabulates what a sweep still running (or stopped) holds: ``summary`` has a
     row for every stored point (``in_curve``: whether it belongs to a complete curve),
@@ -208,9 +273,10 @@ def tabulate(out_dir, identity: RunIdentity, cfg: SweepConfig, task, partial: bo
     cfg.validate()
     store = ResultStore(out_dir)
     thresholds = read_thresholds(store, identity, cfg, task)
-    if thresholds is None:
+    static = stored_static(store, identity, cfg) if cfg.static_ids else None
+    if thresholds is None or (cfg.static_ids and static is None):
         return None
-    plan = SweepPlan.build(identity, cfg, task, thresholds)
+    plan = SweepPlan.build(identity, cfg, task, thresholds, static)
     records = {}
     for spec in plan.order:  # stored points only: parts not merged yet are a point still running
         rec = store.load(plan.point_key(spec), PointRecord)
@@ -224,7 +290,7 @@ def tabulate(out_dir, identity: RunIdentity, cfg: SweepConfig, task, partial: bo
         return None
     stored = set(records)
     part_cfg = partial_config(cfg, plan.points, stored)
-    part_points = [p for p in plan_points(part_cfg, thresholds) if p.spec in stored]
+    part_points = [p for p in plan_points(part_cfg, thresholds, static) if p.spec in stored]
     done = [p for p in plan.points if p.spec in stored]  # also the points of curves not complete yet
     _, within = tables(part_points, records, part_cfg)
     summary = point_summary(done, records, cfg)

@@ -9,8 +9,11 @@ All on accuracy as a fraction in [0, 1]; "1 point" = ``cfg.tol`` = 0.01:
   point, last crossing of the interpolated curve) and ``curves.normalised_auc`` over the common
   range [0, R], R = the smallest of the curves' largest measured % zeroed; both with bootstrap
   intervals (the whole curve is recomputed on each resample of the questions);
-* ``random``: its curve is the mean over seeds at each fraction (mean % zeroed, mean accuracy);
-  ``seed_min``/``seed_max`` give the range of the per-seed within-1-point values;
+* ``random`` and ``static:random``: the curve is the mean over seeds at each fraction (mean %
+  zeroed, mean accuracy); ``seed_min``/``seed_max`` give the range of the per-seed
+  within-1-point values;
+* static curves (``static:ID``) are curves like the per-input ones, over the same fractions, in
+  the same table (their % zeroed is k / heads exactly);
 * ``crossing_gap_pct``: the distance between the measured points that bracket the crossing
   (0 when the value is a lower bound); the wider it is, the more the value is interpolation;
 * a score function whose thresholds coincide for every target fraction (its values tie across
@@ -31,7 +34,7 @@ import numpy as np
 
 from lens_heads.curves import bootstrap_indices, crossing_gap, max_within, normalised_auc, percentile_interval
 from lens_heads.errors import LensHeadsError
-from lens_heads.sweep.config import RANDOM, SweepConfig
+from lens_heads.sweep.config import RANDOM, SEEDED, STATIC_RANDOM, SweepConfig
 from lens_heads.sweep.plan import SweepPoint
 from lens_heads.sweep.records import PointRecord
 
@@ -125,22 +128,31 @@ def tables(points: Sequence[SweepPoint], records: dict[str, PointRecord], cfg: S
 
     # curves: x = % zeroed (fixed), y = accuracy (observed and per bootstrap resample)
     curves: dict[str, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-    for sid in cfg.score_ids:
-        ss = [p.spec for p in points if p.score_fn == sid]
-        curves[sid] = (np.array([pct[s] for s in ss]), np.array([acc[s] for s in ss]),
-                       np.stack([boot[row_of[s]] for s in ss]))
-    seed_curves = {}
-    if cfg.random_seeds:
+    seed_curves: dict[str, dict[int, tuple[np.ndarray, np.ndarray]]] = {}
+
+    def seeded(name: str) -> None:  # the mean over seeds at each fraction; each seed's curve kept too
+        seed_curves[name] = {}
         for s in cfg.random_seeds:
-            ss = [p.spec for p in points if p.score_fn == RANDOM and p.seed == s]
-            seed_curves[s] = (np.array([pct[x] for x in ss]), np.array([acc[x] for x in ss]))
+            ss = [p.spec for p in points if p.score_fn == name and p.seed == s]
+            seed_curves[name][s] = (np.array([pct[x] for x in ss]), np.array([acc[x] for x in ss]))
         xs, ys, bs = [], [], []
         for f in cfg.fractions:
-            ss = [p.spec for p in points if p.score_fn == RANDOM and p.fraction == float(f)]
+            ss = [p.spec for p in points if p.score_fn == name and p.fraction == float(f)]
             xs.append(np.mean([pct[s] for s in ss]))
             ys.append(np.mean([acc[s] for s in ss]))
             bs.append(np.mean([boot[row_of[s]] for s in ss], axis=0))
-        curves[RANDOM] = (np.array(xs), np.array(ys), np.stack(bs))
+        curves[name] = (np.array(xs), np.array(ys), np.stack(bs))
+
+    for name in [*cfg.score_ids, *cfg.static_curves]:
+        if name == STATIC_RANDOM:
+            continue
+        ss = [p.spec for p in points if p.score_fn == name]
+        curves[name] = (np.array([pct[s] for s in ss]), np.array([acc[s] for s in ss]),
+                        np.stack([boot[row_of[s]] for s in ss]))
+    if cfg.random_seeds:
+        seeded(RANDOM)
+    if STATIC_RANDOM in cfg.static_curves:
+        seeded(STATIC_RANDOM)
 
     base = acc["none"]
     tied = {sid for sid in cfg.score_ids if _tied(points, sid)}
@@ -155,17 +167,17 @@ def tables(points: Sequence[SweepPoint], records: dict[str, PointRecord], cfg: S
         ab = [normalised_auc(x, yb[:, b], b0[b], x_max) for b in range(yb.shape[1])] if ok else nan_boot
         row = {"score_fn": name, "max_pct_zeroed_within_1pt": w,
                "crossing_gap_pct": crossing_gap(x, y, base, cfg.tol) if ok else math.nan,
-               "n_ablated_points": int(np.sum(x > 0)) if name == RANDOM else
+               "n_ablated_points": int(np.sum(x > 0)) if name in SEEDED else
                len({p.spec for p in points if p.score_fn == name and p.spec != "none"}),
                "note": "" if ok else TIED_NOTE,
                "ci_low": percentile_interval(np.array(wb))[0], "ci_high": percentile_interval(np.array(wb))[1],
                "auc": a, "auc_ci_low": percentile_interval(np.array(ab))[0],
                "auc_ci_high": percentile_interval(np.array(ab))[1], "auc_range_pct": x_max,
                "max_pct_measured": float(x.max()), "base_accuracy": base,
-               "n_seeds": len(seed_curves) if name == RANDOM else None,
+               "n_seeds": len(seed_curves[name]) if name in SEEDED else None,
                "seed_min": math.nan, "seed_max": math.nan}
-        if name == RANDOM:
-            per_seed = [max_within(sx, sy, base, cfg.tol) for sx, sy in seed_curves.values()]
+        if name in SEEDED:
+            per_seed = [max_within(sx, sy, base, cfg.tol) for sx, sy in seed_curves[name].values()]
             row["seed_min"], row["seed_max"] = float(np.min(per_seed)), float(np.max(per_seed))
         rows.append(row)
     within = pd.DataFrame(rows)
