@@ -151,6 +151,12 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture
+def own_cache(tmp_path, monkeypatch):
+    """A fresh ``LENS_HEADS_CACHE`` per test, so cached tables never leak between tests."""
+    monkeypatch.setenv("LENS_HEADS_CACHE", str(tmp_path / "cache"))
+
+
 def pytest_addoption(parser):
     parser.addoption("--device", default="cpu",
                      help="device for the tests marked gpu (cuda, cuda:1, ...); benchmarks/gpu_check.py passes cuda")

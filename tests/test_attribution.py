@@ -14,9 +14,7 @@ CTX = "The capital of France is Paris. The capital of Italy is"
 CONT = " Rome"
 
 
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("LENS_HEADS_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("own_cache")
 
 
 @pytest.fixture

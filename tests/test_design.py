@@ -71,7 +71,7 @@ def test_point_ids_round_trip_through_their_one_parser():
     extra = PointId.parse("static:0.1,1.2", extras=["static:0.1,1.2"])
     assert extra.extra == "static:0.1,1.2" and str(extra) == "static:0.1,1.2"
     for bad in ("ahon_ln", "ahon_ln@x", "random@0.1", "ahon_ln@0.1@2", "random@0.1@x"):
-        with pytest.raises(LensHeadsError, match="ID@FRACTION or random@FRACTION@SEED"):
+        with pytest.raises(LensHeadsError, match="ID@FRACTION, random@FRACTION@SEED, static:ID"):
             PointId.parse(bad)
 
 

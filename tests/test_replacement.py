@@ -18,9 +18,7 @@ SOURCE = "Attention heads that do nothing are called dormant heads, and they sin
 TARGETS = ["The capital of France is Paris. The capital of Italy is Rome, and of Spain Madrid.", "A B C D"]
 
 
-@pytest.fixture(autouse=True)
-def own_cache(tmp_path, monkeypatch):
-    monkeypatch.setenv("LENS_HEADS_CACHE", str(tmp_path / "cache"))
+pytestmark = pytest.mark.usefixtures("own_cache")
 
 
 @pytest.fixture

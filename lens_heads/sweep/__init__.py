@@ -15,7 +15,9 @@ The package, in the order data flows through it:
 * ``plan``: the points (baseline ``none``; ``score:ID@tau`` per function x fraction > 0 from
   thresholds on the task's unablated request sequences; ``random:p@s`` per seed x fraction;
   ``extra_ablations``), their order (``compute_order``: the baseline, the ``first`` points, the
-  random reference, then each function's curve whole, then the extras, so a sweep stopped
+  random reference, then each function's curve whole, then the static curves
+  (``static:ID@p``, ``static:random@p@s``: the ceil(p x heads) least active heads by a stored
+  dataset-level score, on every input), then the extras, so a sweep stopped
   part-way can already be tabulated) and the work units (``SweepPlan.units``: each point's
   parts of ``chunk_questions`` questions), all from the run identity without a model;
 * ``run``: the thresholds' scoring pass, the units, merging parts into points, resume;
@@ -33,16 +35,17 @@ resumes by computing only the missing units, and its tables are computed from th
 records alone, so they equal those of an uninterrupted run.
 """
 
-from lens_heads.sweep.config import BASELINE, RANDOM, PointId, SweepConfig
+from lens_heads.sweep.config import BASELINE, RANDOM, STATIC_RANDOM, PointId, SweepConfig, static_name
 from lens_heads.sweep.plan import (PartUnit, SweepPlan, SweepPoint, compute_order, partial_config, plan_points,
-                                   point_label, put_thresholds, stored_thresholds, thresholds_key)
+                                   point_label, put_thresholds, static_heads, stored_static, stored_thresholds,
+                                   thresholds_key)
 from lens_heads.sweep.records import PointRecord, StaticScoresRecord, ThresholdsRecord
 from lens_heads.sweep.result import SweepResult
 from lens_heads.sweep.run import CLAIM_POLL_S, merge_point, run_sweep, run_unit, sweep_status, tabulate
 from lens_heads.sweep.stats import TIED_NOTE, point_summary, tables, thresholds_tie
 
-__all__ = ["BASELINE", "RANDOM", "PointId", "SweepConfig", "PartUnit", "SweepPlan", "SweepPoint", "compute_order",
-           "partial_config", "plan_points", "point_label", "put_thresholds", "stored_thresholds", "thresholds_key",
+__all__ = ["BASELINE", "RANDOM", "STATIC_RANDOM", "static_name", "PointId", "SweepConfig", "PartUnit", "SweepPlan", "SweepPoint", "compute_order",
+           "partial_config", "plan_points", "point_label", "put_thresholds", "static_heads", "stored_static", "stored_thresholds", "thresholds_key",
            "PointRecord", "StaticScoresRecord", "ThresholdsRecord", "SweepResult", "CLAIM_POLL_S", "merge_point",
            "run_sweep", "run_unit", "sweep_status", "tabulate", "TIED_NOTE", "point_summary", "tables",
            "thresholds_tie"]
