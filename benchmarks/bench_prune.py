@@ -2,6 +2,7 @@
 
     python benchmarks/bench_prune.py                          # SmolLM2 and Qwen2.5-Coder-0.5B, 10/20/30 %
     python benchmarks/bench_prune.py --models smollm2-135m --piqa 100
+    python benchmarks/bench_prune.py --models qwen2.5-coder-0.5b --fractions 0.3 --kinds groups
 
 For each model, the heads are ranked by dataset-level AHON(LN) on 16 shipped C4 texts and the
 least active 10 / 20 / 30 % removed. Reported per model x fraction: parameters, attention FLOPs
@@ -86,6 +87,8 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--models", default="smollm2-135m,qwen2.5-coder-0.5b")
     ap.add_argument("--fractions", default="0.1,0.2,0.3")
+    ap.add_argument("--kinds", default="heads,groups",
+                    help="which selections: heads one by one, whole KV groups (default both)")
     ap.add_argument("--piqa", type=int, default=200, help="PIQA questions for the accuracy change")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_prune.md"))
@@ -127,7 +130,8 @@ def main() -> int:
         base_hf = {dt: base[dt].load_hf_model().eval() for dt in dtypes}
         vocab = m32.hf_model.config.vocab_size
         f0 = flops_per_token(m32, 256)
-        for frac, how in [(0.0, "heads"), *((f, h) for f in fractions for h in ("heads", "groups"))]:
+        kinds = [k for k in ("heads", "groups") if k in args.kinds.split(",")]
+        for frac, how in [(0.0, "heads"), *((f, h) for f in fractions for h in kinds)]:
             chosen = order[:round(frac * m32.geometry.n_units)] if how == "heads" else \
                 whole_groups(m32.geometry, hs.mean["ahon_ln"], "ahon_ln", frac)
             k = len(chosen)

@@ -120,3 +120,81 @@ def _kv_cache_compat(bridge, active: bool) -> Iterator[None]:
     finally:
         for h in handles:
             h.remove()
+
+
+# --- pruned fused-QKV models (GPT-2, BLOOM) -------------------------------------------------------
+class _LayerConfig:
+    """One attention layer's view of the bridge's shared config: its own head counts, every
+    other attribute read from (and written to) the shared config, so model-wide switches the
+    bridge sets later still reach this layer."""
+
+    def __init__(self, shared, **own):
+        object.__setattr__(self, "_shared", shared)
+        object.__setattr__(self, "_own", own)
+
+    def __getattr__(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        own = object.__getattribute__(self, "_own")
+        return own[name] if name in own else getattr(object.__getattribute__(self, "_shared"), name)
+
+    def __setattr__(self, name, value):
+        if name in self._own:
+            self._own[name] = value
+        else:
+            setattr(self._shared, name, value)
+
+
+def _split_fused(fused: torch.nn.Module, layout: str, n_heads: int, d_head: int, conv1d: bool):
+    """q, k, v as ``nn.Linear`` from a fused projection of ``n_heads`` heads: ``blocked``
+    features [part, head, d] (GPT-2 ``c_attn``, a Conv1D), ``interleaved`` [head, part, d] (BLOOM)."""
+    w = fused.weight.T if conv1d else fused.weight  # [3 * n_heads * d_head, d_model]
+    d_model = w.shape[1]
+    shape = (3, n_heads, d_head) if layout == "blocked" else (n_heads, 3, d_head)
+    w, b = w.reshape(*shape, d_model), None if fused.bias is None else fused.bias.reshape(shape)
+    parts = []
+    for p in range(3):
+        lin = torch.nn.Linear(d_model, n_heads * d_head, bias=b is not None, device=w.device, dtype=w.dtype)
+        with torch.no_grad():
+            pick = (lambda t: t[p]) if layout == "blocked" else (lambda t: t[:, p])
+            lin.weight.copy_(pick(w).reshape(n_heads * d_head, d_model))
+            if b is not None:
+                lin.bias.copy_(pick(b).reshape(n_heads * d_head))
+        parts.append(lin)
+    return tuple(parts)
+
+
+@contextlib.contextmanager
+def booting_pruned(plan: dict | None, conv1d: bool) -> Iterator[None]:
+    """While the bridge boots a pruned model with a fused QKV projection (``lens_heads.prune``):
+    TransformerLens' joint-QKV attention splits the projection, shapes its hooks and rebuilds
+    attention with the config's one head count. Give each attention layer, as it is set up, its
+    own head count (``_LayerConfig``), the hook reshaping that goes with it, and a split of its
+    own projection. Separate-projection layouts need nothing: their attention modules carry
+    their counts and the bridge reads widths from them."""
+    if not plan or plan.get("layout") == "separate":
+        yield
+        return
+    from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import (
+        JointQKVAttentionBridge as Joint)
+
+    original = Joint.set_original_component
+    d_head, fused_name = int(plan["d_head"]), plan["q"]
+
+    def set_original_component(self, component):
+        n = getattr(component, "num_heads", None)
+        if isinstance(n, int) and self.config is not None:
+            self.config = _LayerConfig(self.config, n_heads=n, n_key_value_heads=n)
+            rule = self._create_qkv_conversion_rule()
+            self.qkv_conversion_rule = rule
+            for part in (self.q, self.k, self.v):
+                part.hook_out.hook_conversion = rule
+            self.split_qkv_matrix = lambda attn: _split_fused(getattr(attn, fused_name), plan["layout"], n, d_head,
+                                                              conv1d)
+        return original(self, component)
+
+    Joint.set_original_component = set_original_component
+    try:
+        yield
+    finally:
+        Joint.set_original_component = original

@@ -10,11 +10,10 @@ some of its removed heads as *padding*: their output columns are zero, so they c
 that would lose every head is an error, unless ``allow_empty_layers``: it then keeps one padding
 head (its output is the projection's bias alone, as under zero-ablation).
 
-Supported: the table's ``separate`` layouts (Llama / Mistral, Qwen2, Gemma 3). OLMo-2 is refused:
-its query / key norm spans all heads, so removing heads changes the others. GPT-2 is refused for
-now: the shrinking works in transformers (``pruned_model`` keeps its ``blocked`` layout), but
-TransformerLens' GPT-2 adapter splits the fused ``c_attn`` by the config's head count. BLOOM is
-refused for now: its ALiBi biases are built for all heads at once.
+Supported: every layout of the architecture table -- ``separate`` projections (Llama / Mistral,
+Qwen2, Gemma 3) and the fused QKV of GPT-2 (``blocked``) and BLOOM (``interleaved``), biases
+included; a pruned BLOOM layer keeps its heads' own ALiBi slopes. OLMo-2 is refused: its query /
+key norm spans all heads, so removing heads changes the others.
 
 ``save_pruned(model, out_dir)`` writes a ``save_pretrained`` folder whose config carries the
 plan (``lens_heads_pruned``) and whose remote code (``modeling_lens_heads_pruned.py``, a copy of
@@ -33,7 +32,6 @@ from typing import Sequence
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions import Head
 
-PRUNABLE = {"separate"}
 REMOTE_CODE = "modeling_lens_heads_pruned.py"
 
 
@@ -73,11 +71,6 @@ def check_prunable(geometry) -> None:
     if arch.qk_norm == "full":
         raise LensHeadsError(f"pruning {arch.name}: its query/key norm spans all heads, so removing a head changes "
                              f"the others; pruning is exact only for per-head or no query/key norms")
-    if arch.layout not in PRUNABLE:
-        why = {"blocked": "TransformerLens' GPT-2 adapter splits the fused c_attn by the config's head count",
-               "interleaved": "its ALiBi biases are built for all heads at once"}[arch.layout]
-        raise LensHeadsError(f"pruning {arch.name} is not supported yet: {why}; supported: the separate-projection "
-                             f"layouts (Llama/Mistral, Qwen2, Gemma 3)")
 
 
 def plan_prune(geometry, heads: Sequence[Head], allow_empty_layers: bool = False) -> list[LayerPlan]:

@@ -7,7 +7,7 @@ lens_heads installed. lens_heads' own loader runs the same ``shrink``.
 
 The plan lives in the config as ``lens_heads_pruned``::
 
-    {"layout": "separate" | "blocked", "layers": "model.layers", "attn": "self_attn",
+    {"layout": "separate" | "blocked" | "interleaved", "layers": "model.layers", "attn": "self_attn",
      "q": "q_proj", "k": "k_proj", "v": "v_proj", "out": "o_proj", "d_head": 64,
      "keep_q": [[...], ...],   # per layer: the original query heads kept, in order
      "keep_kv": [[...], ...],  # per layer: the original KV heads kept
@@ -15,7 +15,9 @@ The plan lives in the config as ``lens_heads_pruned``::
 
 ``separate``: one Linear per projection, head g owning rows [g*d, (g+1)*d) (Llama, Qwen2,
 Gemma 3, Mistral). ``blocked``: GPT-2's fused ``c_attn`` Conv1D, output features [q | k | v],
-each head-major. The output projection keeps the kept heads' input features; a padding head
+each head-major. ``interleaved``: BLOOM's fused ``query_key_value`` Linear, output features
+[head, q | k | v, d]; the model builds its ALiBi bias for all heads once, so each pruned block
+narrows it to its kept heads' slopes (a forward pre-hook). The output projection keeps the kept heads' input features; a padding head
 (kept so that every KV group keeps the same number of query heads) has them set to zero.
 """
 
@@ -54,6 +56,24 @@ def _conv1d(old, out_idx=None, in_idx=None):
     return new
 
 
+def _alibi_of(n: int, keep):
+    """A block pre-hook narrowing the model-wide ALiBi bias [batch * n, 1, kv] to the heads ``keep``."""
+    index = list(keep)  # a list, not a tensor: from_pretrained may run __init__ on the meta device
+
+    def narrow(alibi: torch.Tensor) -> torch.Tensor:
+        rest = alibi.shape[1:]
+        return alibi.reshape(-1, n, *rest)[:, index].reshape(-1, *rest)
+
+    def hook(module, args, kwargs):
+        if kwargs.get("alibi") is not None:
+            kwargs["alibi"] = narrow(kwargs["alibi"])
+        elif len(args) > 1:  # BloomBlock.forward(hidden_states, alibi, ...)
+            args = (args[0], narrow(args[1]), *args[2:])
+        return args, kwargs
+
+    return hook
+
+
 def _get(obj, path: str):
     for part in path.split("."):
         obj = getattr(obj, part)
@@ -88,6 +108,17 @@ def shrink(model: nn.Module, plan: dict) -> nn.Module:
                 if h in pad:
                     new_out.weight.data[j * d:(j + 1) * d] = 0.0
             attn.num_heads, attn.split_size = len(keep_q), len(keep_q) * d
+        elif plan["layout"] == "interleaved":  # BLOOM: one head per KV head, features [head, q|k|v, d]
+            n = out_mod.weight.shape[1] // d  # the layer's heads before pruning (dense inputs)
+            fused = _rows(3 * d, keep_q)
+            setattr(attn, plan["q"], _linear(_get(attn, plan["q"]), out_idx=fused))
+            new_out = _linear(out_mod, in_idx=q_idx)
+            for j, h in enumerate(keep_q):
+                if h in pad:
+                    new_out.weight.data[:, j * d:(j + 1) * d] = 0.0
+            attn.num_heads = len(keep_q)
+            # the model builds ALiBi for all n heads once; this layer keeps its heads' slopes
+            block.register_forward_pre_hook(_alibi_of(n, keep_q), with_kwargs=True)
         else:
             raise ValueError(f"unknown pruning layout {plan['layout']!r}")
         setattr(attn, plan["out"], new_out)

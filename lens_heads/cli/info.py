@@ -35,7 +35,9 @@ def run(args) -> int:
         print(f"heads        {g.n_layers} layers x {g.n_heads} heads ({g.n_kv_heads} KV heads), d_head {g.d_head}")
     print(f"BOS          tokenizer {'prepends' if model.prepends_bos else 'does not prepend'} a BOS token")
     if g.arch.alibi:
-        print("ALiBi slopes " + " ".join(f"{s:.4g}" for s in g.alibi_slopes().tolist()))
+        for L in range(g.n_layers) if g.pruned else [None]:
+            print(("ALiBi slopes " if L is None else f"ALiBi slopes (layer {L}) ")
+                  + " ".join(f"{s:.4g}" for s in g.alibi_slopes(L).tolist()))
     inputs = tokenize_texts(model.tokenizer, texts, args.max_len)
     # mean attention on the first token = the dataset-level AWFT score (one pattern statistic, one place)
     per_layer = score_heads(model, inputs, "awft", progress=False).mean["awft"]

@@ -145,6 +145,8 @@ class HeadGeometry:
     # Head h of layer L exists when h < heads_in(L); scores of the others are NaN and nothing ablates them.
     heads_per_layer: tuple[int, ...] | None = None
     kv_per_layer: tuple[int, ...] | None = None
+    kept: tuple[tuple[int, ...], ...] | None = None  # a pruned model: each layer's original query heads, in order
+    n_heads_before: int | None = None  # a pruned model: query heads per layer before pruning
 
     @classmethod
     def from_config(cls, config) -> "HeadGeometry":
@@ -164,7 +166,8 @@ class HeadGeometry:
         if pruned:  # per-layer head counts of a pruned model
             heads = tuple(len(k) for k in pruned["keep_q"])
             kv = tuple(len(k) for k in pruned["keep_kv"])
-            return cls(arch, n_layers, max(heads), max(kv), d_head, d_model, heads, kv)
+            return cls(arch, n_layers, max(heads), max(kv), d_head, d_model, heads, kv,
+                       tuple(tuple(k) for k in pruned["keep_q"]), n_heads)
         return cls(arch, n_layers, n_heads, n_kv, d_head, d_model)
 
     # --- head bookkeeping -------------------------------------------------------------
@@ -211,16 +214,22 @@ class HeadGeometry:
                 f"x {self.n_heads} heads (layer 0..{self.n_layers - 1}, head 0..{self.n_heads - 1}){per}"
             )
 
-    def alibi_slopes(self) -> Tensor | None:
-        return alibi_slopes(self.n_heads) if self.arch.alibi else None
+    def alibi_slopes(self, layer: int | None = None) -> Tensor | None:
+        """ALiBi slope of each head (None without ALiBi). A pruned model's heads are renumbered
+        per layer and keep their original slopes, so there ``layer`` is needed (None without it)."""
+        if not self.arch.alibi:
+            return None
+        if not self.pruned:
+            return alibi_slopes(self.n_heads)
+        return None if layer is None else alibi_slopes(self.n_heads_before)[list(self.kept[layer])]
 
     # --- where head features live -----------------------------------------------------
     def _module(self, layer: int, module: str) -> str:
         self.arch.require_table("slicing head parameters")
         return f"{self.arch.layers}.{layer}.{self.arch.attn}.{module}"
 
-    def _features(self, part: Part, head: int) -> Tensor:
-        """Output-feature indices of ``head`` (a KV head for k/v) in its Q/K/V projection."""
+    def _features(self, layer: int, part: Part, head: int) -> Tensor:
+        """Output-feature indices of ``head`` (a KV head for k/v) in ``layer``'s Q/K/V projection."""
         d, p = self.d_head, PARTS.index(part)
         layout = self.arch.layout
         if layout == "separate":
@@ -228,7 +237,7 @@ class HeadGeometry:
         elif layout == "interleaved":  # [head, part, d]
             start = (head * 3 + p) * d
         else:  # blocked: [part, head, d]
-            start = (p * self.n_heads + head) * d
+            start = (p * self.heads_in(layer) + head) * d
         return torch.arange(start, start + d)
 
     def qkv_slices(self, layer: int, head: int, part: Part, bias: bool = False) -> ParamSlice:
@@ -241,7 +250,7 @@ class HeadGeometry:
         suffix = "bias" if bias else "weight"
         dim = 0 if bias else (1 if self.arch.conv1d else 0)
         name = self._module(layer, self.arch.qkv[part]) + "." + suffix
-        return ParamSlice(name, dim, self._features(part, unit))
+        return ParamSlice(name, dim, self._features(layer, part, unit))
 
     def out_slice(self, layer: int, head: int) -> ParamSlice:
         """Input features of the output projection that read ``head`` (its W_O^h)."""

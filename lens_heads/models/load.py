@@ -381,9 +381,11 @@ def boot(model, tokenizer, source: ModelSource, dtype, device) -> LoadedModel:
     """Wrap an HF model in a TransformerLens bridge (in place: the bridge owns its modules)."""
     from transformer_lens.model_bridge import TransformerBridge
 
+    from lens_heads.hooks import booting_pruned, probe_shapes
+
     geometry = HeadGeometry.from_config(model.config)
     try:
-        with _quiet():
+        with _quiet(), booting_pruned(getattr(model.config, "lens_heads_pruned", None), geometry.arch.conv1d):
             bridge = TransformerBridge.boot_transformers(
                 source.path,
                 hf_model=model, tokenizer=tokenizer, device=device, dtype=dtype)
@@ -392,8 +394,6 @@ def boot(model, tokenizer, source: ModelSource, dtype, device) -> LoadedModel:
         raise LensHeadsError(f"TransformerLens' bridge cannot boot {source.spec!r} (model_type "
                              f"{getattr(model.config, 'model_type', '?')!r}, {type(model).__name__}): {first}") from None
     bridge.eval()
-    from lens_heads.hooks import probe_shapes
-
     geometry.check_shapes(*probe_shapes(bridge, torch.tensor([tokenizer("a b")["input_ids"][:2] or [0, 0]],
                                                              device=device)))
     probe = tokenizer("a")["input_ids"]
