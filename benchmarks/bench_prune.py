@@ -102,7 +102,7 @@ def main() -> int:
     from lens_heads.data import load_task, load_texts, tokenize_texts
     from lens_heads.evaluate import evaluate_task
     from lens_heads.models.load import native_bf16
-    from lens_heads.prune import parameter_count, prune
+    from lens_heads.prune import prune
     from lens_heads.scores import score_heads
 
     dtypes = ["float32"] + (["bfloat16"] if native_bf16() else [])
@@ -151,7 +151,7 @@ def main() -> int:
                 predicted = f0["total"] / f["total"]
                 measured = pre / b_pre
                 realised = (measured - 1) / (predicted - 1) if k else float("nan")
-                line = (f"| {spec} | {100 * k / m32.geometry.n_units:.1f} % ({k}{', whole KV groups' if how == 'groups' else ''}) | {parameter_count(p32):,} | "
+                line = (f"| {spec} | {100 * k / m32.geometry.n_units:.1f} % ({k}{', whole KV groups' if how == 'groups' else ''}) | {p32.parameter_count():,} | "
                         f"{f['attention'] / 1e6:.2f} M | {kv_bytes_per_token(p32, 4):,} | {dt} | {pre:.0f} | {dec:.1f} | "
                         f"{measured:.3f}x ({predicted:.3f}x) | {realised:.2f} | {acc} |")
                 print(line, flush=True)

@@ -43,6 +43,21 @@ def w_o(model, layer: int) -> Tensor:
     return model.bridge.blocks[layer].attn.W_O
 
 
+def bridge_made_parameters(bridge) -> set[int]:
+    """ids of the parameters the bridge made itself rather than took from the model: the q, k, v
+    Linears a fused-QKV attention (GPT-2, BLOOM, ...) splits from its fused projection. Counting
+    a model's parameters leaves them out (the fused projection is the model's own)."""
+    from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import (
+        JointQKVAttentionBridge as Joint)
+
+    made: set[int] = set()
+    for block in getattr(bridge, "blocks", []):
+        attn = getattr(block, "attn", None)
+        if isinstance(attn, Joint):
+            made |= {id(p) for part in (attn.q, attn.k, attn.v) for p in part.parameters()}
+    return made
+
+
 def probe_shapes(bridge, input_ids: Int[Tensor, "1 pos"], layer: int = 0) -> tuple[tuple, tuple, tuple]:
     """The shapes of ``hook_pattern``, ``hook_v`` and ``hook_z`` of ``layer`` on one input."""
     shapes: dict[str, tuple] = {}
@@ -147,19 +162,21 @@ class _LayerConfig:
 
 def _split_fused(fused: torch.nn.Module, layout: str, n_heads: int, d_head: int, conv1d: bool):
     """q, k, v as ``nn.Linear`` from a fused projection of ``n_heads`` heads: ``blocked``
-    features [part, head, d] (GPT-2 ``c_attn``, a Conv1D), ``interleaved`` [head, part, d] (BLOOM)."""
+    features [part, head, d] (GPT-2 ``c_attn``, a Conv1D), ``interleaved`` [head, part, d] (BLOOM).
+    Blocked parts are contiguous, so they stay views of the fused weights (no second copy, as
+    in TransformerLens' own split); interleaved parts are strided and copied (as TransformerLens
+    copies them for BLOOM)."""
     w = fused.weight.T if conv1d else fused.weight  # [3 * n_heads * d_head, d_model]
-    d_model = w.shape[1]
+    d_model, width = w.shape[1], n_heads * d_head
     shape = (3, n_heads, d_head) if layout == "blocked" else (n_heads, 3, d_head)
     w, b = w.reshape(*shape, d_model), None if fused.bias is None else fused.bias.reshape(shape)
     parts = []
     for p in range(3):
-        lin = torch.nn.Linear(d_model, n_heads * d_head, bias=b is not None, device=w.device, dtype=w.dtype)
-        with torch.no_grad():
-            pick = (lambda t: t[p]) if layout == "blocked" else (lambda t: t[:, p])
-            lin.weight.copy_(pick(w).reshape(n_heads * d_head, d_model))
-            if b is not None:
-                lin.bias.copy_(pick(b).reshape(n_heads * d_head))
+        pick = (lambda t: t[p]) if layout == "blocked" else (lambda t: t[:, p])  # noqa: B023 -- used at once
+        lin = torch.nn.Linear(d_model, width, bias=b is not None, device="meta")
+        lin.weight = torch.nn.Parameter(pick(w).reshape(width, d_model), requires_grad=fused.weight.requires_grad)
+        if b is not None:
+            lin.bias = torch.nn.Parameter(pick(b).reshape(width), requires_grad=fused.bias.requires_grad)
         parts.append(lin)
     return tuple(parts)
 
@@ -171,7 +188,9 @@ def booting_pruned(plan: dict | None, conv1d: bool) -> Iterator[None]:
     attention with the config's one head count. Give each attention layer, as it is set up, its
     own head count (``_LayerConfig``), the hook reshaping that goes with it, and a split of its
     own projection. Separate-projection layouts need nothing: their attention modules carry
-    their counts and the bridge reads widths from them."""
+    their counts and the bridge reads widths from them. Not covered: the bridge's
+    ``enable_compatibility_mode`` weight processing, whose GPT-2 conversions fix the model-wide
+    head count (lens_heads does not use it)."""
     if not plan or plan.get("layout") == "separate":
         yield
         return

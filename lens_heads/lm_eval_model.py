@@ -255,7 +255,7 @@ class LensHeadsLM(LM):
         from lens_heads.provenance import lens_heads_version
 
         return {"model_name": self.model.name, "model_dtype": str(self.model.dtype).replace("torch.", ""),
-                "model_num_parameters": sum(p.numel() for p in self.model.hf_model.parameters()),  # offloaded too, unread
+                "model_num_parameters": self.model.parameter_count(),  # offloaded too, unread
                 "lens_heads_version": lens_heads_version(), "ablation": self.ablation_spec,
                 "zeroed_fraction": self.zeroed_fraction}
 

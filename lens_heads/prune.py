@@ -12,8 +12,10 @@ head (its output is the projection's bias alone, as under zero-ablation).
 
 Supported: every layout of the architecture table -- ``separate`` projections (Llama / Mistral,
 Qwen2, Gemma 3) and the fused QKV of GPT-2 (``blocked``) and BLOOM (``interleaved``), biases
-included; a pruned BLOOM layer keeps its heads' own ALiBi slopes. OLMo-2 is refused: its query /
-key norm spans all heads, so removing heads changes the others.
+included; a pruned BLOOM layer keeps its heads' own ALiBi slopes. OLMo-2's query / key norms span
+all heads, so there the query and key projections stay whole and the norms' outputs are narrowed
+to the kept heads (exact; it saves the values, the output projection and the removed heads'
+attention, not the query / key projections).
 
 ``save_pruned(model, out_dir)`` writes a ``save_pretrained`` folder whose config carries the
 plan (``lens_heads_pruned``) and whose remote code (``modeling_lens_heads_pruned.py``, a copy of
@@ -64,13 +66,13 @@ def plan_layer(geometry, layer: int, removed: set[int], allow_empty: bool) -> La
     return LayerPlan(tuple(keep_q), tuple(sorted(pad_q)), tuple(live))
 
 
-def check_prunable(geometry) -> None:
-    """One clear error, before any work, when ``geometry``'s architecture cannot be pruned exactly."""
-    arch = geometry.arch
-    arch.require_table("pruning")
-    if arch.qk_norm == "full":
-        raise LensHeadsError(f"pruning {arch.name}: its query/key norm spans all heads, so removing a head changes "
-                             f"the others; pruning is exact only for per-head or no query/key norms")
+def check_prunable(geometry, config=None) -> None:
+    """One clear error, before any work, when ``geometry``'s architecture (and the HF ``config``,
+    where given) cannot be pruned exactly."""
+    geometry.arch.require_table("pruning")
+    if config is not None and getattr(config, "slow_but_exact", False) and getattr(config, "pretraining_tp", 1) > 1:
+        raise LensHeadsError("pruning a BLOOM config with slow_but_exact and pretraining_tp > 1: transformers' "
+                             "tensor-parallel emulation assumes every head is there; set slow_but_exact=false")
 
 
 def plan_prune(geometry, heads: Sequence[Head], allow_empty_layers: bool = False) -> list[LayerPlan]:
@@ -92,6 +94,7 @@ def plan_config(geometry, layers: list[LayerPlan]) -> dict:
     a = geometry.arch
     return {"layout": a.layout, "layers": a.layers, "attn": a.attn, "q": a.qkv["q"], "k": a.qkv["k"],
             "v": a.qkv["v"], "out": a.out, "d_head": geometry.d_head,
+            **({"full_norms": dict(a.qk_norm_modules)} if a.qk_norm == "full" else {}),
             "keep_q": [list(p.keep_q) for p in layers], "keep_kv": [list(p.keep_kv) for p in layers],
             "pad_q": [list(p.pad_q) for p in layers]}
 
@@ -106,6 +109,7 @@ def prune(model, heads: Sequence[Head], allow_empty_layers: bool = False):
         raise LensHeadsError("the model is pruned already: prune the original with the union of the head sets")
     if model.sharded:
         raise LensHeadsError("pruning copies the model onto one device: load it without a device map")
+    check_prunable(model.geometry, model.hf_model.config)
     layers = plan_prune(model.geometry, heads, allow_empty_layers)
     plan = plan_config(model.geometry, layers)
     hf = model.load_hf_model()
@@ -218,10 +222,6 @@ def whole_groups(geometry, mean, score_id: str, fraction: float) -> list[Head]:
             left[L] -= 1
             heads += [(L, h) for h in range(k * g, (k + 1) * g)]
     return sorted(heads)
-
-
-def parameter_count(model) -> int:
-    return sum(p.numel() for p in model.hf_model.parameters())
 
 
 REPORT_FILE = "prune_report.json"

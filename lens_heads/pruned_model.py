@@ -14,7 +14,10 @@ The plan lives in the config as ``lens_heads_pruned``::
      "pad_q": [[...], ...]}    # per layer: kept query heads whose output columns are zero
 
 ``separate``: one Linear per projection, head g owning rows [g*d, (g+1)*d) (Llama, Qwen2,
-Gemma 3, Mistral). ``blocked``: GPT-2's fused ``c_attn`` Conv1D, output features [q | k | v],
+Gemma 3, Mistral). With ``"full_norms": {"q": "q_norm", "k": "k_norm"}`` (OLMo-2, whose query
+and key norms span all heads' features) the query and key projections stay whole, because the
+kept heads' normalisation reads every head, and the norms' outputs are narrowed to the kept
+heads (a forward hook); values and the output projection shrink as usual. ``blocked``: GPT-2's fused ``c_attn`` Conv1D, output features [q | k | v],
 each head-major. ``interleaved``: BLOOM's fused ``query_key_value`` Linear, output features
 [head, q | k | v, d]; the model builds its ALiBi bias for all heads once, so each pruned block
 narrows it to its kept heads' slopes (a forward pre-hook). The output projection keeps the kept heads' input features; a padding head
@@ -56,6 +59,16 @@ def _conv1d(old, out_idx=None, in_idx=None):
     return new
 
 
+def _keep_features(index: list[int]):
+    """A forward hook keeping the output features ``index`` of a norm over all heads' features,
+    after it has normalised over all of them (a list, not a tensor: see ``_alibi_of``)."""
+
+    def hook(module, args, output):
+        return output[..., index]
+
+    return hook
+
+
 def _alibi_of(n: int, keep):
     """A block pre-hook narrowing the model-wide ALiBi bias [batch * n, 1, kv] to the heads ``keep``."""
     index = list(keep)  # a list, not a tensor: from_pretrained may run __init__ on the meta device
@@ -91,8 +104,13 @@ def shrink(model: nn.Module, plan: dict) -> nn.Module:
         q_idx, kv_idx = _rows(d, keep_q), _rows(d, keep_kv)
         out_mod = _get(attn, plan["out"])
         if plan["layout"] == "separate":
-            setattr(attn, plan["q"], _linear(_get(attn, plan["q"]), out_idx=q_idx))
-            setattr(attn, plan["k"], _linear(_get(attn, plan["k"]), out_idx=kv_idx))
+            norms = plan.get("full_norms") or {}  # OLMo-2: q/k norms over all heads' features
+            for part, heads, idx in (("q", keep_q, q_idx), ("k", keep_kv, kv_idx)):
+                if part in norms:  # the projection stays whole (the norm needs every head); keep after it
+                    _get(attn, norms[part]).register_forward_hook(
+                        _keep_features([h * d + i for h in heads for i in range(d)]))
+                else:
+                    setattr(attn, plan[part], _linear(_get(attn, plan[part]), out_idx=idx))
             setattr(attn, plan["v"], _linear(_get(attn, plan["v"]), out_idx=kv_idx))
             new_out = _linear(out_mod, in_idx=q_idx)
             for j, h in enumerate(keep_q):

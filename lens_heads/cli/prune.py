@@ -32,7 +32,7 @@ def run(args) -> int:
     from lens_heads.atomic import check_output_dir
     from lens_heads.errors import LensHeadsError
     from lens_heads.interventions import parse_heads
-    from lens_heads.prune import REPORT_FILE, PruneSelection, parameter_count, prune, save_pruned
+    from lens_heads.prune import REPORT_FILE, PruneSelection, prune, save_pruned
 
     # every check that needs no model first; nothing is written until they pass
     check_output_dir(args.out)
@@ -63,7 +63,7 @@ def run(args) -> int:
     model = model_from_args(args)
     from lens_heads.prune import check_prunable
 
-    check_prunable(model.geometry)  # before any scoring
+    check_prunable(model.geometry, model.hf_model.config)  # before any scoring
     if selection is not None:
         from lens_heads.data import tokenize_texts
 
@@ -72,7 +72,7 @@ def run(args) -> int:
             raise LensHeadsError(f"--select {selection} selects no head on {args.data}")
     t0 = time.perf_counter()
     pruned = prune(model, heads, allow_empty_layers=args.allow_empty_layers)
-    before, after = parameter_count(model), parameter_count(pruned)
+    before, after = model.parameter_count(), pruned.parameter_count()
     g = pruned.geometry
     record = {"model": model.name, "removed": [f"{L}.{h}" for L, h in heads], "n_removed": len(heads),
               "selection": str(selection) if selection is not None else "heads", "data": args.data if texts else None,

@@ -47,6 +47,7 @@ class ArchSpec:
     out_bias: bool = False
     alibi: bool = False
     qk_norm: Literal[None, "per_head", "full"] = None  # "full": norm over all heads (OLMo-2)
+    qk_norm_modules: dict[str, str] | None = None  # part -> its norm module inside the attention ("full" norms)
     prepends_bos: bool = False  # the usual tokenizer behaviour (the loaded tokenizer decides)
     in_table: bool = True  # False: a generic entry (head counts only; no parameter paths)
     # config attribute names (first one present wins)
@@ -81,7 +82,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
         ArchSpec("qwen2", ("qwen2",), "model.layers", "self_attn", _SEPARATE, "o_proj",
                  qkv_bias=True),
         ArchSpec("olmo2", ("olmo2",), "model.layers", "self_attn", _SEPARATE, "o_proj",
-                 qk_norm="full"),
+                 qk_norm="full", qk_norm_modules=dict(q="q_norm", k="k_norm")),
         ArchSpec("gemma3", ("gemma3", "gemma3_text"), "model.layers", "self_attn", _SEPARATE,
                  "o_proj", qk_norm="per_head", prepends_bos=True),
         ArchSpec("bloom", ("bloom",), "transformer.h", "self_attention",

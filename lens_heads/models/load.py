@@ -135,6 +135,13 @@ class LoadedModel:
     def name(self) -> str:
         return self.source.spec
 
+    def parameter_count(self) -> int:
+        """The model's own parameters (offloaded ones too), not the copies the bridge makes."""
+        from lens_heads.hooks import bridge_made_parameters
+
+        made = bridge_made_parameters(self.bridge)
+        return sum(p.numel() for p in self.hf_model.parameters() if id(p) not in made)
+
     def params(self) -> "Params":
         """HF-named parameters (TransformerLens wrapper segments stripped); a parameter offloaded
         by a device map (to disk or CPU RAM) is read from its offload when looked up."""
