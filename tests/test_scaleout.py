@@ -58,7 +58,7 @@ def test_unit_refs_round_trip_and_bad_ones():
     from lens_heads.errors import LensHeadsError
     from lens_heads.sweep.units import UnitRef
 
-    for ref in (UnitRef("score", 0), UnitRef("part", 17)):
+    for ref in (UnitRef("score", 0), UnitRef("static", 0), UnitRef("part", 17)):
         assert UnitRef.parse(str(ref)) == ref
     for bad in ("part", "part/x", "points/1", "score/-1"):
         with pytest.raises(LensHeadsError, match="bad unit"):
@@ -111,6 +111,24 @@ def test_local_launch_equals_run_sweep_and_resumes(tiny_model_dir, tiny_model, t
     _same_tables(reference, out)
 
 
+@pytest.mark.usefixtures("own_cache")
+def test_static_curves_run_as_a_unit_of_the_executors(tiny_model_dir, tiny_model, task_file, tmp_path):
+    """Static curves (inactivity score, atp, random) through the executors: one ``static/0`` unit
+    stores the dataset-level scores once, and the tables equal run_sweep's byte for byte."""
+    from lens_heads.sweep import run_sweep
+    from lens_heads.sweep.executors import LocalConfig, job_for, launch
+
+    cfg = _cfg(task_file, static_ids=["ahon_ln", "atp", "random"])
+    run_sweep(tiny_model("llama"), cfg, tmp_path / "local", progress=False)
+    out = tmp_path / "launched"
+    job = job_for(str(tiny_model_dir("llama")), "float32", "cpu", cfg, out, n_shards=2)
+    first = launch(job, "local", LocalConfig(shard=(1, 2)), progress=False)
+    _same_tables(tmp_path / "local", out)
+    assert first.session.computed == 2 + 1 + first.n_units  # shards, the static unit, the parts
+    assert "static:atp" in set(first.result.within["score_fn"])
+    assert launch(job, "local", progress=False).session.computed == 0
+
+
 def test_two_shard_processes_split_the_units_and_compute_none_twice(tiny_model_dir, task_file, tmp_path):
     from lens_heads.cli import main
 
@@ -118,7 +136,8 @@ def test_two_shard_processes_split_the_units_and_compute_none_twice(tiny_model_d
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     argv = ["sweep", str(tiny_model_dir("llama")), "--task", f"file:{task_file}", "--scores", "ahon_ln,awft",
             "--fractions", "0,0.5", "--random-seeds", "2", "--batch-size", "2", "--n-boot", "200",
-            "--chunk-questions", "2", "--ablate", "static:0.1,1.2", "--no-progress", "--out", str(out)]
+            "--chunk-questions", "2", "--ablate", "static:0.1,1.2", "--static", "awft,random", "--no-progress",
+            "--out", str(out)]
     assert main([*argv[:-1], str(reference)]) == 0
     code = "import sys; from lens_heads.cli import main; sys.exit(main(sys.argv[1:]))"
     procs = [subprocess.Popen([sys.executable, "-c", code, *argv, "--shard", f"{i}/2"], env=env, text=True,
@@ -127,10 +146,10 @@ def test_two_shard_processes_split_the_units_and_compute_none_twice(tiny_model_d
     assert [p.returncode for p in procs] == [0, 0], [e for _, e in outs]
     computed = [int(o.split("this process computed ")[1].split()[0]) for o, _ in outs]
     n_units = int(outs[0][0].split(" part units")[0].split()[-1])
-    # 2 scoring shards + every part, each exactly once. Which process computed how many depends
+    # 2 scoring shards + the static unit + every part, each exactly once. Which process computed how many depends
     # on start-up timing (one that starts late may find everything done: work is taken, not
     # assigned), so the split itself is checked below with a recording worker.
-    assert sum(computed) == 2 + n_units, computed
+    assert sum(computed) == 2 + 1 + n_units, computed
     _same_tables(reference, out)
 
 

@@ -712,7 +712,7 @@ def test_static_point_ids_round_trip_and_first_checks_them():
 @pytest.mark.parametrize("extra, msg", [
     (["--static", "nope"], "unknown score 'nope'"),
     (["--static", "random", "--random-seeds", "0"], "need random seeds"),
-    (["--static", "ahon_ln", "--shard", "0/2"], "one process"),
+    (["--scores", "atp", "--shard", "0/2"], "one process"),
 ])
 def test_cli_bad_static_curves_fail_before_anything_is_written(tiny_model_dir, task_file, tmp_path, capsys,
                                                                 extra, msg):

@@ -305,14 +305,14 @@ def check_one_weights(store, identity) -> None:
                     f"vs {identity.model_digest[:16]}...): use another --out, or the same weights")
 
 
-IN_PROCESS_ONLY = ("atp and static curves (--static): the executors' scoring shards do not split the "
-                   "per-question attribution pass or the dataset-level scoring pass yet; sweep them in one "
-                   "process (no --executor / --shard)")
+IN_PROCESS_ONLY = ("per-input atp (--scores atp): the executors' scoring shards do not split its per-question "
+                   "attribution pass yet; sweep it in one process (no --executor / --shard), or use atp as a "
+                   "static curve (--static atp), which the executors run")
 
 
 def in_process_only(cfg) -> bool:
     """Whether the sweep needs a scoring pass only one process runs (see ``IN_PROCESS_ONLY``)."""
-    return "atp" in cfg.score_ids or bool(cfg.static_ids)
+    return "atp" in cfg.score_ids
 
 
 def launch(job: SweepJob, executor: str = "local", config=None, progress: bool = True,
@@ -322,7 +322,7 @@ def launch(job: SweepJob, executor: str = "local", config=None, progress: bool =
     weights in this process (but for ``local``, whose worker is this process)."""
     from lens_heads.data import load_task
     from lens_heads.store import ResultStore
-    from lens_heads.sweep.plan import SweepPlan
+    from lens_heads.sweep.plan import SweepPlan, static_key, static_rankings, stored_static
     from lens_heads.sweep.records import PointRecord
     from lens_heads.sweep.result import SweepResult
     from lens_heads.sweep.run import merge_point, read_thresholds
@@ -352,7 +352,17 @@ def launch(job: SweepJob, executor: str = "local", config=None, progress: bool =
             if rec is None:
                 raise LensHeadsError(f"{job.out_dir}: scoring shards are missing after the executor finished")
             thresholds = rec.thresholds
-        plan = SweepPlan.build(identity, cfg, task, thresholds)
+        static = None
+        if cfg.static_ids:
+            static = stored_static(store, identity, cfg)
+            if static is None:
+                with _watch(store, [static_key(identity, cfg, r) for r in static_rankings(cfg)], [],
+                            "static scores", progress):
+                    session.run([UnitRef("static", 0)])
+                static = stored_static(store, identity, cfg)
+            if static is None:
+                raise LensHeadsError(f"{job.out_dir}: the static curves' scores are missing after the executor finished")
+        plan = SweepPlan.build(identity, cfg, task, thresholds, static)
         units = plan.all_units
         stored_before = sum(store.has(u.key) or store.has(u.point) for u in units)
         refs = [UnitRef("part", i) for i, u in enumerate(units) if not (store.has(u.key) or store.has(u.point))]

@@ -129,26 +129,40 @@ def ensure_thresholds(model, store: ResultStore, identity: RunIdentity, cfg: Swe
     return found
 
 
+def static_pass(model, store: ResultStore, identity: RunIdentity, cfg: SweepConfig, task,
+                progress: bool) -> "Outcome":
+    """Score and store the static curves' dataset-level scores the store lacks, unless another
+    live process holds that pass (``HELD``: come back later)."""
+    from dataclasses import replace
+
+    missing = _missing_static(store, identity, cfg)
+    if not missing:
+        return Outcome.STORED
+    with claim(store.path(static_key(identity, cfg, missing[0]))) as mine:
+        if not mine or _missing_static(store, identity, cfg) != missing:
+            return Outcome.HELD
+        _, n_inputs, static = scoring_pass(model, task, replace(cfg, score_ids=[]), progress, missing)
+        _put_static(store, identity, cfg, static, n_inputs)
+    return Outcome.COMPUTED
+
+
+def run_static_unit(model, task, identity: RunIdentity, cfg: SweepConfig, store: ResultStore) -> "Outcome":
+    """The ``static/0`` unit of an executor (``sweep.units``): ``static_pass`` without a bar."""
+    return static_pass(model, store, identity, cfg, task, progress=False)
+
+
 def ensure_static(model, store: ResultStore, identity: RunIdentity, cfg: SweepConfig, task,
                   progress: bool) -> StaticScores | None:
     """The dataset-level scores of the sweep's static curves (None without static curves),
     scored when the store lacks them (by whichever process claims the pass)."""
-    from dataclasses import replace
-
     if not cfg.static_ids:
         return None
     found = stored_static(store, identity, cfg)
     while found is None:
         missing = _missing_static(store, identity, cfg)
-        path = store.path(static_key(identity, cfg, missing[0]))
-        with claim(path) as mine:
-            if mine and _missing_static(store, identity, cfg) == missing:
-                _, n_inputs, static = scoring_pass(model, task, replace(cfg, score_ids=[]), progress, missing)
-                _put_static(store, identity, cfg, static, n_inputs)
+        if static_pass(model, store, identity, cfg, task, progress) is Outcome.HELD:
+            wait_for(store.path(static_key(identity, cfg, missing[0])), CLAIM_POLL_S)
         found = stored_static(store, identity, cfg)
-        if found is None:
-            wait_for(path, CLAIM_POLL_S)
-            found = stored_static(store, identity, cfg)
     return found
 
 

@@ -8,6 +8,9 @@ exists. ``UnitRef`` names a unit (``score/3``: shard 3 of the thresholds' scorin
 * phase ``score``: the thresholds' scoring pass in ``n_shards`` shards of whole batches
   (``thresholds.scoring_shards``); ``merge_score_shards`` turns the stored shards into the
   thresholds record, bit-identical to the unsharded pass, with no model.
+* phase ``static`` (one unit, ``static/0``, only with static curves): the dataset-level scores
+  the static curves rank heads by (``run.static_pass``: inactivity scores, ``atp``, random
+  orders), one pass by one worker, as ``run_sweep`` stores them.
 * phase ``part``: every part of every point (``SweepPlan``), as ``run_sweep`` runs them.
 
 A ``SweepJob`` is everything a worker needs, picklable and model-free: the model spec, dtype,
@@ -33,13 +36,13 @@ from lens_heads.sweep.plan import SweepPlan, put_thresholds, thresholds_key
 from lens_heads.sweep.records import ThresholdsRecord
 from lens_heads.sweep.run import Outcome
 
-Phase = Literal["score", "part"]
-PHASES = ("score", "part")
+Phase = Literal["score", "static", "part"]
+PHASES = ("score", "static", "part")
 
 
 @dataclass(frozen=True, order=True)
 class UnitRef:
-    """One unit of a sweep by reference: ``score/I`` or ``part/I``."""
+    """One unit of a sweep by reference: ``score/I``, ``static/0`` or ``part/I``."""
 
     phase: Phase
     index: int
@@ -48,7 +51,7 @@ class UnitRef:
     def parse(cls, text: str) -> "UnitRef":
         phase, _, index = text.strip().partition("/")
         if phase not in PHASES or not index.isdigit():
-            raise LensHeadsError(f"bad unit {text!r}; write score/INDEX or part/INDEX")
+            raise LensHeadsError(f"bad unit {text!r}; write score/INDEX, static/0 or part/INDEX")
         return cls(phase, int(index))  # type: ignore[arg-type]
 
     def __str__(self) -> str:
@@ -190,24 +193,33 @@ class Worker:
 
     def plan(self) -> SweepPlan:
         if self._plan is None:
+            from lens_heads.sweep.plan import stored_static
             from lens_heads.sweep.run import read_thresholds
 
             model, task = self._setup()
-            store = ResultStore(self.job.out_dir)
-            thresholds = read_thresholds(store, self.identity, self.job.cfg, task)
+            store, cfg = ResultStore(self.job.out_dir), self.job.cfg
+            thresholds = read_thresholds(store, self.identity, cfg, task)
             if thresholds is None:
                 raise LensHeadsError(f"{self.job.out_dir}: part units need the thresholds; run the score units first")
-            self._plan = SweepPlan.build(self.identity, self.job.cfg, task, thresholds)
+            static = stored_static(store, self.identity, cfg) if cfg.static_ids else None
+            if cfg.static_ids and static is None:
+                raise LensHeadsError(f"{self.job.out_dir}: part units of static curves need their dataset-level "
+                                     f"scores; run the static unit first")
+            self._plan = SweepPlan.build(self.identity, cfg, task, thresholds, static)
         return self._plan
 
     def run(self, ref: UnitRef) -> Outcome:
         """Run one unit (skipped when stored; left alone when another live process holds it)."""
-        from lens_heads.sweep.run import run_unit
+        from lens_heads.sweep.run import run_static_unit, run_unit
 
         model, task = self._setup()
         store = ResultStore(self.job.out_dir)
         if ref.phase == "score":
             out = run_score_shard(model, task, self.identity, self.job.cfg, store, ref.index, self.job.n_shards)
+        elif ref.phase == "static":
+            if ref.index != 0:
+                raise LensHeadsError(f"unit {ref}: a sweep has one static unit, static/0")
+            out = run_static_unit(model, task, self.identity, self.job.cfg, store)
         else:
             plan = self.plan()
             if not 0 <= ref.index < len(plan.all_units):
