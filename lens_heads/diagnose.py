@@ -49,7 +49,7 @@ from lens_heads.batching import Batcher
 from lens_heads.data import pad_batch
 from lens_heads.atomic import atomic_write_csv
 from lens_heads.errors import LensHeadsError
-from lens_heads.head_classes import CLASSES, SICK, canonical  # the one class list
+from lens_heads.head_classes import ABSENT, CLASSES, SICK, canonical  # the one class list
 from lens_heads.hooks import run_with_hooks
 from lens_heads.interventions import Head
 from lens_heads.scores import SCORES, Acts, BatchGeometry, ScoreCollector, ScoreFn
@@ -130,7 +130,9 @@ def classify(
     out = []
     for bos, ent, loc in zip(bos_mass.reshape(-1).tolist(), entropy.reshape(-1).tolist(),
                              local_mass.reshape(-1).tolist()):
-        if bos > t.dead:
+        if math.isnan(bos):  # no head there (a pruned layer)
+            out.append(ABSENT)
+        elif bos > t.dead:
             out.append("dead")
         elif bos > t.bos_sink:
             out.append("bos_sink")
@@ -188,13 +190,16 @@ class Diagnosis:
     def band(self) -> list[int]:
         """Head indices sick (any class but healthy) in more than band_fraction of layers."""
         return [h for h in range(self.n_heads)
-                if sum(self.classes[L][h] != "healthy" for L in range(self.n_layers))
+                if sum(self.classes[L][h] in SICK for L in range(self.n_layers))
                 > self.thresholds.band_fraction * self.n_layers]
 
     def summary(self) -> str:
         counts = ", ".join(f"{c} {n}" for c, n in self.counts().items())
         band = self.band()
-        return (f"{self.n_layers * self.n_heads} heads ({self.n_layers} x {self.n_heads}) on "
+        n = sum(self.counts().values())
+        shape = f"{self.n_layers} x {self.n_heads}" if n == self.n_layers * self.n_heads else \
+            f"{self.n_layers} layers, pruned"
+        return (f"{n} heads ({shape}) on "
                 f"{self.n_inputs} inputs: {counts}; band: {format_band(band)}")
 
     def to_frame(self):
@@ -203,6 +208,8 @@ class Diagnosis:
         rows = []
         for L in range(self.n_layers):
             for h in range(self.n_heads):
+                if self.classes[L][h] == ABSENT:  # a pruned layer's missing heads get no row
+                    continue
                 rows.append(dict(
                     layer=L, head=h, bos_mass=float(self.bos_mass[L, h]), entropy=float(self.entropy[L, h]),
                     local_mass=float(self.local_mass[L, h]), **{"class": self.classes[L][h]},
@@ -256,7 +263,7 @@ class Diagnosis:
             saved = [list(row) for row in diag.classes]
             for layer, head, name in zip(df["layer"], df["head"], df["class"].astype(str)):
                 saved[int(layer)][int(head)] = canonical(name)
-            unknown = {c for row in saved for c in row} - set(CLASSES)
+            unknown = {c for row in saved for c in row} - {*CLASSES, ABSENT}
             if unknown:
                 raise LensHeadsError(f"{path}: unknown head class(es) {', '.join(sorted(unknown))}; "
                                      f"known: {', '.join(CLASSES)}")

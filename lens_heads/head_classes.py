@@ -8,7 +8,9 @@ SICK: tuple[str, ...] = CLASSES[:-1]
 LABELS: dict[str, str] = {"dead": "DEAD", "bos_sink": "BOS-sink", "low_entropy": "low-entropy", "local": "local",
                           "healthy": "healthy"}
 SHORT: dict[str, str] = {"dead": "DEAD", "bos_sink": "sink", "low_entropy": "low-H", "local": "local",
-                         "healthy": "ok"}
+                         "healthy": "ok", "absent": "-"}
+# not a class: the place of a head a pruned layer no longer has (its statistics are NaN)
+ABSENT = "absent"
 
 
 def canonical(name: str) -> str:

@@ -58,6 +58,24 @@ def bridge_made_parameters(bridge) -> set[int]:
     return made
 
 
+def pin_rotary_dtype(bridge, dtype) -> None:
+    """Keep rotated queries and keys in the model's dtype. TransformerLens' rebuilt attention
+    applies Llama's rotary embedding with the model's cos/sin; OLMo-2's are float32, so in
+    bf16 q and k come out float32 and the value product fails (HF's own OLMo-2 casts them back).
+    A permanent hook on ``hook_rot_q`` / ``hook_rot_k`` casts them (a no-op where they match)."""
+    if dtype == torch.float32:
+        return
+
+    def cast(x, hook=None):
+        return x if x.dtype == dtype else x.to(dtype)
+
+    for block in getattr(bridge, "blocks", []):
+        for name in ("hook_rot_q", "hook_rot_k"):
+            point = getattr(getattr(block, "attn", None), name, None)
+            if point is not None:
+                point.add_hook(cast, is_permanent=True, prepend=True)
+
+
 def probe_shapes(bridge, input_ids: Int[Tensor, "1 pos"], layer: int = 0) -> tuple[tuple, tuple, tuple]:
     """The shapes of ``hook_pattern``, ``hook_v`` and ``hook_z`` of ``layer`` on one input."""
     shapes: dict[str, tuple] = {}

@@ -126,7 +126,9 @@ def test_scores_evaluation_and_ablation_run_on_a_pruned_model(arch, tiny_model, 
     with pytest.raises(LensHeadsError, match="layer 0 has 2"):
         parse_ablation("static:0.3", pruned.geometry)
     d = diagnose(pruned, pruned.to_tokens(TEXTS))
-    assert len(d.classes) >= 1
+    assert d.classes[0][2:] == ["absent", "absent"] and "absent" not in d.classes[1]  # no heads there
+    assert sum(d.counts().values()) == pruned.geometry.n_units == len(d.to_frame())
+    assert f"{pruned.geometry.n_units} heads" in d.summary()
 
 
 @pytest.mark.parametrize("arch, heads, message", [
@@ -296,3 +298,25 @@ def test_bloom_with_tensor_parallel_emulation_is_refused(tiny_model, monkeypatch
     monkeypatch.setattr(model.hf_model.config, "pretraining_tp", 2)
     with pytest.raises(LensHeadsError, match="slow_but_exact"):
         prune(model, [(0, 1)])
+
+
+def test_olmo2_runs_in_bf16_as_transformers_does(tiny_model_dir, tmp_path):
+    """OLMo-2's float32 rotary tables would turn the bridge's q and k float32 in bf16; lens_heads
+    keeps them in the model's dtype, as transformers' OLMo-2 does: the logits match it exactly,
+    pruned or not."""
+    from transformers import AutoModelForCausalLM
+
+    from lens_heads import load_model
+    from lens_heads.prune import prune, save_pruned
+
+    model = load_model(str(tiny_model_dir("olmo2")), dtype="bfloat16")
+    out = save_pruned(prune(model, [(0, 0), (0, 1), (1, 3)]), tmp_path / "p")
+    for folder, kw in ((tiny_model_dir("olmo2"), {}), (out, {"trust_remote_code": True})):
+        m = load_model(str(folder), dtype="bfloat16")
+        ids, mask = _ids(m)
+        got = run_with_hooks(m, ids, mask, [])
+        hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="eager", **kw).eval()
+        with torch.no_grad():
+            ref = hf(ids, attention_mask=mask).logits
+        real = mask.bool()
+        assert got.dtype == torch.bfloat16 and torch.equal(got[real], ref[real])

@@ -129,7 +129,7 @@ def test_static_curves_run_as_a_unit_of_the_executors(tiny_model_dir, tiny_model
     assert launch(job, "local", progress=False).session.computed == 0
 
 
-def test_two_shard_processes_split_the_units_and_compute_none_twice(tiny_model_dir, task_file, tmp_path):
+def test_two_shard_processes_split_the_units_and_compute_none_twice(tiny_model_dir, task_file, tmp_path, capsys):
     from lens_heads.cli import main
 
     out, reference = tmp_path / "sharded", tmp_path / "one_process"
@@ -151,6 +151,9 @@ def test_two_shard_processes_split_the_units_and_compute_none_twice(tiny_model_d
     # assigned), so the split itself is checked below with a recording worker.
     assert sum(computed) == 2 + 1 + n_units, computed
     _same_tables(reference, out)
+    capsys.readouterr()
+    assert main([*argv, "--status"]) == 0  # static curves' scores read from the store
+    assert capsys.readouterr().out.splitlines()[0].startswith(f"{n_units} of {n_units} units")
 
 
 def test_local_shard_starts_with_its_own_units_then_takes_the_rest(monkeypatch):

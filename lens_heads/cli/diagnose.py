@@ -21,7 +21,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     from lens_heads.data import load_texts, tokenize_texts
-    from lens_heads.diagnose import CLASSES, DiagnosisThresholds, diagnose, format_band
+    from lens_heads.diagnose import CLASSES, SICK, DiagnosisThresholds, diagnose, format_band
     from lens_heads.errors import LensHeadsError
 
     from lens_heads.atomic import check_output_file
@@ -54,7 +54,7 @@ def run(args) -> int:
         print(f"  {c:<12} {counts[c]:>5}")
     print(f"band (sick in > {thresholds.band_fraction:.0%} of layers): {format_band(diag.band())}")
     if diag.alibi_slopes is not None:
-        sick = [sum(diag.classes[L][h] != "healthy" for L in range(diag.n_layers)) for h in range(diag.n_heads)]
+        sick = [sum(diag.classes[L][h] in SICK for L in range(diag.n_layers)) for h in range(diag.n_heads)]
         print("ALiBi slope and number of sick layers per head:")
         print("  " + "  ".join(f"H{h}:{s:.3g}({n})" for h, (s, n) in enumerate(zip(diag.alibi_slopes.tolist(), sick))))
     print(f"wrote {args.out}")

@@ -388,7 +388,7 @@ def boot(model, tokenizer, source: ModelSource, dtype, device) -> LoadedModel:
     """Wrap an HF model in a TransformerLens bridge (in place: the bridge owns its modules)."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    from lens_heads.hooks import booting_pruned, probe_shapes
+    from lens_heads.hooks import booting_pruned, pin_rotary_dtype, probe_shapes
 
     geometry = HeadGeometry.from_config(model.config)
     try:
@@ -401,6 +401,7 @@ def boot(model, tokenizer, source: ModelSource, dtype, device) -> LoadedModel:
         raise LensHeadsError(f"TransformerLens' bridge cannot boot {source.spec!r} (model_type "
                              f"{getattr(model.config, 'model_type', '?')!r}, {type(model).__name__}): {first}") from None
     bridge.eval()
+    pin_rotary_dtype(bridge, dtype)
     geometry.check_shapes(*probe_shapes(bridge, torch.tensor([tokenizer("a b")["input_ids"][:2] or [0, 0]],
                                                              device=device)))
     probe = tokenizer("a")["input_ids"]

@@ -138,12 +138,16 @@ def static_pass(model, store: ResultStore, identity: RunIdentity, cfg: SweepConf
     missing = _missing_static(store, identity, cfg)
     if not missing:
         return Outcome.STORED
-    with claim(store.path(static_key(identity, cfg, missing[0]))) as mine:
+    with claim(_static_claim(store, identity, cfg)) as mine:  # one path: the pass is one unit
         if not mine or _missing_static(store, identity, cfg) != missing:
             return Outcome.HELD
         _, n_inputs, static = scoring_pass(model, task, replace(cfg, score_ids=[]), progress, missing)
         _put_static(store, identity, cfg, static, n_inputs)
     return Outcome.COMPUTED
+
+
+def _static_claim(store: ResultStore, identity: RunIdentity, cfg: SweepConfig):
+    return store.path(static_key(identity, cfg, static_rankings(cfg)[0]))
 
 
 def run_static_unit(model, task, identity: RunIdentity, cfg: SweepConfig, store: ResultStore) -> "Outcome":
@@ -159,9 +163,8 @@ def ensure_static(model, store: ResultStore, identity: RunIdentity, cfg: SweepCo
         return None
     found = stored_static(store, identity, cfg)
     while found is None:
-        missing = _missing_static(store, identity, cfg)
         if static_pass(model, store, identity, cfg, task, progress) is Outcome.HELD:
-            wait_for(store.path(static_key(identity, cfg, missing[0])), CLAIM_POLL_S)
+            time.sleep(CLAIM_POLL_S)  # another live process runs the pass
         found = stored_static(store, identity, cfg)
     return found
 
