@@ -17,11 +17,14 @@ The plan lives in the config as ``lens_heads_pruned``::
 Gemma 3, Mistral). With ``"full_norms": {"q": "q_norm", "k": "k_norm"}`` (OLMo-2, whose query
 and key norms span all heads' features) the query and key projections stay whole, because the
 kept heads' normalisation reads every head, and the norms' outputs are narrowed to the kept
-heads (a forward hook); values and the output projection shrink as usual. ``blocked``: GPT-2's fused ``c_attn`` Conv1D, output features [q | k | v],
-each head-major. ``interleaved``: BLOOM's fused ``query_key_value`` Linear, output features
-[head, q | k | v, d]; the model builds its ALiBi bias for all heads once, so each pruned block
-narrows it to its kept heads' slopes (a forward pre-hook). The output projection keeps the kept heads' input features; a padding head
-(kept so that every KV group keeps the same number of query heads) has them set to zero.
+heads (a forward hook); values and the output projection shrink as usual.
+``blocked``: GPT-2's fused ``c_attn`` Conv1D, output features [q | k | v], each head-major.
+``interleaved``: BLOOM's fused ``query_key_value`` Linear, output features [head, q | k | v, d];
+the model builds its ALiBi bias for all heads once, so each pruned block narrows it to its kept
+heads' slopes (a forward pre-hook).
+
+The output projection keeps the kept heads' input features; a padding head (kept so that every
+KV group keeps the same number of query heads) has them set to zero.
 """
 
 from __future__ import annotations
@@ -30,9 +33,21 @@ import torch
 from torch import nn
 
 
-def _rows(d: int, heads) -> torch.Tensor:
+def _row_list(d: int, heads) -> list[int]:
     """Feature indices of ``heads`` (each ``d`` wide, head-major)."""
-    return torch.tensor([h * d + i for h in heads for i in range(d)], dtype=torch.long)
+    return [h * d + i for h in heads for i in range(d)]
+
+
+def _rows(d: int, heads) -> torch.Tensor:
+    return torch.tensor(_row_list(d, heads), dtype=torch.long)
+
+
+def _zero_padding(out: nn.Module, keep_q, pad: set, d: int, in_dim: int) -> None:
+    """Zero the output projection's input features (along ``in_dim`` of its weight) that read
+    the padding heads among ``keep_q``."""
+    for j, h in enumerate(keep_q):
+        if h in pad:
+            out.weight.data.narrow(in_dim, j * d, d).zero_()
 
 
 def _linear(old: nn.Linear, out_idx=None, in_idx=None) -> nn.Linear:
@@ -107,33 +122,26 @@ def shrink(model: nn.Module, plan: dict) -> nn.Module:
             norms = plan.get("full_norms") or {}  # OLMo-2: q/k norms over all heads' features
             for part, heads, idx in (("q", keep_q, q_idx), ("k", keep_kv, kv_idx)):
                 if part in norms:  # the projection stays whole (the norm needs every head); keep after it
-                    _get(attn, norms[part]).register_forward_hook(
-                        _keep_features([h * d + i for h in heads for i in range(d)]))
+                    _get(attn, norms[part]).register_forward_hook(_keep_features(_row_list(d, heads)))
                 else:
                     setattr(attn, plan[part], _linear(_get(attn, plan[part]), out_idx=idx))
             setattr(attn, plan["v"], _linear(_get(attn, plan["v"]), out_idx=kv_idx))
             new_out = _linear(out_mod, in_idx=q_idx)
-            for j, h in enumerate(keep_q):
-                if h in pad:
-                    new_out.weight.data[:, j * d:(j + 1) * d] = 0.0
+            _zero_padding(new_out, keep_q, pad, d, in_dim=1)
             attn.num_key_value_groups = len(keep_q) // len(keep_kv)
         elif plan["layout"] == "blocked":  # GPT-2: one head per KV head, [q | k | v] blocks of n_heads*d
             n = out_mod.weight.shape[0] // d  # the layer's heads before pruning (c_proj rows)
             fused = torch.cat([q_idx, q_idx + n * d, q_idx + 2 * n * d])
             setattr(attn, plan["q"], _conv1d(_get(attn, plan["q"]), out_idx=fused))
-            new_out = _conv1d(out_mod, in_idx=q_idx)
-            for j, h in enumerate(keep_q):
-                if h in pad:
-                    new_out.weight.data[j * d:(j + 1) * d] = 0.0
+            new_out = _conv1d(out_mod, in_idx=q_idx)  # Conv1D weight: [in, out]
+            _zero_padding(new_out, keep_q, pad, d, in_dim=0)
             attn.num_heads, attn.split_size = len(keep_q), len(keep_q) * d
         elif plan["layout"] == "interleaved":  # BLOOM: one head per KV head, features [head, q|k|v, d]
             n = out_mod.weight.shape[1] // d  # the layer's heads before pruning (dense inputs)
             fused = _rows(3 * d, keep_q)
             setattr(attn, plan["q"], _linear(_get(attn, plan["q"]), out_idx=fused))
             new_out = _linear(out_mod, in_idx=q_idx)
-            for j, h in enumerate(keep_q):
-                if h in pad:
-                    new_out.weight.data[:, j * d:(j + 1) * d] = 0.0
+            _zero_padding(new_out, keep_q, pad, d, in_dim=1)
             attn.num_heads = len(keep_q)
             # the model builds ALiBi for all n heads once; this layer keeps its heads' slopes
             block.register_forward_pre_hook(_alibi_of(n, keep_q), with_kwargs=True)
