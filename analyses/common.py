@@ -183,6 +183,10 @@ class Run:
                 out.append((title, body))
         return out
 
+    #: The summary's rows that record where and how a run happened (the command, versions, machine,
+    #: times), not what it measured: a rebuild from the store on another machine changes only these.
+    PROVENANCE_ROWS = ("command", "lens_heads", "versions", "hardware", "wall time", "finished")
+
     def write_summary(self, title: str, sections: Iterable[tuple[str, str]]) -> Path:
         v = package_versions(("lens_heads", "transformer_lens", "transformers", "torch", "numpy", "pandas", "scipy"))
         head = [f"# {title}", "",

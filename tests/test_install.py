@@ -26,10 +26,26 @@ def _fake_torch(venv: Path, version: str) -> None:
     (info / "INSTALLER").write_text("pip\n")
 
 
+def _installed_here(venv: Path) -> Path:
+    """Constraints pinning every distribution of the test's own environment (but torch and this
+    package) to its installed version: what the resolver decides then depends on our metadata and
+    the constraints file, not on what the package index serves today (a newer transformer-lens
+    needing a newer torch would otherwise fail this test on a fresh machine only)."""
+    from importlib.metadata import distributions
+
+    skip = {"torch", "lens-heads", "lens_heads"}
+    pins = sorted({f"{d.metadata['Name']}=={d.version}" for d in distributions()
+                   if d.metadata["Name"] and d.metadata["Name"].lower() not in skip})
+    path = venv / "installed-here.txt"
+    path.write_text("\n".join(pins) + "\n")
+    return path
+
+
 def _would_install(venv: Path, *extra: str) -> dict[str, str]:
     report = venv / "report.json"
     out = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--dry-run", "--report", str(report),
-                          "-e", str(ROOT), *extra], capture_output=True, text=True, timeout=600)
+                          "-e", str(ROOT), "-c", str(_installed_here(venv)), *extra],
+                         capture_output=True, text=True, timeout=600)
     if out.returncode != 0:
         pytest.skip(f"pip could not resolve here (no package index?): {out.stderr.strip().splitlines()[-1:]}")
     data = json.loads(report.read_text())
