@@ -73,7 +73,7 @@ class ModelRef:
 
         if compute:
             return run_sweep(self.model, cfg, out_dir, task=task, progress=progress)
-        return tabulate(out_dir, self.identity(cfg, task), cfg, task, partial=partial)
+        return tabulate(out_dir, self.identity(cfg, task), cfg, task, partial=partial, model=self.spec)
 
 
 # -----------------------------------------------------------------------------

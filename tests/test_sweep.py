@@ -682,7 +682,7 @@ def test_static_curves_zero_the_least_active_heads_by_each_ranking(tiny_model, t
     w = res.within.set_index("score_fn")
     assert {"ahon_ln", "random", "static:ahon_ln", "static:atp", "static:random"} == set(w.index)
     assert w.loc["static:random", "n_seeds"] == 2 and w.loc["static:ahon_ln", "n_ablated_points"] == 2
-    back = tabulate(tmp_path / "s", cfg.identity(model, task), cfg, task)
+    back = tabulate(tmp_path / "s", cfg.identity(model, task), cfg, task, model=model.name)
     pd.testing.assert_frame_equal(back.within, res.within)
     files = sorted(p.name for p in (tmp_path / "s").rglob("*.json"))
     run_sweep(model, cfg, tmp_path / "s", progress=False)  # everything stored: nothing new
@@ -721,3 +721,34 @@ def test_cli_bad_static_curves_fail_before_anything_is_written(tiny_model_dir, t
     out = tmp_path / "s"
     assert main([*_args(tiny_model_dir("llama"), task_file, out), *extra]) == 2
     assert msg in capsys.readouterr().err and not out.exists()
+
+
+def test_a_folder_swept_with_other_weights_is_refused_and_tables_name_their_model(tiny_model_dir, task_file,
+                                                                                   tmp_path, capsys):
+    """A sweep folder of one model is never overwritten by another's (a path whose target changed):
+    the in-process driver refuses exactly as the launcher does, before any work, the same settings
+    (the store's records) or others (the tables' model digest); both tables start with the model's
+    name and weights digest."""
+    from lens_heads.models.load import resolve_source, source_digest
+    from lens_heads.sweep import SweepResult
+
+    link, out = tmp_path / "model", tmp_path / "out"
+    link.symlink_to(tiny_model_dir("llama"), target_is_directory=True)
+    assert _main(_args(link, task_file, out)) == 0
+    tables = {p.name: p.read_bytes() for p in out.glob("*.csv")}
+    saved = SweepResult.load(out)
+    digest = source_digest(resolve_source(str(link)))
+    assert saved.model == str(link) and saved.model_digest == digest
+    for name in ("summary.csv", "within_1pt.csv"):
+        frame = pd.read_csv(out / name)
+        assert list(frame.columns[:2]) == ["model", "model_digest"]
+        assert set(frame["model_digest"]) == {digest} and set(frame["model"]) == {str(link)}
+
+    link.unlink()
+    link.symlink_to(tiny_model_dir("qwen2"), target_is_directory=True)  # same path, other weights
+    for extra in ([], ["--fractions", "0,0.25"]):  # the same sweep; another sweep into the same tables
+        capsys.readouterr()
+        assert _main(_args(link, task_file, out, *extra)) == 2
+        err = capsys.readouterr().err.strip()
+        assert "from other weights" in err and len(err.splitlines()) == 1, err
+        assert {p.name: p.read_bytes() for p in out.glob("*.csv")} == tables

@@ -210,7 +210,7 @@ def show_status(args, cfg, task) -> int:
     cfg.protocol = protocol_from_args(args, ref.model if args.paper_protocol else None)
     cfg.thresholds_file, cfg.thresholds_model = args.thresholds_file, args.thresholds_model
     identity = ref.identity(cfg, task)
-    result = tabulate(args.out, identity, cfg, task, partial=True)
+    result = tabulate(args.out, identity, cfg, task, partial=True, model=args.model)
     if result is None:
         raise LensHeadsError(f"{args.out} holds no baseline (or no thresholds) of this sweep yet: "
                              "nothing to show (same model, task and settings as the run?)")

@@ -290,21 +290,6 @@ def job_for(model: str, dtype: str, device: str, cfg, out_dir, include_path=None
                     revision=commit)
 
 
-def check_one_weights(store, identity) -> None:
-    """A folder holding records of this sweep's run from other weights is an error: units of
-    different weights never merge into one table."""
-    from lens_heads.keys import Kind
-
-    mine = {k: v for k, v in identity.config().items() if k != "model_digest"}
-    for kind in (Kind.THRESHOLDS, Kind.POINT, Kind.PART):
-        for rec in store.records(kind):
-            c = rec.get("config", {})
-            if c.get("model_digest") != identity.model_digest and {k: c.get(k) for k in mine} == mine:
-                raise LensHeadsError(
-                    f"{store.root} holds results of this sweep from other weights ({str(c.get('model_digest'))[:16]}... "
-                    f"vs {identity.model_digest[:16]}...): use another --out, or the same weights")
-
-
 IN_PROCESS_ONLY = ("per-input atp (--scores atp): the executors' scoring shards do not split its per-question "
                    "attribution pass yet; sweep it in one process (no --executor / --shard), or use atp as a "
                    "static curve (--static atp), which the executors run")
@@ -325,7 +310,7 @@ def launch(job: SweepJob, executor: str = "local", config=None, progress: bool =
     from lens_heads.sweep.plan import SweepPlan, static_key, static_rankings, stored_static
     from lens_heads.sweep.records import PointRecord
     from lens_heads.sweep.result import SweepResult
-    from lens_heads.sweep.run import merge_point, read_thresholds
+    from lens_heads.sweep.run import check_one_weights, merge_point, read_thresholds
     from lens_heads.sweep.stats import tables
     from lens_heads.sweep.units import merge_score_shards, shard_key
 
@@ -376,7 +361,8 @@ def launch(job: SweepJob, executor: str = "local", config=None, progress: bool =
             records[spec] = rec
         summary, within = tables(plan.points, records, cfg)
         n = len(plan.order)
-        result = SweepResult(summary, within, thresholds, records, n_points=n, n_stored=n)
+        result = SweepResult(summary, within, thresholds, records, n_points=n, n_stored=n,
+                             model=job.model, model_digest=identity.model_digest)
         result.save(job.out_dir)
         return Launch(result, len(units), stored_before, time.perf_counter() - t0, session)
     finally:

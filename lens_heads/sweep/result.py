@@ -13,6 +13,7 @@ from lens_heads.sweep.records import PointRecord, Thresholds
 
 SUMMARY, WITHIN = "summary.csv", "within_1pt.csv"
 SUMMARY_REQUIRED = ("score_fn", "fraction", "pct_zeroed", "accuracy")
+MODEL_COLUMNS = ("model", "model_digest")  # the first two columns of both tables: whose results these are
 
 
 @dataclass
@@ -28,6 +29,18 @@ class SweepResult:
     records: dict[str, PointRecord] = field(default_factory=dict)
     n_points: int = 0
     n_stored: int = 0
+    model: str = ""  # the model's spec as given (zoo name, path, hub id); "" when unknown
+    model_digest: str = ""  # the weights' digest (keys.RunIdentity.model_digest)
+
+    def __post_init__(self) -> None:
+        """Both tables start with the model's name and weights digest (``MODEL_COLUMNS``), so
+        tables of two models can never be confused, in memory or on disk."""
+        for frame in (self.summary, self.within):
+            if frame is not None and self.model_digest:
+                for i, (col, value) in enumerate(zip(MODEL_COLUMNS, (self.model, self.model_digest))):
+                    if col in frame.columns:
+                        frame.drop(columns=col, inplace=True)
+                    frame.insert(i, col, value)
 
     @property
     def complete(self) -> bool:
@@ -48,6 +61,7 @@ class SweepResult:
 
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)
+        check_same_weights(out, self.model_digest)
         frames = [(SUMMARY, self.summary)] + ([(WITHIN, self.within)] if self.within is not None else [])
         atomic_write_all([(out / name, lambda tmp, f=frame: Path(tmp).write_text(
             f.to_csv(index=False, lineterminator="\n"), encoding="utf-8", newline="")) for name, frame in frames])
@@ -97,7 +111,32 @@ class SweepResult:
                 if isinstance(h, str) and f.is_file():
                     records[spec] = PointRecord.from_json(json.loads(f.read_text(encoding="utf-8")))
         n = int(summary["spec"].nunique()) if "spec" in summary.columns else len(summary)
-        return cls(summary, within, thresholds, records, n_points=n, n_stored=n)
+        model, digest = _model_of(summary)
+        return cls(summary, within, thresholds, records, n_points=n, n_stored=n, model=model, model_digest=digest)
+
+
+def _model_of(summary: pd.DataFrame) -> tuple[str, str]:
+    """(model, model_digest) a saved summary names; ("", "") for tables saved before they carried them."""
+    if summary.empty or "model_digest" not in summary.columns:
+        return "", ""
+    model = summary["model"].iloc[0] if "model" in summary.columns else ""
+    return ("" if pd.isna(model) else str(model)), str(summary["model_digest"].iloc[0])
+
+
+def check_same_weights(folder: Path, digest: str) -> None:
+    """Refuse to overwrite a folder's tables that name other weights (a pruned copy, a path whose
+    target changed): one message, before anything is written."""
+    path = Path(folder) / SUMMARY
+    if not digest or not path.is_file():
+        return
+    try:
+        header = pd.read_csv(path, nrows=1)
+    except (pd.errors.EmptyDataError, pd.errors.ParserError, UnicodeDecodeError, OSError):
+        return  # unreadable tables are replaced (the store, checked first, is what matters)
+    _, theirs = _model_of(header)
+    if theirs and theirs != digest:
+        raise LensHeadsError(f"{folder} holds results of this sweep from other weights ({theirs[:16]}... vs "
+                             f"{digest[:16]}...): use another --out, or the same weights")
 
 
 def _read_csv(path: Path, what: str) -> pd.DataFrame:

@@ -13,7 +13,8 @@ from enum import Enum
 from typing import Sequence
 
 from lens_heads.claims import claim, wait_for
-from lens_heads.keys import RunIdentity
+from lens_heads.errors import LensHeadsError
+from lens_heads.keys import Kind, RunIdentity
 from lens_heads.progress import progress_bar
 from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
 from lens_heads.store import ResultStore
@@ -21,7 +22,7 @@ from lens_heads.sweep.config import RANDOM, SweepConfig
 from lens_heads.sweep.plan import PartUnit, StaticScores, SweepPlan, plan_points, point_label, partial_config, put_thresholds, \
     static_key, static_rankings, stored_static, stored_thresholds, thresholds_key
 from lens_heads.sweep.records import PointRecord, StaticScoresRecord, Thresholds
-from lens_heads.sweep.result import SweepResult
+from lens_heads.sweep.result import SweepResult, check_same_weights
 from lens_heads.sweep.stats import point_summary, tables
 
 CLAIM_POLL_S = 2.0  # how often a process waiting for another's unit looks again
@@ -230,6 +231,21 @@ def merge_point(plan: SweepPlan, spec: str, store: ResultStore) -> PointRecord |
 # The sweep
 
 
+def check_one_weights(store, identity) -> None:
+    """A folder holding records of this sweep's run, or tables, from other weights is an error:
+    units of different weights never merge into one table, and one model's tables never replace
+    another's (checked before any work, by the in-process driver and the launcher alike)."""
+    check_same_weights(store.root, identity.model_digest)
+    mine = {k: v for k, v in identity.config().items() if k != "model_digest"}
+    for kind in (Kind.THRESHOLDS, Kind.POINT, Kind.PART):
+        for rec in store.records(kind):
+            c = rec.get("config", {})
+            if c.get("model_digest") != identity.model_digest and {k: c.get(k) for k in mine} == mine:
+                raise LensHeadsError(
+                    f"{store.root} holds results of this sweep from other weights ({str(c.get('model_digest'))[:16]}... "
+                    f"vs {identity.model_digest[:16]}...): use another --out, or the same weights")
+
+
 def _check(model, cfg: SweepConfig, task):
     from lens_heads.ablation import parse_ablation
     from lens_heads.data import load_task
@@ -247,6 +263,7 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
     task = _check(model, cfg, task)
     store = ResultStore(out_dir)
     identity = cfg.identity(model, task)
+    check_one_weights(store, identity)
     thresholds = ensure_thresholds(model, store, identity, cfg, task, progress)
     plan = SweepPlan.build(identity, cfg, task, thresholds, ensure_static(model, store, identity, cfg, task, progress))
     records: dict[str, PointRecord] = {}
@@ -272,12 +289,14 @@ def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True
     finally:
         bar.close()
     summary, within = tables(plan.points, records, cfg)
-    result = SweepResult(summary, within, thresholds, records, n_points=len(plan.order), n_stored=len(plan.order))
+    result = SweepResult(summary, within, thresholds, records, n_points=len(plan.order), n_stored=len(plan.order),
+                         model=model.name, model_digest=identity.model_digest)
     result.save(out_dir)
     return result
 
 
-def tabulate(out_dir, identity: RunIdentity, cfg: SweepConfig, task, partial: bool = False) -> SweepResult | None:
+def tabulate(out_dir, identity: RunIdentity, cfg: SweepConfig, task, partial: bool = False,
+             model: str = "") -> SweepResult | None:
     """The sweep's tables from the store alone (no model, nothing written): None when it lacks
     the thresholds, the static curves' scores or, unless ``partial``, any point.
 
@@ -302,7 +321,8 @@ def tabulate(out_dir, identity: RunIdentity, cfg: SweepConfig, task, partial: bo
     n = len(plan.order)
     if len(records) == n:
         summary, within = tables(plan.points, records, cfg)
-        return SweepResult(summary, within, thresholds, records, n_points=n, n_stored=n)
+        return SweepResult(summary, within, thresholds, records, n_points=n, n_stored=n,
+                           model=model, model_digest=identity.model_digest)
     if not partial or "none" not in records:
         return None
     stored = set(records)
@@ -312,11 +332,12 @@ def tabulate(out_dir, identity: RunIdentity, cfg: SweepConfig, task, partial: bo
     _, within = tables(part_points, records, part_cfg)
     summary = point_summary(done, records, cfg)
     summary["in_curve"] = summary["spec"].isin({p.spec for p in part_points})  # False: a curve still incomplete
-    return SweepResult(summary, within, thresholds, records, n_points=n, n_stored=len(stored))
+    return SweepResult(summary, within, thresholds, records, n_points=n, n_stored=len(stored),
+                       model=model, model_digest=identity.model_digest)
 
 
 def sweep_status(model, cfg: SweepConfig, out_dir, task=None) -> SweepResult | None:
     """``tabulate(..., partial=True)`` for a loaded model."""
     task = _check(model, cfg, task)
-    return tabulate(out_dir, cfg.identity(model, task), cfg, task, partial=True)
+    return tabulate(out_dir, cfg.identity(model, task), cfg, task, partial=True, model=model.name)
 
