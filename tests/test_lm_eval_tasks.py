@@ -137,7 +137,7 @@ def test_a_sweep_on_a_yaml_task_resumes_and_tabulates(tiny_model, yaml_tasks, tm
     first = run_sweep(model, cfg(), tmp_path / "s", task=task, progress=False)
     monkeypatch.setattr(ev, "evaluate_task", lambda *a, **k: pytest.fail("recomputed a stored part"))
     again = run_sweep(model, cfg(), tmp_path / "s", task=load_task(spec), progress=False)
-    stored = tabulate(tmp_path / "s", cfg().identity(model, task), cfg(), task)
+    stored = tabulate(tmp_path / "s", cfg().identity(model, task), cfg(), task, model=model.name)
     assert first.summary.equals(again.summary) and first.summary.equals(stored.summary)
     assert first.within["score_fn"].tolist() == ["ahon_ln", "random"]
 
