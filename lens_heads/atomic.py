@@ -7,12 +7,17 @@ Every results file lens_heads writes goes through here.
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import re
+import socket
 import tempfile
+import time
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
+from lens_heads.claims import pid_alive
 from lens_heads.errors import LensHeadsError
 
 
@@ -24,19 +29,69 @@ def _folder(path: Path, make_parents: bool) -> Path:
     return path.parent
 
 
+# Temp files are named for their target and their owner: .<target>.lh-<host>-<pid>-<random>.tmp
+# (.old for an old file kept aside), so a later write of the same target can tell a killed
+# writer's leftovers from a live writer's file.
+OTHER_HOST_STALE_S = 3600.0  # another host's temp untouched this long: its writer is gone
+UNOWNED_STALE_S = 60.0  # a temp without an owner in its name (older versions) this old: gone
+
+
+def owner_tag() -> str:
+    """This process's part of a temp name (``lh-<host>-<pid>-``): see ``temp_is_stale``."""
+    return f"lh-{socket.gethostname()}-{os.getpid()}-"
+
+
+def temp_is_stale(path: Path, prefix: str) -> bool:
+    """Whether the temp file or folder ``path`` (named ``prefix`` + ``owner_tag()`` + random
+    characters [+ suffix]) was left by a writer that is gone: one of this host whose pid no
+    longer runs; another host's untouched for ``OTHER_HOST_STALE_S``; one naming no owner (older
+    versions) untouched for ``UNOWNED_STALE_S``. A live writer's temp is never stale."""
+    try:
+        age = time.time() - path.stat().st_mtime
+    except FileNotFoundError:
+        return False
+    m = re.match(r"^lh-(?P<host>.+)-(?P<pid>\d+)-[^-]*$", path.name[len(prefix):])
+    if m is None:
+        return age > UNOWNED_STALE_S
+    if m["host"] == socket.gethostname():
+        return int(m["pid"]) != os.getpid() and not pid_alive(int(m["pid"]))
+    return age > OTHER_HOST_STALE_S
+
+
+def _temp(target: Path, suffix: str) -> Path:
+    """A new empty temp file beside ``target``, named for it and this process."""
+    remove_stale_temps(target)
+    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.{owner_tag()}", suffix=suffix)
+    os.close(fd)
+    return Path(name)
+
+
+def remove_stale_temps(target: Path) -> list[Path]:
+    """Remove the temp files a killed writer of ``target`` left beside it (``temp_is_stale``);
+    returns what was removed."""
+    removed = []
+    prefix = f".{target.name}."
+    for f in target.parent.glob(f"{glob.escape(prefix)}*"):
+        if f.name.endswith((".tmp", ".old")) and f.is_file() and temp_is_stale(f, prefix):
+            f.unlink(missing_ok=True)
+            removed.append(f)
+    return removed
+
+
 @contextmanager
 def atomic_path(path: str | os.PathLike, make_parents: bool = False) -> Iterator[Path]:
-    """Yield a temp path beside ``path``; on success it replaces ``path``, on error it is removed.
+    """Yield a temp path beside ``path``; on success it replaces ``path``, on error it is removed
+    (and a killed earlier writer's temps of ``path`` are removed first: ``remove_stale_temps``).
 
     For writers that want a file name (``DataFrame.to_parquet``, ``safetensors.save_file``).
     The file gets ordinary permissions (0666 & ~umask), not mkstemp's 0600.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=_folder(path, make_parents), prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    _folder(path, make_parents)
+    tmp = _temp(path, ".tmp")
     try:
         yield Path(tmp)
-        _plain_permissions(Path(tmp))
+        plain_permissions(Path(tmp))
         os.replace(tmp, path)
     finally:
         Path(tmp).unlink(missing_ok=True)
@@ -55,11 +110,11 @@ def atomic_write_all(writes: Sequence[tuple[str | os.PathLike, Callable[[str], o
     done: list[tuple[Path, Path | None]] = []  # (target, its old file kept aside, or None)
     try:
         for target, (_, write) in zip(targets, writes):
-            fd, tmp = tempfile.mkstemp(dir=_folder(target, False), prefix=f".{target.name}.", suffix=".tmp")
-            os.close(fd)
-            staged.append((Path(tmp), target))
+            _folder(target, False)
+            tmp = _temp(target, ".tmp")
+            staged.append((tmp, target))
             write(tmp)
-            _plain_permissions(Path(tmp))
+            plain_permissions(Path(tmp))
         for tmp, target in staged:
             kept = _keep_aside(target)  # a second name for the old file; the target stays in place
             done.append((target, kept))
@@ -84,9 +139,7 @@ def _keep_aside(target: Path) -> Path | None:
     """A hidden second name for ``target``'s current file (a hard link, else a copy), or None."""
     if not target.exists():
         return None
-    fd, name = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".old")
-    os.close(fd)
-    kept = Path(name)
+    kept = _temp(target, ".old")
     kept.unlink()
     try:
         os.link(target, kept)
@@ -97,7 +150,7 @@ def _keep_aside(target: Path) -> Path | None:
     return kept
 
 
-def _plain_permissions(path: Path) -> None:
+def plain_permissions(path: Path) -> None:
     """Ordinary permissions (0666 & ~umask), not mkstemp's 0600."""
     umask = os.umask(0)
     os.umask(umask)

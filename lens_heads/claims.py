@@ -35,7 +35,8 @@ def claim_path(record: Path) -> Path:
     return Path(str(record) + ".claim")
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether process ``pid`` runs on this host."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -71,7 +72,7 @@ def is_stale(path: Path, stale_s: float = STALE_S) -> bool:
     if info is None:  # half-written or garbled: judged by its age alone
         return False
     if info.get("host") == socket.gethostname():  # a dead pid here needs no waiting
-        return not _alive(info["pid"]) or (info["pid"] == os.getpid() and claim_path(path) not in _held)
+        return not pid_alive(info["pid"]) or (info["pid"] == os.getpid() and claim_path(path) not in _held)
     return False
 
 

@@ -7,8 +7,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -304,17 +306,76 @@ def test_cli_repair_resume_with_other_lr_is_refused(tiny_model_dir, tmp_path, ca
 # 5: a killed export's temp folder goes with the next run
 
 
+def _dead_pid() -> int:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    return p.pid
+
+
+def _aged(path: Path, seconds: float = 600) -> Path:
+    t = time.time() - seconds
+    os.utime(path, (t, t))
+    return path
+
+
 def test_stale_export_temp_is_removed(tiny_model, tmp_path):
+    """A killed export's staging folder goes (this host's dead pid; an unowned one from an older
+    version once it is a minute old); a live export's stays; the files get plain permissions."""
     from lens_heads.surgery import export_model
 
     out = tmp_path / "exported"
-    stale = out / ".export.abc123"
-    stale.mkdir(parents=True)
-    (stale / "model.safetensors").write_bytes(b"\0" * 1024)
+    host = socket.gethostname()
+    stale = [out / f".export.lh-{host}-{_dead_pid()}-k1ll3d_x", out / ".export.abc123"]
+    live = out / f".export.lh-{host}-{os.getppid()}-l1ve0000"
+    for d in (*stale, live):
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"\0" * 1024)
+    _aged(stale[1])
     model = tiny_model("llama")
     export_model(model.load_hf_model(), model.tokenizer, out)
-    assert not stale.exists() and (out / "config.json").is_file()
-    assert not [p for p in out.iterdir() if p.name.startswith(".")]
+    assert not any(d.exists() for d in stale) and live.is_dir() and (out / "config.json").is_file()
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == [live.name]
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in out.iterdir() if f.is_file()} == \
+           {f.name: oct(0o666 & ~umask) for f in out.iterdir() if f.is_file()}
+
+
+def test_a_killed_prune_does_not_block_its_rerun(tiny_model_dir, tmp_path, capsys):
+    """The only thing in --out is a killed prune's staging folder: the rerun removes it and
+    prunes; a live prune's staging folder still makes the folder 'not empty'."""
+    out = tmp_path / "pruned"
+    killed = out / f".export.lh-{socket.gethostname()}-{_dead_pid()}-k1ll3d_x"
+    killed.mkdir(parents=True)
+    (killed / "model.safetensors").write_bytes(b"\0" * 4096)
+    assert cli_main(["prune", str(tiny_model_dir("llama")), "--heads", "0.1", "--out", str(out)]) == 0
+    assert not killed.exists() and (out / "model.safetensors").is_file()
+    live_out = tmp_path / "busy"
+    (live_out / f".export.lh-{socket.gethostname()}-{os.getppid()}-l1ve0000").mkdir(parents=True)
+    _rejected(["prune", str(tiny_model_dir("llama")), "--heads", "0.1", "--out", str(live_out)], capsys,
+              "is not empty", folder=live_out)
+
+
+def test_a_killed_writers_temp_files_are_removed_by_the_next_write(tiny_model_dir, tmp_path, shared_data,
+                                                                  monkeypatch):
+    """``score --out`` killed just before its rename leaves a temp file beside the CSV; the next
+    write of that file removes it (a dead writer of this host, an unowned temp a minute old),
+    never a live writer's."""
+    monkeypatch.setenv("LENS_HEADS_DATA", str(shared_data))
+    out = tmp_path / "scores.csv"
+    host = socket.gethostname()
+    dead = tmp_path / f".scores.csv.lh-{host}-{_dead_pid()}-abcd1234.tmp"
+    unowned = tmp_path / ".scores.csv.x1y2z3w4.tmp"
+    kept_aside = tmp_path / f".scores.csv.lh-{host}-{_dead_pid()}-efgh5678.old"
+    live = tmp_path / f".scores.csv.lh-{host}-{os.getppid()}-l1ve0000.tmp"
+    fresh_unowned = tmp_path / ".scores.csv.q9r8s7t6.tmp"
+    for f in (dead, unowned, kept_aside, live, fresh_unowned):
+        f.write_text("half")
+    _aged(unowned)
+    assert cli_main(["score", str(tiny_model_dir("llama")), "--data", "c4", "--n-inputs", "2", "--max-len", "16",
+                     "--scores", "ahon_ln", "--out", str(out)]) == 0
+    assert out.is_file() and not dead.exists() and not unowned.exists() and not kept_aside.exists()
+    assert live.exists() and fresh_unowned.exists()
 
 
 # -----------------------------------------------------------------------------

@@ -38,8 +38,12 @@ def run(args) -> int:
     check_output_dir(args.out)
     from pathlib import Path
 
-    if Path(args.out).is_dir() and any(Path(args.out).iterdir()):
-        raise LensHeadsError(f"--out {args.out} is not empty: give a new or empty folder")
+    if Path(args.out).is_dir():
+        from lens_heads.surgery.export import remove_stale_exports
+
+        remove_stale_exports(Path(args.out))  # a killed run's staging folder does not block its rerun
+        if any(Path(args.out).iterdir()):
+            raise LensHeadsError(f"--out {args.out} is not empty: give a new or empty folder")
     check_positive(args, "limit", "n_boot", "n_inputs")
     check_positive(args, "max_len", minimum=2)
     heads = sorted(set(parse_heads(args.heads, None))) if args.heads is not None else None

@@ -12,6 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from lens_heads.atomic import owner_tag, plain_permissions, temp_is_stale
 from lens_heads.errors import LensHeadsError
 
 
@@ -26,13 +27,26 @@ def check_out_dir(out_dir: str | os.PathLike, source) -> Path:
     return out
 
 
+EXPORT_PREFIX = ".export."  # the staging folder of an export in progress, inside the output folder
+
+
+def remove_stale_exports(out: Path) -> list[Path]:
+    """Remove the staging folders a killed export left in ``out`` (``atomic.temp_is_stale``: a
+    live export's stays); returns what was removed."""
+    removed = []
+    for stale in Path(out).glob(f"{EXPORT_PREFIX}*"):
+        if stale.is_dir() and temp_is_stale(stale, EXPORT_PREFIX):
+            shutil.rmtree(stale, ignore_errors=True)
+            removed.append(stale)
+    return removed
+
+
 def export_model(hf_model, tokenizer, out_dir: str | os.PathLike, extra_files: dict[str, str] | None = None) -> Path:
     """``save_pretrained`` of the model and tokenizer (plus ``extra_files``: name -> text) into ``out_dir``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    for stale in out.glob(".export.*"):  # left by a run killed mid-export
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".export.", dir=out))
+    remove_stale_exports(out)
+    tmp = Path(tempfile.mkdtemp(prefix=f"{EXPORT_PREFIX}{owner_tag()}", dir=out))
     try:
         for p in hf_model.parameters():
             p.requires_grad_(False)
@@ -41,6 +55,7 @@ def export_model(hf_model, tokenizer, out_dir: str | os.PathLike, extra_files: d
         for name, text in (extra_files or {}).items():
             (tmp / name).write_text(text, encoding="utf-8")
         for f in tmp.iterdir():
+            plain_permissions(f)  # 0666 & ~umask, as every other file: others on a shared cluster read the weights
             os.replace(f, out / f.name)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
