@@ -161,6 +161,27 @@ def test_bad_inputs_rejected_before_the_model_loads(tmp_path, bad_files, no_mode
     assert not (work / "r").exists() and not (work / "s").exists() and not (work / "dm").exists()
 
 
+def test_head_ranges_are_checked_from_the_config_before_the_model_loads(tiny_model_dir, no_model, capsys,
+                                                                       tmp_path, shared_data, monkeypatch):
+    """A head outside the model, or a prune emptying a layer, is rejected from the config alone
+    (2 layers x 4 heads here), before any weights load."""
+    monkeypatch.setenv("LENS_HEADS_DATA", str(shared_data))
+    model = str(tiny_model_dir("llama"))
+    work = tmp_path / "work"
+    work.mkdir()
+    out = ["--out", str(work / "o")]
+    for argv, needles in [
+        (["prune", model, "--heads", "99.0", *out], ["head 99.0 out of range", "2 layers x 4 heads"]),
+        (["prune", model, "--heads", "1.9", *out], ["head 1.9 out of range"]),
+        (["prune", model, "--heads", "0.0,0.1,0.2,0.3", *out], ["every head of layer 0", "--allow-empty-layers"]),
+        (["lm-eval", model, "--tasks", "arc_easy", "--ablate", "static:99.0", *out], ["head 99.0 out of range"]),
+        (["evaluate", model, "--task", "piqa", "--ablate", "static:0.7"], ["head 0.7 out of range"]),
+        (["sweep", model, "--task", "piqa", "--ablate", "static:5.0", *out], ["head 5.0 out of range"]),
+        (["repair", model, "--heads", "3.1", "--data", "c4-train", *out], ["head 3.1 out of range"]),
+    ]:
+        _rejected(argv, capsys, *needles, folder=work)
+
+
 def test_unwritable_output_folder_for_every_subcommand(immutable, no_model, capsys, shared_data, monkeypatch):
     monkeypatch.setenv("LENS_HEADS_DATA", str(shared_data))
     m = "smollm2-135m"

@@ -63,6 +63,15 @@ def placement_from_args(args) -> dict:
             "offload_folder": args.offload_folder if needs_disk or args.offload_folder else None}
 
 
+def config_geometry(args):
+    """The model's head geometry from its config alone, before any weights load
+    (``models.load.peek_geometry``): head ranges are checked against it; None where reading
+    it would need the weights (then they are checked once the model is loaded)."""
+    from lens_heads.models.load import peek_geometry
+
+    return peek_geometry(args.model, getattr(args, "revision", None))
+
+
 def model_from_args(args):
     """The model the arguments name, placed as they say."""
     from lens_heads.models import load_model

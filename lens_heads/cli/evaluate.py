@@ -9,7 +9,7 @@ sweep (``lens-heads sweep``, same ``--limit`` / ``--seed`` / ``--n-shot``) measu
 from __future__ import annotations
 
 from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
-                                   model_from_args, protocol_from_args)
+                                   config_geometry, model_from_args, protocol_from_args)
 
 
 def register(sub) -> None:
@@ -59,7 +59,7 @@ def run(args) -> int:
     if percent is not None:
         resolve_score_ids([percent[0]])
     elif args.ablate is not None:
-        parse_ablation(args.ablate, None)  # syntax and score names; head ranges once the model is loaded
+        parse_ablation(args.ablate, config_geometry(args))  # syntax, score names and head ranges, before loading
     check_protocol_args(args)
     from lens_heads.replacement import parse_replacement
 

@@ -10,7 +10,7 @@ checked before the model loads; nothing is written unless the whole run succeeds
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_model_args, check_positive, model_from_args
+from lens_heads.cli.common import add_model_args, check_positive, config_geometry, model_from_args
 
 
 def register(sub) -> None:
@@ -138,7 +138,7 @@ def run(args) -> int:
             raise LensHeadsError(f"--ablate {args.ablate.strip()}: a percentage needs a threshold calibrated on "
                                  f"inputs; give score:ID@THRESHOLD (lens-heads evaluate --ablate "
                                  f"{args.ablate.strip()} prints the threshold it takes)")
-        if parse_ablation(args.ablate, None).needs_task:  # syntax and score names; head ranges once loaded
+        if parse_ablation(args.ablate, config_geometry(args)).needs_task:  # syntax, names, head ranges
             from lens_heads.lm_eval_model import NEEDS_TASK
 
             raise LensHeadsError(f"--ablate {args.ablate.strip()}: {NEEDS_TASK}")

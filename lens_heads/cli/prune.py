@@ -3,7 +3,8 @@ remove heads physically, export the smaller model, and (``--eval``) measure what
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_data_args, add_model_args, check_positive, model_from_args, no_texts
+from lens_heads.cli.common import add_data_args, add_model_args, check_positive, config_geometry, model_from_args, \
+    no_texts
 
 
 def register(sub) -> None:
@@ -32,7 +33,7 @@ def run(args) -> int:
     from lens_heads.atomic import check_output_dir
     from lens_heads.errors import LensHeadsError
     from lens_heads.interventions import parse_heads
-    from lens_heads.prune import REPORT_FILE, PruneSelection, prune, save_pruned
+    from lens_heads.prune import REPORT_FILE, PruneSelection, check_prunable, prune, save_pruned
 
     # every check that needs no model first; nothing is written until they pass
     check_output_dir(args.out)
@@ -49,6 +50,13 @@ def run(args) -> int:
     heads = sorted(set(parse_heads(args.heads, None))) if args.heads is not None else None
     if heads is not None and not heads:
         raise LensHeadsError("--heads is empty: nothing to prune")
+    geometry = config_geometry(args)
+    if geometry is not None:
+        from lens_heads.prune import plan_prune
+
+        check_prunable(geometry)
+        if heads is not None:  # head ranges and emptied layers, from the config, before the weights load
+            plan_prune(geometry, heads, allow_empty_layers=args.allow_empty_layers)
     selection = PruneSelection.parse(args.select) if args.select is not None else None
     texts = None
     if selection is not None:
@@ -65,8 +73,6 @@ def run(args) -> int:
     if args.device_map is not None:
         raise LensHeadsError("pruning copies the model onto one device: give --device, not --device-map")
     model = model_from_args(args)
-    from lens_heads.prune import check_prunable
-
     check_prunable(model.geometry, model.hf_model.config)  # before any scoring
     if selection is not None:
         from lens_heads.data import tokenize_texts

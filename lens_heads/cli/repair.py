@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_model_args, check_positive, model_from_args, no_texts
+from lens_heads.cli.common import add_model_args, check_positive, config_geometry, model_from_args, no_texts
 
 
 def register(sub) -> None:
@@ -66,7 +66,7 @@ def run(args) -> int:
     if not (math.isfinite(args.lr) and args.lr > 0):
         raise LensHeadsError(f"--lr must be a positive number, got {args.lr}")
     if args.heads is not None:
-        parse_heads(args.heads, None)  # syntax now, ranges once the model is loaded
+        parse_heads(args.heads, config_geometry(args))  # syntax and ranges (from the config), before loading
     check_output_dir(args.out)
     texts = load_texts(args.data, n=args.n_train_docs)  # data files are read before the model loads
     if args.eval_data is None and len(texts) <= args.n_eval:

@@ -10,7 +10,7 @@ loaded, ablation specs parsed) before anything is written.
 from __future__ import annotations
 
 from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
-                                   model_from_args, protocol_from_args)
+                                   config_geometry, model_from_args, protocol_from_args)
 
 
 def register(sub) -> None:
@@ -131,8 +131,9 @@ def run(args) -> int:
         raise LensHeadsError(f"--n-boot must be >= 1, got {args.n_boot}")
     if not score_ids and not cfg.random_seeds and not cfg.extra_ablations and not cfg.static_ids:
         raise LensHeadsError("nothing to sweep: give --scores, --static, --random-seeds > 0 or --ablate")
+    geometry = config_geometry(args) if cfg.extra_ablations else None
     for spec in cfg.extra_ablations:
-        parse_ablation(spec, None)  # syntax and score names now; head ranges once the model is loaded
+        parse_ablation(spec, geometry)  # syntax, score names and head ranges (from the config), before loading
     check_positive(args, "workers", "cpus_per_worker", "slurm_time", "array_parallelism", "score_shards")
     check_positive(args, "slurm_retries", "gpus_per_task", minimum=0)
     if args.gpus_per_worker < 0:

@@ -333,6 +333,37 @@ def _forget_gguf_quantizer(model) -> None:
                 delattr(obj, attr)
 
 
+def peek_geometry(spec: str | os.PathLike, revision: str | None = None) -> HeadGeometry | None:
+    """The head geometry of ``spec`` read from its config alone, no weights loaded (so head
+    ranges are checked before a model loads), or None where that needs more than a config: a
+    zoo model or GGUF file not converted yet, a hub id not in the local cache. Errors in the
+    spec itself (a missing file, a folder without config.json) are raised as ``load_model``
+    would raise them."""
+    from transformers import AutoConfig
+
+    spec = str(spec)
+    check_revision(spec, revision)
+    if spec in zoo.ZOO:
+        folder = zoo.cache_dir() / f"hf-{zoo.ZOO[spec].sha256[:16]}"  # converted_dir of the zoo's GGUF
+        path = str(folder) if (folder / "CONVERTED_FROM").is_file() else None
+    elif spec.endswith(".gguf"):
+        converted = converted_dir(resolve_source(spec))
+        path = str(converted) if converted is not None and (converted / "CONVERTED_FROM").is_file() else None
+    elif Path(spec).expanduser().is_dir():
+        path = str(resolve_source(spec).path)
+    else:
+        path = spec if re.fullmatch(r"[\w.-]+/[\w.-]+", spec) else None
+    if path is None:
+        return None
+    try:
+        with _quiet():
+            config = AutoConfig.from_pretrained(path, **({"revision": revision} if revision else {}),
+                                                **({} if Path(path).is_dir() else {"local_files_only": True}))
+    except (OSError, ValueError):  # not cached, or not a config transformers reads: load_model will say
+        return None
+    return HeadGeometry.from_config(config)
+
+
 def load_hf(source: ModelSource, dtype: torch.dtype, device: str = "cpu", placement: Placement | None = None):
     """Load the plain HF model and tokenizer (eager attention) from a ModelSource, on ``device``
     or placed by ``placement``'s device map."""
