@@ -100,7 +100,8 @@ def main() -> int:
     from lens_heads import load_model
     from lens_heads.data import load_task
     from lens_heads.atomic import atomic_write_text
-    from lens_heads.evaluate import evaluate_task, select_records
+    from lens_heads.task_requests import select_records
+    from lens_heads.evaluate import evaluate_task
 
     model = load_model(args.model, dtype=args.dtype)
     lm = HFLM(pretrained=model.load_hf_model(), tokenizer=model.tokenizer, batch_size=args.batch_size)

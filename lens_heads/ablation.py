@@ -41,6 +41,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
+from lens_heads.engine import RowKey
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import HookFn, hook_name
 from lens_heads.interventions import (ABLATION_FORMS, Head, NoHeads, RandomHeads, ScoreThreshold,  # noqa: F401
@@ -329,10 +330,8 @@ class TaskScoreAblation(ScoreAblation):
             self._table.update(atp_table(model, task, todo, n_shot, seed, self.replacement, protocol))
 
     def hooks(self, model, attention_mask, row_keys) -> Hooks:
-        from lens_heads.evaluate import _KEY_STRIDE
-
         g = self.geometry
-        docs = [int(k) // _KEY_STRIDE for k in row_keys]
+        docs = [RowKey.parse(k).doc_id for k in row_keys]
         missing = sorted({d for d in docs if d not in self._table})
         if missing:
             raise LensHeadsError(f"ablation {self.name}: no atp for question(s) {missing[:3]}; a task-level "

@@ -35,61 +35,42 @@ from __future__ import annotations
 import contextlib
 import math
 import os
-import threading
 from typing import Any, Sequence
 
 import torch
-import torch.nn.functional as F
 from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
+from torch import Tensor
 
-import lens_heads.evaluate as _engine
+from lens_heads.engine import Observer, RowKey, encode_pair, loglikelihoods_tokens, max_length, prefix_token_id, \
+    tok_encode
 from lens_heads.errors import LensHeadsError
-from lens_heads.evaluate import _tok_encode, encode_pair, loglikelihoods_tokens, max_length, prefix_token_id
 from lens_heads.hooks import run_with_hooks
 
-KEY_STRIDE = 1000  # row key = doc_id * KEY_STRIDE + idx, as evaluate_task's doc_id * 1000 + choice
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval HFLM's default
-_PATCH_LOCK = threading.Lock()
 _RAW_ARGS = ("pretrained", "ablation")  # model_args kept as the strings given
 
 
 def request_keys(requests: Sequence[Any]) -> list[int]:
-    """One stable row key per request: ``doc_id * 1000 + idx``, or the position in the list when
+    """One stable row key per request: ``RowKey(doc_id, idx)``, or the position in the list when
     some request lacks a usable ``doc_id`` / ``idx`` (module docstring)."""
     keys = []
     for req in requests:
         doc, idx = getattr(req, "doc_id", None), getattr(req, "idx", 0)
-        if not isinstance(doc, int) or doc < 0 or not isinstance(idx, int) or not 0 <= idx < KEY_STRIDE:
+        if not RowKey.fits(doc, idx):
             return list(range(len(requests)))
-        keys.append(doc * KEY_STRIDE + idx)
+        keys.append(int(RowKey(doc, idx)))
     return keys
 
 
-@contextlib.contextmanager
-def _greedy_flags(flags: list[bool | None]):
-    """Within the block, every scoring step of the engine also fills ``flags[request]`` with
-    lm-eval's ``is_greedy``: each continuation token is the argmax of the float32 log-softmax
-    at the position that predicts it, from the very logits the engine scores (its
-    ``_score_rows`` is wrapped; the log-likelihood sums are untouched)."""
-    original = _engine._score_rows
-
-    def score_rows(out, rows, logits, positions, ends):
-        original(out, rows, logits, positions, ends)
-        index = {int(p): j for j, p in enumerate(positions.tolist())}
-        for b, row in enumerate(rows):
-            n = row.n_read
-            cols = [index[p] for p in range(ends[b] - n, ends[b])]
-            top = F.log_softmax(logits[b, cols].float(), dim=-1).argmax(dim=-1).cpu()  # [n]
-            for req, cont in row.reads:
-                flags[req] = bool(torch.equal(top[n - len(cont):], torch.tensor(cont, dtype=top.dtype)))
-
-    with _PATCH_LOCK:
-        _engine._score_rows = score_rows
-        try:
-            yield flags
-        finally:
-            _engine._score_rows = original
+def greedy_observer(flags: list[bool | None]) -> Observer:
+    """An engine observer filling ``flags[request]`` with lm-eval's ``is_greedy``: each
+    continuation token is the argmax of the float32 log-softmax at the position that predicts
+    it, from the very log-probabilities the engine sums."""
+    def observe(request: int, logprobs: Tensor, continuation: list[int]) -> None:
+        top = logprobs.argmax(dim=-1).cpu()  # [len(continuation)]
+        flags[request] = bool(torch.equal(top, torch.tensor(continuation, dtype=top.dtype)))
+    return observe
 
 
 def _parse_model_args(arg_string: str) -> dict[str, Any]:
@@ -278,15 +259,14 @@ class LensHeadsLM(LM):
     def loglikelihood(self, requests, disable_tqdm: bool = False) -> list[tuple[float, bool]]:
         """``(sum log p(continuation | context), is_greedy)`` per request, as lm-eval's HFLM.
 
-        Tokenisation is ``evaluate.encode_pair`` (HFLM's ``loglikelihood`` + ``_encode_pair``,
+        Tokenisation is ``engine.encode_pair`` (HFLM's ``loglikelihood`` + ``_encode_pair``,
         empty context -> the prefix token); the sums come from lens_heads' engine
-        (``evaluate.loglikelihoods_tokens``: left truncation to ``max_length``, float32
+        (``engine.loglikelihoods_tokens``: left truncation to ``max_length``, float32
         log-softmax, shared-input dedup and prefix K/V reuse where the ablation allows it), with
         the ablation's hooks on every forward and ``request_keys`` as row keys.
 
-        ``is_greedy``: the engine returns sums only, so it is taken inside the engine's own
-        scoring step (``_greedy_flags`` wraps ``evaluate._score_rows`` for the call): from the
-        same logits, at the same positions, each continuation token must equal the argmax of the
+        ``is_greedy``: taken inside the engine's own scoring step by an observer
+        (``greedy_observer``): from the same logits, at the same positions, each continuation token must equal the argmax of the
         float32 log-softmax -- lm-eval's ``greedy_tokens == cont_toks`` on its log-softmax (ties:
         the first index, as ``argmax``). No second forward, so the flag and the sum can never
         come from different logits.
@@ -297,11 +277,12 @@ class LensHeadsLM(LM):
         encoded = [encode_pair(self.tokenizer, *req.args, memo=memo, add_bos=self.add_bos_token)
                    for req in requests]
         flags: list[bool | None] = [None] * len(requests)
-        with self._counting(), _greedy_flags(flags):
+        with self._counting():
             lls = loglikelihoods_tokens(self.model, encoded, self.ablation, self.batch_size,
-                                        self.progress and not disable_tqdm, keys=request_keys(requests))
-        if any(f is None for f in flags):  # the engine's scoring step changed under us
-            raise LensHeadsError("internal: lens_heads.evaluate scored a request without the greedy check")
+                                        self.progress and not disable_tqdm, keys=request_keys(requests),
+                                        observer=greedy_observer(flags))
+        if any(f is None for f in flags):  # every scored request is observed
+            raise LensHeadsError("internal: the engine scored a request without observing it")
         out = [(float(ll), bool(g)) for ll, g in zip(lls, flags)]
         for req, answer in zip(requests, out):
             self.cache_hook.add_partial("loglikelihood", req.args, answer)
@@ -338,7 +319,7 @@ class LensHeadsLM(LM):
         encoded, owner = [], []
         for i, req in enumerate(requests):
             (string,) = req.args
-            tokens = _tok_encode(self.tokenizer, string, add_bos=self.add_bos_token)
+            tokens = tok_encode(self.tokenizer, string, add_bos=self.add_bos_token)
             for window in get_rolling_token_windows(token_list=tokens, prefix_token=self.prefix_token_id,
                                                     max_seq_len=self.max_length, context_len=1):
                 encoded.append(make_disjoint_window(window))

@@ -57,6 +57,7 @@ def test_batcher_halves_a_batch_that_runs_out_of_memory_and_keeps_the_smaller_si
 
 
 def test_evaluation_and_scores_recover_from_a_simulated_oom(tiny_model, monkeypatch):
+    import lens_heads.engine as engine
     import lens_heads.evaluate as ev
     import lens_heads.hooks as hooks
     import lens_heads.scores.dataset as ds
@@ -75,7 +76,7 @@ def test_evaluation_and_scores_recover_from_a_simulated_oom(tiny_model, monkeypa
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(model_, ids, *a, **k)
 
-    monkeypatch.setattr(ev, "run_with_hooks", tight)
+    monkeypatch.setattr(engine, "run_with_hooks", tight)
     monkeypatch.setattr(ds, "run_with_hooks", tight)
     got = ev.loglikelihoods(model, reqs, batch_size="auto", progress=False)
     assert max(calls) > 2 and got == pytest.approx(ref, abs=1e-4)

@@ -16,17 +16,9 @@ import torch
 
 from lens_heads.data import load_task
 from lens_heads.errors import LensHeadsError
-from lens_heads.evaluate import (
-    _build_rows,
-    _prefix_groups,
-    encode_pair,
-    evaluate_task,
-    loglikelihoods,
-    loglikelihoods_tokens,
-    perplexity,
-    select_records,
-    task_inputs,
-)
+from lens_heads.engine import build_rows, encode_pair, loglikelihoods_tokens, prefix_groups
+from lens_heads.evaluate import evaluate_task, loglikelihoods, perplexity
+from lens_heads.task_requests import select_records, task_inputs
 
 ARCHS = ["llama", "gemma3", "bloom", "gpt2", "qwen3", "phi3", "gpt_neox"]  # the last three: outside the table
 
@@ -129,8 +121,8 @@ def test_speed_paths_equal_plain_path(arch, tiny_model, shared_data):
     shared = "The capital of France is Paris. The capital of Italy is Rome. " * 2
     for q in ["Question: A B C D?", "Question: Paris?", "Question: Rome?", "Question: egg?"]:
         encoded.extend(encode_pair(tok, shared + q, x) for x in [" Answer: A", " Answer: the capital"])
-    rows = _build_rows(model, encoded, list(range(len(encoded))))
-    groups, _ = _prefix_groups(rows, 8)
+    rows = build_rows(model, encoded, list(range(len(encoded))))
+    groups, _ = prefix_groups(rows, 8)
     assert len(groups) >= 5 and any(len(g) >= 4 for _, g in groups)
     plain = loglikelihoods_tokens(model, encoded, progress=False, reuse_prefix=False, last_only=False, batch_size=5)
     last = loglikelihoods_tokens(model, encoded, progress=False, reuse_prefix=False, batch_size=5)
@@ -152,7 +144,7 @@ def test_single_token_choices_read_from_one_forward(tiny_model, shared_data):
     reqs = [(ctx, w) for w in words if len(encode_pair(model.tokenizer, ctx, w)[1]) == 1]
     assert len(reqs) >= 3
     encoded = [encode_pair(model.tokenizer, c, x) for c, x in reqs]
-    assert len(_build_rows(model, encoded, list(range(len(reqs))))) == 1
+    assert len(build_rows(model, encoded, list(range(len(reqs))))) == 1
     together = loglikelihoods(model, reqs, progress=False)
     alone = [loglikelihoods(model, [r], progress=False, last_only=False)[0] for r in reqs]
     assert together == pytest.approx(alone, abs=1e-5)

@@ -651,7 +651,8 @@ def test_static_curves_zero_the_least_active_heads_by_each_ranking(tiny_model, t
     every input: the sets equal HeadScores.least_active of an independent scoring pass, each
     point's accuracy equals evaluate_task with that set, and the tables come back from the store."""
     from lens_heads.data import load_task
-    from lens_heads.evaluate import evaluate_task, task_inputs
+    from lens_heads.task_requests import task_inputs
+    from lens_heads.evaluate import evaluate_task
     from lens_heads.interventions import StaticHeads, parse_spec
     from lens_heads.scores import score_heads
     from lens_heads.scores.attribution import atp_scores

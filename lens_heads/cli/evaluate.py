@@ -90,7 +90,7 @@ def run(args) -> int:
         spec = score_ablation_spec(percent[0], tau, protocol.strict)
         print(f"{args.ablate.strip()}: threshold {tau!r} from {args.thresholds_file} ({args.thresholds_model})")
     elif percent is not None:
-        from lens_heads.evaluate import task_inputs
+        from lens_heads.task_requests import task_inputs
         from lens_heads.thresholds import calibrated_spec
 
         inputs = task_inputs(model, task, args.n_shot, args.limit, args.seed, protocol)

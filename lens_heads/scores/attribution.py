@@ -87,7 +87,8 @@ def atp_table(model, task, records, n_shot: int, seed: int, replacement=None, pr
     question, cached on disk per question (``lens_heads.cache``, ``atp/``): the key is the
     weights' digest, the dtype, the exact context and continuation, and the replacement."""
     from lens_heads.cache import cache_dir, cached_tensors
-    from lens_heads.evaluate import _chat, _task_requests, encode_pair
+    from lens_heads.engine import encode_pair
+    from lens_heads.task_requests import chat_format, task_requests
     from lens_heads.hashing import sha256_bytes
     from lens_heads.models.load import model_digest
     from lens_heads.progress import progress_bar
@@ -96,7 +97,7 @@ def atp_table(model, task, records, n_shot: int, seed: int, replacement=None, pr
     if runtime is not None:
         runtime.means(model)
     add_bos = None if protocol is None else protocol.add_bos_token
-    reqs, _, spans = _task_requests(task, records, n_shot, seed, _chat(model, protocol))
+    reqs, _, spans = task_requests(task, records, n_shot, seed, chat_format(model, protocol))
     digest, rep_name = model_digest(model), "zero" if runtime is None else str(runtime.spec)
     out: dict[int, Tensor] = {}
     bar = progress_bar(len(records), "attribution patching", enabled=progress, unit="question")
@@ -120,7 +121,7 @@ def atp_scores(model, task, n_shot: int | None = None, limit: int | None = None,
     input (question, in ``select_records`` order) the score ``|atp|``, dataset-level its mean;
     ``meta["signed_mean"]`` is the mean of the signed estimate."""
     from lens_heads.data import load_task
-    from lens_heads.evaluate import select_records
+    from lens_heads.task_requests import select_records
     from lens_heads.models.load import model_digest
     from lens_heads.scores.dataset import HeadScores
 

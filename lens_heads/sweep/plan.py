@@ -238,7 +238,7 @@ class SweepPlan:
     @classmethod
     def build(cls, identity: RunIdentity, cfg: SweepConfig, task, thresholds: Thresholds,
               static: StaticScores | None = None) -> "SweepPlan":
-        from lens_heads.evaluate import select_records
+        from lens_heads.task_requests import select_records
 
         points = plan_points(cfg, thresholds, static)
         return cls(identity, cfg, thresholds, points, compute_order(points, cfg.first),

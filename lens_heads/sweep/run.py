@@ -70,7 +70,7 @@ def scoring_pass(model, task, cfg: SweepConfig, progress: bool,
     ``n_inputs`` counts them) and ``atp`` over the questions' gold requests, with the sweep's
     replacement (docs/methods.md §3); and the dataset-level means of ``rankings`` (score ids,
     ``atp``, ``random@SEED``) that static curves rank heads by."""
-    from lens_heads.evaluate import task_inputs
+    from lens_heads.task_requests import task_inputs
     from lens_heads.scores import score_heads
     from lens_heads.scores.attribution import SCORE_ID as ATP, atp_scores
     from lens_heads.thresholds import thresholds_of

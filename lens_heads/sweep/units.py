@@ -70,7 +70,7 @@ def run_score_shard(model, task, identity: RunIdentity, cfg: SweepConfig, store:
                     n_shards: int) -> Outcome:
     """Score shard ``index`` of ``n_shards`` and store its per-input scores (with their input
     positions), unless it or the thresholds are stored or another live process holds it."""
-    from lens_heads.evaluate import task_inputs
+    from lens_heads.task_requests import task_inputs
     from lens_heads.scores import score_heads
     from lens_heads.thresholds import scoring_shards
 

@@ -1,0 +1,369 @@
+"""The engine: every forward lens_heads runs to score text, and the public surface the rest of
+the package calls for it -- evaluate, perplexity, the lm-eval adapter, attribution patching
+and the sweep (docs/methods.md §4, docs/architecture.md). Attention backends plug in below it
+(``hooks.run_with_hooks``).
+
+Log-likelihood of a request ``(context, continuation)`` (lm-eval ``TemplateLM.loglikelihood``
++ ``HFLM._loglikelihood_tokens``, reproduced exactly):
+
+1. trailing whitespace of the context moves to the front of the continuation;
+2. ``ctx = encode(context)``, ``cont = encode(context + continuation)[len(ctx):]`` with the
+   tokenizer's default special tokens, or ``add_special_tokens=add_bos_token`` when the
+   protocol sets lm-eval's ``add_bos_token`` (none if the string already starts with the BOS
+   text); an empty context becomes the prefix token (BOS, else EOS);
+3. the model reads ``(ctx + cont)[-(max_length + 1):][:-1]`` (left truncation) and the score
+   is the sum over the continuation tokens of log-softmax (float32) at the positions that
+   predict them (lm-eval takes the log-softmax in the logits' dtype unless
+   ``softmax_dtype`` is set; identical in float32, more accurate here in bfloat16).
+   ``max_length`` = config ``n_positions`` / ``max_position_embeddings`` /
+   ``n_ctx``, else the tokenizer's ``model_max_length``, else 2048.
+
+Speed, without changing what is computed:
+
+* Requests with the same model input are run once (lm-eval's "one-token continuation" cache:
+  MMLU's four letters are read from one distribution, one forward per question).
+* Only the logits at positions that score a continuation token are computed
+  (HF ``logits_to_keep``); the unembedding over the whole prompt is skipped.
+* Inputs are batched longest-first with right padding.
+* When the ablation's zeroed set does not depend on the input (``reuses_prefix``: none /
+  static), inputs sharing a long token prefix (an MMLU subject's description + shots, the
+  two WinoGrande options' shots, a PIQA question) are grouped; the shared prefix is run once
+  (with the ablation hooks) and its keys/values are reused for every suffix
+  (``bridge(..., past_key_values=...)``). Groups come from the tokens alone: inputs are sorted
+  lexicographically and adjacent inputs join a group while their common prefix stays at
+  least ``MIN_PREFIX`` tokens and at least half of the group's current one.
+
+Ablation hooks run on every forward (prefix and suffix). ``hooks(model, attention_mask,
+row_keys)`` receives the mask of the tokens in *that* forward ([batch, pos], the suffix only
+in a cached forward) and one stable key per row (``RowKey``): a task's request for choice
+``c`` of document ``d`` is ``RowKey(d, c)``, so a random ablation draws the same heads for an
+item whatever ``limit``, batching or grouping is used. Whoever needs more than the sums (the
+lm-eval adapter's ``is_greedy``) passes an ``observer``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Sequence
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float
+from torch import Tensor
+
+from lens_heads.batching import Batcher, parse_batch_size
+from lens_heads.data.corpora import iter_batches, pad_batch
+from lens_heads.errors import LensHeadsError
+from lens_heads.hooks import run_with_hooks
+from lens_heads.progress import progress_bar
+
+MIN_PREFIX = 32  # shortest shared prefix (tokens) worth a cached forward
+_TOKENIZER_INFINITY = 1000000000000000019884624838656
+_DEFAULT_MAX_LENGTH = 2048
+
+#: ``observer(request, logprobs, continuation)``: a request's float32 log-softmax rows
+#: [len(continuation), vocab] at the positions that predict its continuation tokens.
+Observer = Callable[[int, Float[Tensor, "n vocab"], list[int]], object]
+
+
+@dataclass(frozen=True, order=True)
+class RowKey:
+    """The stable key of a request: choice ``choice`` of document ``doc_id``, carried through
+    the engine as one integer (``int(key)`` prints it, ``RowKey.parse`` reads it back). What a
+    random ablation's draw and a per-question table depend on."""
+
+    doc_id: int
+    choice: int = 0
+    STRIDE: ClassVar[int] = 1000  # choices per document
+
+    def __post_init__(self) -> None:
+        if self.doc_id < 0 or not 0 <= self.choice < self.STRIDE:
+            raise LensHeadsError(f"row key ({self.doc_id}, {self.choice}): a document id >= 0 and a choice in "
+                                 f"[0, {self.STRIDE}) (at most {self.STRIDE - 1} choices)")
+
+    def __int__(self) -> int:
+        return self.doc_id * self.STRIDE + self.choice
+
+    @classmethod
+    def parse(cls, key: int) -> "RowKey":
+        return cls(*divmod(int(key), cls.STRIDE))
+
+    @classmethod
+    def fits(cls, doc_id: object, choice: object) -> bool:
+        """Whether ``(doc_id, choice)`` makes a key (ints in range)."""
+        return isinstance(doc_id, int) and doc_id >= 0 and isinstance(choice, int) and 0 <= choice < cls.STRIDE
+
+
+# -----------------------------------------------------------------------------
+# Tokenisation, exactly as lm-eval's HFLM
+
+
+def prefix_token_id(tokenizer) -> int:
+    """lm-eval's conditioning token for an empty context: BOS, else EOS."""
+    return tokenizer.bos_token_id if tokenizer.bos_token_id is not None else tokenizer.eos_token_id
+
+
+def tok_encode(tokenizer, text: str, add_special_tokens: bool | None = None,
+                add_bos: bool | None = None) -> list[int]:
+    """lm-eval HFLM ``tok_encode``: an explicit ``add_special_tokens`` wins, else the
+    ``add_bos_token`` setting (None: the tokenizer's default); a text that already starts with
+    the BOS text gets no special tokens."""
+    flag = add_special_tokens if add_special_tokens is not None else add_bos
+    kwargs = {} if flag is None else {"add_special_tokens": flag}
+    if add_special_tokens is None and text.startswith(tokenizer.decode(prefix_token_id(tokenizer))):
+        kwargs["add_special_tokens"] = False  # the text already carries its BOS
+    return tokenizer.encode(text, **kwargs)
+
+
+def encode_pair(tokenizer, context: str, continuation: str,
+                memo: dict[str, list[int]] | None = None,
+                add_bos: bool | None = None) -> tuple[list[int], list[int]]:
+    """``(context_ids, continuation_ids)`` as lm-eval's ``loglikelihood`` builds them
+    (``memo`` caches context encodings across the choices of a question; ``add_bos`` is
+    lm-eval's ``add_bos_token``)."""
+    if context == "":
+        cont = tok_encode(tokenizer, continuation, add_special_tokens=False)
+        pre = prefix_token_id(tokenizer)
+        return ([pre], cont) if pre != cont[0] else (cont[:1], cont[1:])
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces > 0:
+        continuation = context[-n_spaces:] + continuation
+        context = context[:-n_spaces]
+    whole = tok_encode(tokenizer, context + continuation, add_bos=add_bos)
+    if memo is None:
+        ctx = tok_encode(tokenizer, context, add_bos=add_bos)
+    elif context in memo:
+        ctx = memo[context]
+    else:
+        ctx = memo[context] = tok_encode(tokenizer, context, add_bos=add_bos)
+    return ctx, whole[len(ctx):]
+
+
+def max_length(model) -> int:
+    """lm-eval's ``resolve_max_length`` for the model's config and tokenizer."""
+    config = model.hf_model.config
+    cfg = getattr(config, "text_config", None) or config
+    for attr in ("n_positions", "max_position_embeddings", "n_ctx"):
+        value = getattr(cfg, attr, None)
+        if value is not None:
+            return int(value)
+    mml = getattr(model.tokenizer, "model_max_length", None)
+    if mml is not None and mml != _TOKENIZER_INFINITY:
+        return int(mml)
+    return _DEFAULT_MAX_LENGTH
+
+
+# -----------------------------------------------------------------------------
+# Rows: unique model inputs, each read at a few trailing positions
+
+
+@dataclass
+class Row:
+    """One distinct model input and the requests read from it."""
+
+    ids: list[int]  # model input
+    key: int  # stable RowKey integer for the ablation (min over its requests)
+    reads: list[tuple[int, list[int]]] = field(default_factory=list)  # (request index, continuation ids)
+
+    @property
+    def n_read(self) -> int:  # how many trailing positions are scored
+        return max(len(c) for _, c in self.reads)
+
+
+def build_rows(model, encoded: Sequence[tuple[list[int], list[int]]], keys: Sequence[int]) -> list[Row]:
+    """The distinct model inputs of pre-tokenised requests, left-truncated to ``max_length``
+    as lm-eval's HFLM (requests with the same input share one row)."""
+    limit = max_length(model)
+    rows: dict[tuple[int, ...], Row] = {}
+    for i, ((ctx, cont), key) in enumerate(zip(encoded, keys)):
+        if len(ctx) == 0 or len(cont) == 0:
+            raise LensHeadsError(f"request {i}: empty context or continuation after tokenisation")
+        if len(cont) > limit:
+            raise LensHeadsError(f"request {i}: continuation of {len(cont)} tokens exceeds the model's "
+                                 f"maximum length {limit}")
+        inp = tuple((ctx + cont)[-(limit + 1):][:-1])
+        row = rows.get(inp)
+        if row is None:
+            row = rows[inp] = Row(list(inp), key)
+        row.key = min(row.key, key)
+        row.reads.append((i, cont))
+    return list(rows.values())
+
+
+def _lcp(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def prefix_groups(rows: list[Row], min_prefix: int) -> tuple[list[tuple[int, list[Row]]], list[Row]]:
+    """Split rows into ``(prefix_len, rows)`` groups sharing a prefix, and the rest."""
+    order = sorted(rows, key=lambda r: r.ids)
+    groups: list[tuple[int, list[Row]]] = []
+    singles: list[Row] = []
+    cur: list[Row] = []
+    shared = 0
+
+    def close():
+        if len(cur) >= 2:
+            groups.append((shared, list(cur)))
+        else:
+            singles.extend(cur)
+
+    for row in order:
+        if cur:
+            # every suffix keeps at least the positions it is read at
+            cand = min(shared, _lcp(cur[-1].ids, row.ids), len(row.ids) - row.n_read)
+            if cand >= min_prefix and cand * 2 >= shared:
+                cur.append(row)
+                shared = cand
+                continue
+            close()
+        cur, shared = [row], len(row.ids) - row.n_read
+    if cur:
+        close()
+    return groups, singles
+
+
+def forward(model, ids: Tensor, mask: Tensor, hooks: list, keep: Tensor | None = None,
+            cache: Any = None, want_cache: bool = False):
+    """One bridge forward with hooks; logits at ``keep`` (all: None), from a cached prefix
+    ``cache``; returns logits (or (logits, cache) with ``want_cache``)."""
+    return run_with_hooks(model, ids, mask, hooks, logits_to_keep=keep, past_key_values=cache,
+                          return_cache=want_cache)
+
+
+def score_rows(out: list[float], rows: list[Row], logits: Tensor, positions: Tensor,
+               ends: Sequence[int], observer: Observer | None = None) -> None:
+    """Fill ``out`` from logits [batch, len(positions), vocab] kept at ``positions``;
+    row b's input (or suffix) ends at ``ends[b]``. ``observer(request, logprobs, continuation)``
+    sees each request's float32 log-softmax rows [len(continuation), vocab], the very ones
+    scored."""
+    index = {int(p): j for j, p in enumerate(positions.tolist())}
+    for b, row in enumerate(rows):
+        n = row.n_read
+        cols = [index[p] for p in range(ends[b] - n, ends[b])]
+        logp = F.log_softmax(logits[b, cols].float(), dim=-1)  # [n, vocab]
+        for req, cont in row.reads:
+            sel = logp[n - len(cont):]
+            out[req] = float(sel.gather(1, torch.tensor(cont, device=sel.device)[:, None]).sum())
+            if observer is not None:
+                observer(req, sel, cont)
+
+
+def _run_plain(model, rows: list[Row], out: list[float], ablation, batcher: Batcher, pbar,
+               last_only: bool = True, observer: Observer | None = None) -> None:
+    order = sorted(rows, key=lambda r: -len(r.ids))
+    pad = model.tokenizer.pad_token_id or 0
+
+    def run(batch: Sequence[Row]) -> None:
+        ids, mask = pad_batch([torch.tensor(r.ids) for r in batch], pad, "right")
+        ends = [len(r.ids) for r in batch]
+        keep = torch.tensor(sorted({p for r, e in zip(batch, ends) for p in range(e - r.n_read, e)}))
+        hooks = ablation.hooks(model, mask, [r.key for r in batch]) if ablation is not None else []
+        if last_only:
+            logits = forward(model, ids, mask, hooks, keep)
+        else:  # full logits, as lm-eval computes them
+            logits, keep = forward(model, ids, mask, hooks), torch.arange(ids.shape[1])
+        score_rows(out, batch, logits, keep, ends, observer)
+        pbar.update(len(batch))
+
+    batcher.run(order, run)
+
+
+def _run_grouped(model, prefix_len: int, rows: list[Row], out: list[float], ablation,
+                 batcher: Batcher, pbar, observer: Observer | None = None) -> None:
+    pad = model.tokenizer.pad_token_id or 0
+    prefix = torch.tensor(rows[0].ids[:prefix_len])[None]
+    pmask = torch.ones_like(prefix)
+    hooks = ablation.hooks(model, pmask, [rows[0].key]) if ablation is not None else []
+    _, cache = forward(model, prefix, pmask, hooks, keep=torch.tensor([prefix_len - 1]), want_cache=True)
+    order = sorted(rows, key=lambda r: -len(r.ids))
+
+    def run(batch: Sequence[Row]) -> None:
+        ids, smask = pad_batch([torch.tensor(r.ids[prefix_len:]) for r in batch], pad, "right")
+        ends = [len(r.ids) - prefix_len for r in batch]
+        keep = torch.tensor(sorted({p for r, e in zip(batch, ends) for p in range(e - r.n_read, e)}))
+        mask = torch.cat([torch.ones(len(batch), prefix_len, dtype=smask.dtype), smask], dim=1)
+        c = copy.deepcopy(cache)
+        if len(batch) > 1:
+            c.batch_repeat_interleave(len(batch))
+        hooks = ablation.hooks(model, smask, [r.key for r in batch]) if ablation is not None else []
+        logits = forward(model, ids, mask, hooks, keep, cache=c)
+        logits = logits[0] if isinstance(logits, tuple) else logits
+        score_rows(out, batch, logits, keep, ends, observer)
+        pbar.update(len(batch))
+
+    batcher.run(order, run)
+
+
+def loglikelihoods_tokens(
+    model,
+    encoded: Sequence[tuple[list[int], list[int]]],
+    ablation=None,
+    batch_size: int | str = 16,
+    progress: bool = True,
+    *,
+    keys: Sequence[int] | None = None,
+    reuse_prefix: bool = True,
+    last_only: bool = True,
+    min_prefix: int = MIN_PREFIX,
+    observer: Observer | None = None,
+) -> list[float]:
+    """Sum log p(continuation | context) for pre-tokenised ``(context_ids, continuation_ids)``.
+
+    ``reuse_prefix`` / ``last_only`` switch the two speed-ups off (for tests and
+    benchmarks); the prefix cache is used only when ``ablation`` is None or ``reuses_prefix``.
+    ``batch_size``: rows per forward, or ``"auto"`` (``lens_heads.batching``); ``keys``: one
+    ``RowKey`` integer per request (default: its position); ``observer``: see ``score_rows``.
+    """
+    batch_size = parse_batch_size(batch_size)
+    keys = list(range(len(encoded))) if keys is None else list(keys)
+    if len(keys) != len(encoded):
+        raise LensHeadsError(f"got {len(keys)} keys for {len(encoded)} requests")
+    rows = build_rows(model, encoded, keys)
+    out = [math.nan] * len(encoded)
+    use_cache = reuse_prefix and (ablation is None or ablation.reuses_prefix)
+    groups, singles = prefix_groups(rows, min_prefix) if use_cache else ([], rows)
+    batcher = Batcher.for_inputs(batch_size, model, max((len(r.ids) for r in rows), default=1))
+    with progress_bar(len(rows), "log-likelihoods", enabled=progress) as pbar:
+        for plen, grp in groups:
+            _run_grouped(model, plen, grp, out, ablation, batcher, pbar, observer)
+        _run_plain(model, singles, out, ablation, batcher, pbar, last_only, observer)
+    return out
+
+
+# -----------------------------------------------------------------------------
+# Token negative log-likelihood (perplexity)
+
+
+LogitsFn = Callable[[Tensor, Tensor, list[int]], Tensor]  # (input_ids, attention_mask, rows) -> logits
+
+
+@torch.no_grad()
+def token_nll(logits: LogitsFn, inputs: Sequence[Tensor], batch_size: int, pad_id: int,
+              on_batch: Callable[[int], object] | None = None) -> tuple[float, int]:
+    """Summed negative log-likelihood and the number of tokens it scores: every position
+    t >= 1 of every input, ``-log p(x_t | x_<t)`` (cross-entropy in float32, summed per batch),
+    each input its own window. The one implementation behind both perplexities
+    (docs/methods.md §4, §7).
+
+    Inputs are batched longest-first and padded right with ``pad_id`` (``iter_batches``);
+    ``logits(ids, mask, rows)`` gets each batch on the CPU with ``rows`` its positions in
+    ``inputs`` and returns logits [batch, pos, vocab] on any device. Padding is never scored;
+    an input shorter than 2 tokens scores nothing. ``on_batch(n)`` follows each batch of n inputs.
+    """
+    nll, count = 0.0, 0
+    for rows, ids, mask in iter_batches(inputs, batch_size, pad_id=pad_id, side="right"):
+        out = logits(ids, mask, rows)[:, :-1].float()
+        target = ids[:, 1:].masked_fill(mask[:, 1:] == 0, -100).to(out.device)
+        nll += F.cross_entropy(out.reshape(-1, out.shape[-1]), target.reshape(-1),
+                               ignore_index=-100, reduction="sum").item()
+        count += int((target != -100).sum())
+        if on_batch is not None:
+            on_batch(len(rows))
+    return nll, count
