@@ -4,7 +4,7 @@ What to zero is a typed spec (``lens_heads.interventions``: one parser, one prin
 module holds the runtime side: every ablation is an ``Ablation`` applied through ``hook_z``
 hooks, one set per forward pass of a batch, counting into the counts of a ``counting()`` block::
 
-    abl = parse_ablation("score:ahon_ln@0.41", model.geometry)    # = parse_spec(...).bind(geometry)
+    abl = parse_ablation("score:ahon_ln@0.41", model.geometry)    # = bind(parse_spec(...), geometry)
     with abl.counting() as counts:
         run_with_hooks(model, ids, mask, abl.hooks(model, mask, row_keys=request_ids))
     counts.fraction()   # realised mean fraction of (input, layer, head) zeroed in the block
@@ -32,20 +32,22 @@ units. ``last_zeroed`` holds the boolean [batch, layer, head] mask of the latest
 
 from __future__ import annotations
 
-import hashlib
-import math
 import contextlib
-from typing import Iterator, Sequence
+import math
+from typing import Callable, Iterator, Sequence
 
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from lens_heads.engine import RowKey
+from lens_heads.engine import RowKey, row_generator
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import HookFn, hook_name
-from lens_heads.interventions import (ABLATION_FORMS, Head, NoHeads, RandomHeads, ScoreThreshold,  # noqa: F401
-                                      StaticHeads, parse_heads, parse_spec)
+from lens_heads.interventions import (ABLATION_FORMS, AblationSpec, Head, NoHeads, RandomHeads,  # noqa: F401
+                                      Replaced, ScoreFraction, ScoreThreshold, StaticHeads, parse_heads, parse_spec)
+from lens_heads.scores import SCORES, ScoreCollector
+from lens_heads.scores.attribution import atp_table
+from lens_heads.scores.functions import ATP, ATP_INACTIVE_WHEN
 
 Hooks = list[tuple[str, HookFn]]
 
@@ -142,6 +144,14 @@ class Ablation:
         """Called by ``evaluate_task`` with the questions about to be evaluated, before any
         forward: an ablation decided by a task-level score (``atp``) computes it here."""
 
+    def replaced_by(self, spec: Replaced) -> "Ablation":
+        """This ablation, its heads replaced as ``spec`` says instead of zeroed (part of
+        ``bind``, before first use); a replacement drawn per row shares no prefix."""
+        self.spec, self.replacement = spec, spec.replacement.runtime()
+        if spec.replacement.per_row:
+            self.reuses_prefix = False
+        return self
+
     # the current counts, for interactive use
     @property
     def last_zeroed(self):
@@ -207,12 +217,6 @@ class StaticAblation(Ablation):
 
 
 
-def row_generator(seed: int, row_key: int) -> torch.Generator:
-    """A CPU generator seeded from sha256(seed, row_key): independent of batching and order."""
-    digest = hashlib.sha256(f"lens_heads.random:{int(seed)}:{int(row_key)}".encode()).digest()
-    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
-
-
 class RandomAblation(Ablation):
     """Zero each (input, layer, head) independently with probability ``p``."""
 
@@ -255,8 +259,6 @@ class ScoreAblation(Ablation):
     reuses_prefix = False
 
     def __init__(self, score_id: str, threshold: float, geometry, strict: bool = False):
-        from lens_heads.scores import SCORES  # scores sit left of ablation in the data flow
-
         if score_id not in SCORES:
             raise LensHeadsError(f"unknown score {score_id!r}; choose one of: {', '.join(SCORES)}")
         if not math.isfinite(threshold):
@@ -268,8 +270,6 @@ class ScoreAblation(Ablation):
         self._collector = None  # reused across forwards of the same model
 
     def collector(self, model):
-        from lens_heads.scores import ScoreCollector
-
         if self._collector is None or self._collector.model is not model:
             self._collector = ScoreCollector(model, [self.score_id])
         return self._collector
@@ -295,7 +295,6 @@ class ScoreAblation(Ablation):
         return collector.hooks(attention_mask, z_transform=z_transform)
 
 
-
 class TaskScoreAblation(ScoreAblation):
     """Per question: zero the heads whose task-level score on that question crosses
     ``threshold`` -- ``atp``, the first-order effect of ablating the head on the gold answer's
@@ -309,22 +308,18 @@ class TaskScoreAblation(ScoreAblation):
     (docs/methods.md §2)."""
 
     def __init__(self, score_id: str, threshold: float, geometry, strict: bool = False):
-        from lens_heads.scores.attribution import INACTIVE_WHEN, SCORE_ID
-
-        if score_id != SCORE_ID:
-            raise LensHeadsError(f"unknown task-level score {score_id!r}; the one there is is {SCORE_ID!r}")
+        if score_id != ATP:
+            raise LensHeadsError(f"unknown task-level score {score_id!r}; the one there is is {ATP!r}")
         if not math.isfinite(threshold):
             raise LensHeadsError(f"score ablation threshold must be a finite number, got {threshold}")
         self.score_id, self.threshold, self.geometry = score_id, float(threshold), geometry
-        self.strict, self.inactive_when = bool(strict), INACTIVE_WHEN
+        self.strict, self.inactive_when = bool(strict), ATP_INACTIVE_WHEN
         self.spec = ScoreThreshold(score_id, self.threshold, self.strict)
         self._table: dict[int, Tensor] = {}
 
     needs_task = True
 
     def prepare_task(self, model, task, records, n_shot: int, seed: int, protocol=None) -> None:
-        from lens_heads.scores.attribution import atp_table
-
         todo = [r for r in records if r.doc_id not in self._table]
         if todo:
             self._table.update(atp_table(model, task, todo, n_shot, seed, self.replacement, protocol))
@@ -356,8 +351,33 @@ class TaskScoreAblation(ScoreAblation):
 # Parsing: the one grammar lives in lens_heads.interventions
 
 
+BINDERS: dict[type[AblationSpec], Callable[[AblationSpec, object], Ablation]] = {
+    NoHeads: lambda s, g: NoAblation(),
+    StaticHeads: lambda s, g: StaticAblation(s.heads, g),
+    RandomHeads: lambda s, g: RandomAblation(s.p, s.seed, g),
+    ScoreThreshold: lambda s, g: (TaskScoreAblation if s.score_id == ATP else ScoreAblation)(
+        s.score_id, s.threshold, g, s.strict),
+}
+
+
+def bind(spec: AblationSpec, geometry) -> Ablation:
+    """The runtime ablation (hooks and counters) of a typed spec, for a model of ``geometry``
+    (None: syntax and names only, before a model loads). A new kind of spec adds its entry to
+    ``BINDERS``."""
+    if isinstance(spec, Replaced):
+        return bind(spec.spec, geometry).replaced_by(spec)
+    if isinstance(spec, ScoreFraction):
+        raise LensHeadsError(f"ablation {spec}: a percentage needs a threshold calibrated on inputs "
+                             f"first: 'lens-heads evaluate --ablate {spec}' does that; a sweep takes "
+                             f"--scores {spec.score_id} --fractions {spec.fraction:g}")
+    binder = BINDERS.get(type(spec))
+    if binder is None:
+        raise LensHeadsError(f"ablation {spec}: no runtime for kind {type(spec).__name__} (add it to BINDERS)")
+    return binder(spec, geometry)
+
+
 def parse_ablation(spec: str, geometry) -> Ablation:
     """Build an ablation from its spec string (``ABLATION_FORMS``, parsed by
     ``interventions.parse_spec``), validated against ``geometry``; ``geometry=None`` checks the
     syntax and score names only (before a model is loaded)."""
-    return parse_spec(spec).bind(geometry)
+    return bind(parse_spec(spec), geometry)

@@ -44,6 +44,7 @@ lm-eval adapter's ``is_greedy``) passes an ``observer``.
 from __future__ import annotations
 
 import copy
+import hashlib
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Sequence
@@ -94,6 +95,13 @@ class RowKey:
     def fits(cls, doc_id: object, choice: object) -> bool:
         """Whether ``(doc_id, choice)`` makes a key (ints in range)."""
         return isinstance(doc_id, int) and doc_id >= 0 and isinstance(choice, int) and 0 <= choice < cls.STRIDE
+
+
+def row_generator(seed: int, row_key: int) -> torch.Generator:
+    """A CPU generator seeded from sha256(seed, row_key): a random draw per row (a random
+    ablation's heads, a resample's source) independent of batching and order."""
+    digest = hashlib.sha256(f"lens_heads.random:{int(seed)}:{int(row_key)}".encode()).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest[:8], "little") & ((1 << 63) - 1))
 
 
 # -----------------------------------------------------------------------------

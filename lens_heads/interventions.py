@@ -2,7 +2,7 @@
 
     spec = parse_spec("score:ahon_ln@0.41:strict")   # ScoreThreshold("ahon_ln", 0.41, strict=True)
     str(spec) == "score:ahon_ln@0.41:strict"         # the printer; parse_spec(str(s)) == s
-    ablation = spec.bind(model.geometry)             # the runtime object (lens_heads.ablation)
+    ablation = bind(spec, model.geometry)            # the runtime object (lens_heads.ablation.bind)
 
 Kinds (``SPEC_KINDS``, keyed by the word before the first ``:``; docs/methods.md §2):
 
@@ -20,40 +20,16 @@ that exists. ``Head`` and ``parse_heads`` are the one head type and head-list pa
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass
 from typing import ClassVar
 
 from lens_heads.errors import LensHeadsError
-
-Head = tuple[int, int]
+from lens_heads.heads import Head, format_heads, parse_heads  # noqa: F401  (the head type and parser live there)
+from lens_heads.replacement import Zero, parse_replacement
+from lens_heads.scores.functions import ATP, SCORES
 
 ABLATION_FORMS = "none | static:L.H,L.H | score:ID@THRESHOLD[:strict] | score:ID@P% | random:P@SEED"
 STRICT_SUFFIX = ":strict"
-_HEAD = re.compile(r"^\s*[Ll]?\s*(-?\d+)\s*\.\s*[Hh]?\s*(-?\d+)\s*$")
-
-
-def parse_heads(text: str, geometry=None) -> list[Head]:
-    """``"3.1,4.2"`` (or ``"L3.H1,L4.H2"``) -> [(3, 1), (4, 2)], in the order given, duplicates
-    kept; each checked against ``geometry`` when one is given (else only the syntax)."""
-    heads: list[Head] = []
-    for item in str(text).split(","):
-        if not item.strip():
-            continue
-        m = _HEAD.match(item)
-        if not m:
-            raise LensHeadsError(f"bad head {item.strip()!r}: write heads as LAYER.HEAD, e.g. 3.1,4.2")
-        layer, head = int(m.group(1)), int(m.group(2))
-        if geometry is not None:
-            geometry.check_head(layer, head)
-        heads.append((layer, head))
-    if not heads:
-        raise LensHeadsError("empty head list: give heads as LAYER.HEAD,LAYER.HEAD")
-    return heads
-
-
-def format_heads(heads) -> str:
-    return ",".join(f"{L}.{h}" for L, h in heads)
 
 
 def _number(text: str, what: str, spec: str, kind=float):
@@ -70,9 +46,6 @@ def _number(text: str, what: str, spec: str, kind=float):
 
 def _score_id(text: str) -> str:
     """A score a per-input ablation can threshold: a registered one, or the task-level ``atp``."""
-    from lens_heads.scores.attribution import SCORE_ID as ATP  # scores sit left of interventions
-    from lens_heads.scores.functions import SCORES
-
     sid = text.strip()
     if sid not in SCORES and sid != ATP:
         raise LensHeadsError(f"unknown score {sid!r}; choose one of: {', '.join(SCORES)}, {ATP}")
@@ -81,7 +54,8 @@ def _score_id(text: str) -> str:
 
 @dataclass(frozen=True)
 class AblationSpec:
-    """What to zero. Subclasses set ``kind`` and implement ``body`` / ``from_body`` / ``bind``."""
+    """What to zero. Subclasses set ``kind`` and implement ``body`` / ``from_body``; the runtime
+    side (hooks and counters) is ``lens_heads.ablation.bind(spec, geometry)``."""
 
     kind: ClassVar[str] = ""
     needs_calibration: ClassVar[bool] = False  # a target fraction: a threshold must be set on inputs first
@@ -96,10 +70,6 @@ class AblationSpec:
     def __str__(self) -> str:
         body = self.body()
         return self.kind if not body else f"{self.kind}:{body}"
-
-    def bind(self, geometry):
-        """The runtime ablation (hooks and counters) for a model of this geometry."""
-        raise NotImplementedError
 
 
 SPEC_KINDS: dict[str, type[AblationSpec]] = {}
@@ -126,11 +96,6 @@ class NoHeads(AblationSpec):
             raise LensHeadsError(f"bad ablation {spec!r}: 'none' takes nothing after it")
         return cls()
 
-    def bind(self, geometry):
-        from lens_heads.ablation import NoAblation
-
-        return NoAblation()
-
 
 @register_kind
 @dataclass(frozen=True)
@@ -151,11 +116,6 @@ class StaticHeads(AblationSpec):
     @classmethod
     def from_body(cls, body: str, spec: str) -> "StaticHeads":
         return cls(tuple(parse_heads(body)))
-
-    def bind(self, geometry):
-        from lens_heads.ablation import StaticAblation
-
-        return StaticAblation(self.heads, geometry)
 
 
 @dataclass(frozen=True)
@@ -194,13 +154,6 @@ class ScoreThreshold(_ScoreSpec):
     def body(self) -> str:
         return f"{self.score_id}@{self.threshold!r}" + (STRICT_SUFFIX if self.strict else "")
 
-    def bind(self, geometry):
-        from lens_heads.ablation import ScoreAblation, TaskScoreAblation
-        from lens_heads.scores.attribution import SCORE_ID as ATP
-
-        cls = TaskScoreAblation if self.score_id == ATP else ScoreAblation
-        return cls(self.score_id, self.threshold, geometry, self.strict)
-
 
 @dataclass(frozen=True)
 class ScoreFraction(_ScoreSpec):
@@ -213,11 +166,6 @@ class ScoreFraction(_ScoreSpec):
 
     def body(self) -> str:
         return f"{self.score_id}@{100 * self.fraction:g}%"
-
-    def bind(self, geometry):
-        raise LensHeadsError(f"ablation {self}: a percentage needs a threshold calibrated on inputs "
-                             f"first: 'lens-heads evaluate --ablate {self}' does that; a sweep takes "
-                             f"--scores {self.score_id} --fractions {self.fraction:g}")
 
 
 SPEC_KINDS["score"] = _ScoreSpec
@@ -246,11 +194,6 @@ class RandomHeads(AblationSpec):
         left, at, right = body.partition("@")
         return cls(_number(left, "probability", spec), _number(right, "seed", spec, int) if at else 0)
 
-    def bind(self, geometry):
-        from lens_heads.ablation import RandomAblation
-
-        return RandomAblation(self.p, self.seed, geometry)
-
 
 @dataclass(frozen=True)
 class Replaced(AblationSpec):
@@ -267,20 +210,9 @@ class Replaced(AblationSpec):
     def needs_calibration(self) -> bool:  # type: ignore[override]
         return self.spec.needs_calibration
 
-    def bind(self, geometry):
-        from lens_heads.replacement import Resample
-
-        ablation = self.spec.bind(geometry)
-        ablation.spec, ablation.replacement = self, self.replacement.runtime()
-        if isinstance(self.replacement, Resample):
-            ablation.reuses_prefix = False  # each row its own source: no shared prefix
-        return ablation
-
 
 def with_replacement(spec: AblationSpec, replacement) -> AblationSpec:
     """``spec`` with its heads replaced by ``replacement`` (zero, or nothing to replace: ``spec``)."""
-    from lens_heads.replacement import Zero, parse_replacement
-
     replacement = parse_replacement(replacement) if isinstance(replacement, str) else replacement
     if isinstance(replacement, Zero) or isinstance(spec, NoHeads):
         return spec

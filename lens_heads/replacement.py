@@ -25,6 +25,7 @@ import torch
 from torch import Tensor
 
 from lens_heads.cache import cache_dir, cached_tensors
+from lens_heads.engine import row_generator
 from lens_heads.errors import LensHeadsError
 
 SEPARATOR = "|"
@@ -36,6 +37,7 @@ FORMS = "zero | mean:CORPUS[@N] | resample:CORPUS@SEED[@N] | resample:self@SEED"
 @dataclass(frozen=True)
 class Replacement:
     kind: ClassVar[str] = ""
+    per_row: ClassVar[bool] = False  # each row draws its own values (no K/V prefix is shared)
 
     def body(self) -> str:
         raise NotImplementedError
@@ -104,6 +106,7 @@ class Resample(Replacement):
     n: int = DEFAULT_N
 
     kind: ClassVar[str] = "resample"
+    per_row: ClassVar[bool] = True
 
     def body(self) -> str:
         return f"{self.corpus}@{self.seed}" + ("" if self.n == DEFAULT_N else f"@{self.n}")
@@ -218,7 +221,6 @@ class ResampleValues:
         self.spec, self._source, self._pool = spec, None, None
 
     def prepare(self, model, mask: Tensor, row_keys) -> "ResampleValues":
-        from lens_heads.ablation import row_generator
         from lens_heads.data import pad_batch, tokenize_texts
 
         if self.spec.corpus == "self":

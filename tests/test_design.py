@@ -53,6 +53,84 @@ def test_the_views_import_nothing_that_computes(view):
     assert [m for m in imported if (m.startswith(COMPUTING) or m == "torch") and m not in reads] == []
 
 
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> dict[str, set[str]]:
+    """module -> the package modules it imports, at module level or inside functions (only
+    ``if TYPE_CHECKING:`` blocks left out). ``from P import name`` counts as importing
+    ``P.name`` when that is a module; importing ``P.Q.R`` also runs the packages ``P.Q``
+    (``__init__``), an edge unless the importer sits inside that package itself."""
+    modules = {_module_name(p): p for p in PACKAGE.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and getattr(node.test, "id", None) == "TYPE_CHECKING" for child in node.body for n in ast.walk(child)}
+        targets = set()
+        for node in ast.walk(tree):
+            if id(node) in skipped:
+                continue
+            if isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    pkg = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+                    base = ".".join(pkg[:len(pkg) - node.level + 1] + ([node.module] if node.module else []))
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+        edges = set()
+        for t in targets & modules.keys():
+            parts = t.split(".")
+            edges |= {".".join(parts[:i]) for i in range(2, len(parts)) if ".".join(parts[:i]) in modules
+                      and not (name + ".").startswith(".".join(parts[:i]) + ".")}
+            edges.add(t)
+        graph[name] = edges - {name}
+    return graph
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    out: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_the_package_has_no_import_cycle():
+    """No module reaches itself through imports, in-function ones included (docs/architecture.md)."""
+    graph = import_graph()
+    assert "lens_heads.engine" in graph["lens_heads.evaluate"]  # the test reads the real imports
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # and finds one
+    assert cycles(graph) == []
+
+
 def test_no_module_imports_from_the_package_root():
     offenders = [(str(p.relative_to(PACKAGE)), m) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"
                  or p.parent != PACKAGE for m in _imports(p, skip_type_checking=False) if m == "lens_heads"]

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from lens_heads import LensHeadsError
+from lens_heads.ablation import bind
 from lens_heads.interventions import (ABLATION_FORMS, SPEC_KINDS, NoHeads, RandomHeads, ScoreFraction, ScoreThreshold,
                                       StaticHeads, parse_heads, parse_spec)
 from lens_heads.scores import SCORES
@@ -102,8 +103,8 @@ def test_one_head_parser(tiny_model):
 
 def test_bind_builds_the_runtime_ablation(tiny_model):
     g = tiny_model("llama").geometry
-    assert parse_spec("static:1.0,0.3").bind(g).name == "static:0.3,1.0"
-    assert parse_spec("score:awft@0.5:strict").bind(g).strict
-    assert math.isclose(parse_spec("random:0.25@3").bind(g).p, 0.25)
+    assert bind(parse_spec("static:1.0,0.3"), g).name == "static:0.3,1.0"
+    assert bind(parse_spec("score:awft@0.5:strict"), g).strict
+    assert math.isclose(bind(parse_spec("random:0.25@3"), g).p, 0.25)
     with pytest.raises(LensHeadsError, match="calibrated on inputs"):
-        parse_spec("score:awft@10%").bind(g)
+        bind(parse_spec("score:awft@10%"), g)

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from lens_heads.ablation import parse_ablation
+from lens_heads.ablation import bind, parse_ablation
 from lens_heads.hooks import run_with_hooks
 from lens_heads.interventions import StaticHeads, parse_spec
 
@@ -100,7 +100,7 @@ def test_specs_round_trip_and_zero_is_the_plain_spec(one_text):
         assert str(parse_spec(text)) == text and str(parse_spec(str(parse_spec(text)))) == text
     assert parse_spec("static:1.2,0.1|zero") == StaticHeads(((0, 1), (1, 2)))
     assert str(parse_spec("none|mean:c4")) == "none"
-    assert parse_spec(f"static:0.1|resample:{one_text}@2").bind(None).reuses_prefix is False
+    assert bind(parse_spec(f"static:0.1|resample:{one_text}@2"), None).reuses_prefix is False
 
 
 @pytest.mark.parametrize("with_, message", [

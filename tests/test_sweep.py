@@ -653,6 +653,7 @@ def test_static_curves_zero_the_least_active_heads_by_each_ranking(tiny_model, t
     from lens_heads.data import load_task
     from lens_heads.task_requests import task_inputs
     from lens_heads.evaluate import evaluate_task
+    from lens_heads.ablation import bind
     from lens_heads.interventions import StaticHeads, parse_spec
     from lens_heads.scores import score_heads
     from lens_heads.scores.attribution import atp_scores
@@ -677,7 +678,7 @@ def test_static_curves_zero_the_least_active_heads_by_each_ranking(tiny_model, t
             assert heads == StaticHeads(tuple(rankings[row.score_fn][:k]))
         else:
             random_sets[(row.seed, row.fraction)] = set(heads.heads)
-        alone = evaluate_task(model, task, ablation=heads.bind(model.geometry), batch_size=4, progress=False)
+        alone = evaluate_task(model, task, ablation=bind(heads, model.geometry), batch_size=4, progress=False)
         assert row.accuracy == pytest.approx(alone.metrics["acc"])
     assert random_sets[(0, 0.25)] <= random_sets[(0, 0.5)] and random_sets[(0, 0.5)] != random_sets[(1, 0.5)]
     w = res.within.set_index("score_fn")

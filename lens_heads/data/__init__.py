@@ -1,7 +1,7 @@
 """Data for lens_heads: text corpora for head scores, multiple-choice tasks for evaluation.
 
 Corpora (``corpora.py``): ``load_texts`` -> ``tokenize_texts`` -> ``iter_batches`` / ``pad_batch``.
-Tasks (``tasks.py``): ``load_task("mmlu" | "piqa" | "winogrande" | "file:...")`` gives a
+Tasks (``tasks.py``; ``task_routes.py`` loads them): ``load_task("mmlu" | "piqa" | "winogrande" | "file:...")`` gives a
 ``Task`` whose ``requests(record, fewshot)`` reproduce lm-evaluation-harness 0.4.x prompts;
 ``mc_files.py`` turns a local multiple-choice file (the ``file:...`` form) into such a Task.
 Local copies are found under the data root (``paths.py``; env var ``LENS_HEADS_DATA``).
@@ -25,11 +25,11 @@ from lens_heads.data.tasks import (
     MCRecord,
     Task,
     TaskSpec,
-    load_task,
     mmlu_description,
     register_task,
 )
 from lens_heads.data.mc_files import load_mc_file, load_mc_spec, parse_mc_spec
+from lens_heads.data.task_routes import load_task
 
 __all__ = [
     "CORPORA", "CorpusSpec", "load_texts", "tokenize_texts", "pad_batch", "iter_batches", "iter_rows",

@@ -22,9 +22,9 @@ from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import hook_name
+from lens_heads.scores.functions import ATP, ATP_INACTIVE_WHEN
 
-SCORE_ID = "atp"
-INACTIVE_WHEN = "low"  # |effect|: small means ablating the head changes little
+SCORE_ID, INACTIVE_WHEN = ATP, ATP_INACTIVE_WHEN  # declared with the score registry
 
 
 def _forward_with_grad(model, ids: Tensor, hooks):

@@ -24,12 +24,12 @@ from lens_heads.data import pad_batch, tokenize_texts
 from lens_heads.errors import LensHeadsError
 from lens_heads.hashing import sha256_tokens
 from lens_heads.hooks import run_with_hooks
-from lens_heads.interventions import Head
+from lens_heads.heads import Head
 from lens_heads.models.load import model_digest
 from lens_heads.progress import progress_bar
 from lens_heads.provenance import package_versions
 from lens_heads.scores.collector import ScoreCollector
-from lens_heads.scores.functions import SCORES, resolve_score_ids, revision_key
+from lens_heads.scores.functions import ATP, ATP_INACTIVE_WHEN, SCORES, resolve_score_ids, revision_key
 
 # -----------------------------------------------------------------------------
 # Dataset-level scores
@@ -39,10 +39,8 @@ def inactive_when(score_id: str) -> str:
     """Which end of ``score_id``'s values is inactive: a registered score's, or ``atp``'s ("low")."""
     if score_id in SCORES:
         return SCORES[score_id].inactive_when
-    from lens_heads.scores.attribution import INACTIVE_WHEN, SCORE_ID
-
-    if score_id == SCORE_ID:  # a task-aware score (scores.attribution), not a hook statistic
-        return INACTIVE_WHEN
+    if score_id == ATP:  # a task-aware score (scores.attribution), not a hook statistic
+        return ATP_INACTIVE_WHEN
     raise LensHeadsError(f"unknown score {score_id!r}")
 
 
@@ -195,8 +193,6 @@ class HeadScores:
             meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise LensHeadsError(f"corrupt scores metadata {meta_path}: {exc}; delete it or save the scores again") from None
-        from lens_heads.scores.attribution import SCORE_ID as ATP
-
         unknown = [s for s in dict.fromkeys(frame["score_fn"].astype(str)) if s not in SCORES and s != ATP]
         if unknown:
             raise LensHeadsError(f"{path}: unknown score function(s) {', '.join(unknown)}; this version knows: "

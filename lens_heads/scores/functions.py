@@ -154,6 +154,12 @@ class ScoreFn:
 
 SCORES: dict[str, ScoreFn] = {}
 
+# The task-level score: attribution patching (``scores.attribution``), computed per question from
+# its gold answer with a gradient, before the forwards it ablates -- not a hook statistic, so not
+# in ``SCORES``; the direction its dataset-level |effect| is read in.
+ATP = "atp"
+ATP_INACTIVE_WHEN: Literal["high", "low"] = "low"  # |effect|: small means ablating the head changes little
+
 
 def register_score(fn: ScoreFn) -> ScoreFn:
     if fn.id in SCORES:
