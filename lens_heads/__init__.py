@@ -25,8 +25,8 @@ from lens_heads.evaluate import evaluate_task  # noqa: E402
 from lens_heads.sweep import SweepConfig, SweepResult, run_sweep, tabulate  # noqa: E402
 from lens_heads.diagnose import diagnose  # noqa: E402
 from lens_heads.surgery import RepairConfig, RepairReport, TargetSelector, TrainConfig, repair  # noqa: E402
-from lens_heads.study import ModelRef, ReportConfig, build_report  # noqa: E402
-from lens_heads.activations import HeadPatterns, attention_heads, head_patterns  # noqa: E402
+from lens_heads.study import ModelRef, ReportConfig, attention_heads, build_report  # noqa: E402
+from lens_heads.activations import HeadPatterns, head_patterns  # noqa: E402
 
 
 

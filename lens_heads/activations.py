@@ -3,13 +3,13 @@
 ``head_patterns(model, text, heads)`` runs ONE forward of ``text`` with hooks on
 ``hook_pattern`` of only the layers holding a requested head and returns the [head, q, k]
 patterns with the text's tokens (``HeadPatterns``). Views (``viz.AttentionView``) only render
-such a record; ``attention_heads`` is the notebook shortcut that does both.
+such a record; ``study.attention_heads`` is the notebook shortcut that does both.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ from jaxtyping import Float
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import hook_name, layer_of, run_with_hooks
-from lens_heads.interventions import Head
+from lens_heads.heads import Head
 
 
 @dataclass
@@ -59,15 +59,3 @@ def head_patterns(model, text: str, heads: Sequence[Head] | None = None, max_tok
                    [(hook_name("pattern", L), grab) for L in sorted({L for L, _ in heads})], return_logits=False)
     patterns = torch.stack([got[L][h] for L, h in heads]).numpy()
     return HeadPatterns(_token_strings(model.tokenizer, ids.tolist()), patterns, heads, text, model.name)
-
-
-def attention_heads(model, text: str, heads: Sequence[Head] | None = None,
-                    titles: Mapping[Head, str] | Sequence[str] | None = None, max_tokens: int = 64):
-    """``head_patterns`` rendered as a circuitsvis view (``viz.AttentionView``); ``titles`` adds
-    text to each head's name ("L3.H1 | ahon_ln 0.41 | BOS-sink"): a mapping from (layer, head),
-    or a list parallel to ``heads``."""
-    from lens_heads.viz import AttentionView
-
-    if titles is not None and not isinstance(titles, Mapping) and heads is not None and len(titles) != len(heads):
-        raise LensHeadsError(f"{len(titles)} titles for {len(heads)} heads")  # before the forward
-    return AttentionView.of(head_patterns(model, text, heads, max_tokens), titles)

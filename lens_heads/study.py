@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
+
+from lens_heads.heads import Head
 
 
 @dataclass
@@ -44,23 +46,20 @@ class ModelRef:
     @cached_property
     def digest(self) -> str:
         """The weights' digest (``models.load.source_digest``), without loading them."""
-        from lens_heads.models import zoo
-        from lens_heads.models.load import model_digest, resolve_source, source_digest
+        from lens_heads.models.load import model_digest, spec_digest
 
         if self.loaded is not None:
             return model_digest(self.loaded)
-        if self.spec in zoo.ZOO:  # the digest its file is verified against: no download needed
-            return zoo.ZOO[self.spec].sha256
-        return source_digest(resolve_source(self.spec, self.revision))
+        return spec_digest(self.spec, self.revision)
 
     @cached_property
     def dtype_name(self) -> str:
         """The dtype a load gives ("auto" resolved for this device), without loading."""
         if self.loaded is not None:
             return str(self.loaded.dtype).removeprefix("torch.")
-        from lens_heads.models.load import resolve_dtype
+        from lens_heads.models.load import dtype_name
 
-        return str(resolve_dtype(self.dtype, self.device)).removeprefix("torch.")
+        return dtype_name(self.dtype, self.device)
 
     def identity(self, cfg, task):
         """The ``RunIdentity`` of sweep config ``cfg`` on ``task`` with this model."""
@@ -74,6 +73,24 @@ class ModelRef:
         if compute:
             return run_sweep(self.model, cfg, out_dir, task=task, progress=progress)
         return tabulate(out_dir, self.identity(cfg, task), cfg, task, partial=partial, model=self.spec)
+
+
+# -----------------------------------------------------------------------------
+# Patterns as a view (computed by activations, rendered by viz)
+
+
+def attention_heads(model, text: str, heads: Sequence[Head] | None = None,
+                    titles: Mapping[Head, str] | Sequence[str] | None = None, max_tokens: int = 64):
+    """``head_patterns`` rendered as a circuitsvis view (``viz.AttentionView``); ``titles`` adds
+    text to each head's name ("L3.H1 | ahon_ln 0.41 | BOS-sink"): a mapping from (layer, head),
+    or a list parallel to ``heads``."""
+    from lens_heads.activations import head_patterns
+    from lens_heads.errors import LensHeadsError
+    from lens_heads.viz import AttentionView
+
+    if titles is not None and not isinstance(titles, Mapping) and heads is not None and len(titles) != len(heads):
+        raise LensHeadsError(f"{len(titles)} titles for {len(heads)} heads")  # before the forward
+    return AttentionView.of(head_patterns(model, text, heads, max_tokens), titles)
 
 
 # -----------------------------------------------------------------------------

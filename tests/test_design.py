@@ -131,6 +131,40 @@ def test_the_package_has_no_import_cycle():
     assert cycles(graph) == []
 
 
+def architecture_layers() -> list[tuple[str, list[str]]]:
+    """(layer name, top-level modules and packages) from docs/architecture.md's table, lowest first."""
+    import re
+
+    text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    layers = []
+    for line in text.splitlines():
+        m = re.match(r"^\| (\d+)\. ([^|]+) \| ([^|]+) \|", line)
+        if m:
+            names = [n.rstrip("/").removeprefix("lens_heads/") for n in re.findall(r"`([^`]+)`", m.group(3))]
+            layers.append((m.group(2).strip(), ["" if n == "__init__" else n for n in names]))
+    return layers
+
+
+def test_imports_follow_the_layers():
+    """docs/architecture.md's layers name every module once, and no module imports from a layer
+    above its own (in-function imports included)."""
+    layers = architecture_layers()
+    assert len(layers) >= 8 and layers[0][0] == "base"
+    where = {name: i for i, (_, names) in enumerate(layers) for name in names}
+    assert sum(len(names) for _, names in layers) == len(where), "a module is named in two layers"
+    graph = import_graph()
+
+    def layer(module: str) -> int:
+        top = module.removeprefix("lens_heads").removeprefix(".").split(".")[0]
+        assert top in where, f"{module} is in no layer of docs/architecture.md"
+        return where[top]
+
+    upward = [f"{m} ({layers[layer(m)][0]}) imports {t} ({layers[layer(t)][0]})"
+              for m, targets in sorted(graph.items()) for t in sorted(targets) if layer(t) > layer(m)]
+    assert upward == []
+    assert layer("lens_heads.engine") < layer("lens_heads.evaluate") < layer("lens_heads.sweep.run")
+
+
 def test_no_module_imports_from_the_package_root():
     offenders = [(str(p.relative_to(PACKAGE)), m) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"
                  or p.parent != PACKAGE for m in _imports(p, skip_type_checking=False) if m == "lens_heads"]

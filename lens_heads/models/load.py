@@ -487,6 +487,19 @@ def model_digest(model) -> str:
     return model.weights_digest
 
 
+def spec_digest(spec: str | os.PathLike, revision: str | None = None) -> str:
+    """The weights' digest of a model spec without loading them (``source_digest``; a zoo
+    model's is the digest its file is verified against: nothing is downloaded)."""
+    if str(spec) in zoo.ZOO:
+        return zoo.ZOO[str(spec)].sha256
+    return source_digest(resolve_source(spec, revision))
+
+
+def dtype_name(dtype: str | torch.dtype, device: str = "cpu") -> str:
+    """The dtype a load with ``dtype`` gives on ``device`` ("auto" resolved), e.g. "bfloat16"."""
+    return str(resolve_dtype(dtype, device)).removeprefix("torch.")
+
+
 def load_model(spec, dtype: str | torch.dtype = "float32", device: str = "cpu", *,
                device_map: str | dict | None = None, max_memory: dict | None = None,
                offload_folder: str | os.PathLike | None = None, revision: str | None = None) -> LoadedModel:

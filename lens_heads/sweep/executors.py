@@ -281,13 +281,11 @@ def job_for(model: str, dtype: str, device: str, cfg, out_dir, include_path=None
             revision: str | None = None) -> SweepJob:
     """A ``SweepJob`` from a model spec, with the weights' digest, the concrete dtype (``auto``
     resolved here, so every worker loads the same) and a hub id's commit; no model loaded."""
-    from lens_heads.models.load import resolve_source
-    from lens_heads.study import ModelRef
+    from lens_heads.models.load import dtype_name, resolve_source, spec_digest
 
-    ref = ModelRef(model, dtype, device, revision=revision)
     commit = resolve_source(model, revision).revision if revision is not None else None
-    return SweepJob(str(model), ref.dtype_name, device, cfg, str(out_dir), ref.digest, include_path, n_shards,
-                    revision=commit)
+    return SweepJob(str(model), dtype_name(dtype, device), device, cfg, str(out_dir), spec_digest(model, revision),
+                    include_path, n_shards, revision=commit)
 
 
 IN_PROCESS_ONLY = ("per-input atp (--scores atp): the executors' scoring shards do not split its per-question "
