@@ -147,6 +147,9 @@ def _cases(tmp_path, bad, model):
         (["report", model, "--heads", "1.x", "--out", str(tmp_path / "r.html")], ["bad head '1.x'"]),
         (["demo", "--model", model, "--limit", "500", "--out", str(tmp_path / "dm")], ["the demo ships 200"]),
         (["demo", "--model", model, "--random-seeds", "-1", "--out", str(tmp_path / "dm")], ["--random-seeds must be >= 0"]),
+        # issue 38: a Ray address that is none
+        (["sweep", model, "--task", "piqa", "--executor", "ray", "--ray-address", "nohost", "--out", str(tmp_path / "s")],
+         ["--ray-address 'nohost': write auto, HOST:PORT or ray://HOST:PORT"]),
     ]
 
 

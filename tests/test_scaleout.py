@@ -171,6 +171,37 @@ def test_local_shard_starts_with_its_own_units_then_takes_the_rest(monkeypatch):
         assert sorted(r.index for r in order) == list(range(7))  # then every other unit, once
 
 
+@pytest.mark.parametrize("address, message", [("FREE_PORT", "no Ray cluster answers at 127.0.0.1:"),
+                                              ("auto", "no running Ray cluster found")])
+def test_a_ray_address_with_no_cluster_fails_at_once(address, message, tiny_model_dir, task_file, tmp_path):
+    """ray.init retried an address nobody listens on for ever, and 'auto' with no cluster ended in
+    a ConnectionError traceback: both are one line, exit 2, well within 30 s, nothing written."""
+    pytest.importorskip("ray")
+    import socket
+
+    from ray._private.services import find_bootstrap_address, find_gcs_addresses
+
+    if address == "auto" and (find_gcs_addresses() or find_bootstrap_address(None)):
+        pytest.skip("a Ray cluster runs on this machine: 'auto' would find it")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free once closed: nobody listens there
+    out = tmp_path / "out"
+    code = "import sys; from lens_heads.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, "sweep", str(tiny_model_dir("llama")), "--task", f"file:{task_file}",
+            "--scores", "ahon_ln", "--executor", "ray", "--ray-address", address.replace("FREE_PORT", f"127.0.0.1:{port}"),
+            "--out", str(out), "--no-progress"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"--ray-address {address}: still running after 30 s")
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and message in err[0], proc.stderr
+    assert time.monotonic() - t0 < 30 and not out.exists()
+
+
 def _kill_first_worker_mid_unit(out: Path, launcher_pid: int, killed: list, stop: threading.Event):
     """Watch the store for a part's claim held by a process other than the launcher; SIGKILL it."""
     while not stop.is_set() and not killed:

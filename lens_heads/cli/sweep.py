@@ -160,6 +160,9 @@ def run(args) -> int:
             import ray  # noqa: F401
         except ImportError:
             raise LensHeadsError("--executor ray needs Ray: pip install 'lens_heads[ray]'") from None
+        from lens_heads.sweep.executors import check_ray_address
+
+        check_ray_address(args.ray_address)  # an address nobody answers at: now, not after planning
     from pathlib import Path
 
     if args.status:

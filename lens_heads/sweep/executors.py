@@ -102,6 +102,42 @@ class _RayWorker:
         return os.getpid(), self.worker.computed, self.worker.loads
 
 
+RAY_PROBE_S = 5.0  # how long a connection to the cluster's address may take before it counts as down
+
+
+def check_ray_address(address: str | None) -> None:
+    """An existing Ray cluster at ``address`` answers (before any work): ``auto`` must find one
+    (``RAY_ADDRESS``, the cluster ``ray start`` recorded, or a running GCS on this machine), and
+    its host:port (``ray://`` too) must accept a TCP connection within ``RAY_PROBE_S``; ray.init
+    itself would retry an address nobody listens on for ever."""
+    if address is None:
+        return
+    import socket
+
+    from ray._private.services import get_ray_address_from_environment
+
+    where = address.strip()
+    if where == "local":  # ray.init starts a new local cluster
+        return
+    try:
+        if where == "auto":
+            where = get_ray_address_from_environment("auto", None)
+        host, _, port = where.removeprefix("ray://").rpartition(":")
+        target = (host.strip("[]"), int(port))
+        if not target[0] or not 0 < target[1] < 65536:
+            raise ValueError(where)
+    except ConnectionError:
+        raise LensHeadsError(f"--ray-address {address}: no running Ray cluster found (start one with 'ray start "
+                             f"--head', set RAY_ADDRESS, or leave --ray-address out to start a local one)") from None
+    except ValueError:
+        raise LensHeadsError(f"--ray-address {address!r}: write auto, HOST:PORT or ray://HOST:PORT") from None
+    try:
+        socket.create_connection(target, timeout=RAY_PROBE_S).close()
+    except OSError as exc:
+        raise LensHeadsError(f"--ray-address {address}: no Ray cluster answers at {target[0]}:{target[1]} "
+                             f"({exc.strerror or exc}); is it running, and is the address its head's?") from None
+
+
 class RaySession:
     def __init__(self, job: SweepJob, config: RayConfig):
         try:
@@ -122,7 +158,12 @@ class RaySession:
                          log_to_driver=False, configure_logging=False)
                 self.started = True
             else:
-                ray.init(address=config.address, log_to_driver=False, configure_logging=False)
+                check_ray_address(config.address)
+                try:
+                    ray.init(address=config.address, log_to_driver=False, configure_logging=False)
+                except (ConnectionError, TimeoutError) as exc:
+                    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    raise LensHeadsError(f"--ray-address {config.address}: cannot join the Ray cluster: {msg}") from None
         actor = ray.remote(_RayWorker).options(num_cpus=config.cpus_per_worker, num_gpus=config.gpus_per_worker,
                                                max_restarts=-1, max_task_retries=-1)
         job = _with_threads(job, config.cpus_per_worker)
