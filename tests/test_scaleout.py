@@ -171,6 +171,30 @@ def test_local_shard_starts_with_its_own_units_then_takes_the_rest(monkeypatch):
         assert sorted(r.index for r in order) == list(range(7))  # then every other unit, once
 
 
+def test_workers_without_an_executor_run_that_many_local_processes(tiny_model_dir, task_file, tmp_path, reference):
+    """--workers N (no --executor) is the local executor with N worker processes (it was ignored:
+    one process ran); their tables equal run_sweep's, and this process computes none of the units."""
+    from lens_heads.cli import build_parser
+    from lens_heads.cli.sweep import _executor_config
+    from lens_heads.sweep.executors import LocalConfig, job_for, launch
+
+    def scale(*extra):
+        return _executor_config(build_parser().parse_args(["sweep", "m", "--task", "t", "--out", "o", *extra]))
+
+    assert scale() is None and scale("--workers", "1") is None  # this process
+    assert scale("--workers", "2") == ("local", LocalConfig(processes=2, threads=1), 2)
+    assert scale("--executor", "local", "--workers", "3", "--cpus-per-worker", "2") == \
+        ("local", LocalConfig(processes=3, threads=2), 3)
+    assert scale("--executor", "ray")[1].workers == 2  # ray's and slurm's default stays 2
+    out = tmp_path / "processes"
+    job = job_for(str(tiny_model_dir("llama")), "float32", "cpu", _cfg(task_file), out, n_shards=2)
+    first = launch(job, "local", scale("--workers", "2")[1], progress=False)
+    _same_tables(reference, out)
+    by_pid = first.session.by_pid
+    assert os.getpid() not in by_pid and first.session.computed is None
+    assert sum(by_pid.values()) == 2 + first.n_units  # the scoring shards and every part, each once
+
+
 @pytest.mark.parametrize("address, message", [("FREE_PORT", "no Ray cluster answers at 127.0.0.1:"),
                                               ("auto", "no running Ray cluster found")])
 def test_a_ray_address_with_no_cluster_fails_at_once(address, message, tiny_model_dir, task_file, tmp_path):
