@@ -74,12 +74,14 @@ def resolve_tasks(manager, spec: str) -> list[str]:
     return out
 
 
-def build_tasks(manager, names: list[str]) -> list:
+def build_tasks(manager, names: list[str], limit: int | None = None) -> list:
     """lm-eval's task / group objects for ``names`` (their datasets loaded): what
-    ``simple_evaluate`` would build, built before the model so a missing dataset fails early."""
+    ``simple_evaluate`` would build, built before the model so that a missing dataset, an answer
+    outside its row's choices (in the first ``limit`` rows) or a metric option the metric does not
+    take fails early."""
     import datasets
 
-    from lens_heads.data.lm_eval_tasks import build_error
+    from lens_heads.data.lm_eval_tasks import build_error, check_answers, check_metrics
 
     built = []
     bars = datasets.is_progress_bar_enabled()
@@ -90,6 +92,9 @@ def build_tasks(manager, names: list[str]) -> list:
                 loaded = manager.load([name])
             except Exception as exc:  # lm-eval raises many kinds for a dataset it cannot load offline
                 raise build_error(name, exc) from None
+            for task_name, task in loaded["tasks"].items():
+                check_answers(task, task_name, limit)
+                check_metrics(task, task_name)
             if name in loaded["groups"]:
                 built.append(loaded["groups"][name])
             else:
@@ -150,7 +155,7 @@ def run(args) -> int:
         raise LensHeadsError("lens-heads lm-eval needs lm-evaluation-harness: pip install 'lens_heads[lm-eval]'") from None
     manager = _task_manager(args.include_path)
     names = resolve_tasks(manager, args.tasks)
-    tasks = build_tasks(manager, names)
+    tasks = build_tasks(manager, names, args.limit)
 
     from lm_eval import simple_evaluate
     from lm_eval.utils import handle_non_serializable, make_table
