@@ -461,6 +461,21 @@ def test_cli_task_errors_are_found_before_the_model_loads(piqa_yaml, piqa_rows, 
         assert not out.exists()
 
 
+def test_cli_prints_no_git_errors_outside_a_repository(piqa_yaml, shared_manager, tiny_model_dir, tmp_path, capfd,
+                                                       monkeypatch):
+    """lm-eval runs `git describe` for its provenance with git's stderr on the terminal: outside a
+    repository that printed "fatal: not a git repository". Silenced; git_hash is what lm-eval records."""
+    from lens_heads.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    capfd.readouterr()
+    assert main(["lm-eval", str(tiny_model_dir(ARCH)), "--tasks", "lh_piqa_tiny", "--include-path", str(piqa_yaml),
+                 "--out", "res", "--quiet", "--limit", "2"]) == 0
+    err = capfd.readouterr().err
+    assert "fatal" not in err and "not a git repository" not in err, err
+    assert json.loads((tmp_path / "res" / "results.json").read_text())["git_hash"] is None  # lm-eval's own value here
+
+
 # -----------------------------------------------------------------------------
 # Perplexity tasks (loglikelihood_rolling) through evaluate
 

@@ -178,6 +178,18 @@ def _mc_yaml(folder, name: str, data_files, labels=None):
     return str(path)
 
 
+def test_relative_data_files_are_read_from_the_yaml_folder(tmp_path, monkeypatch):
+    """As lm_eval --include_path users write them: data_files relative to the YAML, whatever the
+    current folder (they were read from the current folder)."""
+    folder = tmp_path / "tasks"
+    spec = _mc_yaml(folder, "lh_relative", "data/lh_relative.jsonl", labels=[1, 0, 1])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    task = load_task(spec)
+    assert [r.gold for r in task.records] == [1, 0, 1] and task.records[2].question == "Question 2?"
+
+
 def test_answers_outside_their_choices_are_refused_naming_rows_and_field(tmp_path):
     folder = tmp_path / "tasks"
     # only later rows: they were scored wrong, silently

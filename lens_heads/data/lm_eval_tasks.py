@@ -20,6 +20,7 @@ task, one clear error (run those through ``lens_heads.LensHeadsLM`` under lm-eva
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -123,6 +124,50 @@ def _file_names(files) -> list[str]:
     return [str(f) for f in files] if isinstance(files, (list, tuple)) else [str(files)]
 
 
+def _from_yaml_folder(files, folder: Path):
+    """``data_files`` with each relative path (or glob) taken from ``folder`` (the task YAML's),
+    as ``--include_path`` users write them; a path only the current folder holds stays as given."""
+    import glob
+
+    if isinstance(files, dict):
+        return {k: _from_yaml_folder(v, folder) for k, v in files.items()}
+    if isinstance(files, (list, tuple)):
+        return [_from_yaml_folder(f, folder) for f in files]
+    if not isinstance(files, str) or "://" in files or Path(files).expanduser().is_absolute():
+        return files
+    near = str(folder / files)
+    return near if glob.glob(near) or not glob.glob(files) else files
+
+
+def yaml_relative_files(manager):
+    """``manager`` (lm-eval's ``TaskManager``) building its YAML tasks with relative
+    ``dataset_kwargs.data_files`` taken from the YAML's folder (lm-eval passes them to
+    ``datasets.load_dataset``, which reads them from the current folder; docs/methods.md §4). An
+    lm-eval whose ``TaskManager`` has no ``TaskFactory`` (older 0.4 releases) is left as it is."""
+    factory = getattr(manager, "_factory", None)
+    if factory is None or isinstance(factory, _yaml_folder_factory()):
+        return manager
+    manager._factory = _yaml_folder_factory()(meta=getattr(factory, "_meta", None))
+    return manager
+
+
+@functools.cache
+def _yaml_folder_factory():
+    """lm-eval's ``TaskFactory``, with relative ``data_files`` taken from each task's YAML folder."""
+    from lm_eval.tasks._factory import TaskFactory
+
+    class YamlFolderFactory(TaskFactory):
+        def _load_full_config(self, entry, overrides=None):
+            cfg = super()._load_full_config(entry, overrides)
+            kwargs = cfg.get("dataset_kwargs")
+            if getattr(entry, "yaml_path", None) and isinstance(kwargs, dict) and kwargs.get("data_files"):
+                folder = Path(entry.yaml_path).expanduser().resolve().parent
+                cfg["dataset_kwargs"] = {**kwargs, "data_files": _from_yaml_folder(kwargs["data_files"], folder)}
+            return cfg
+
+    return YamlFolderFactory
+
+
 def check_metrics(task, name: str) -> None:
     """A generation task's metrics, run on an empty answer to its first document (lm-eval's own
     ``process_results``), so that an option its metric does not take (``exact_match`` with
@@ -169,6 +214,7 @@ def _build(spec: str, include_path: str | os.PathLike | None):
         manager = TaskManager(include_path=paths, include_defaults=False)
     if manager is None or name not in manager.all_tasks:  # a registry name, or a YAML that builds on one
         manager = TaskManager(include_path=paths or None)
+    yaml_relative_files(manager)
     if name not in manager.all_tasks:
         raise unknown_task(manager, name)
     try:
