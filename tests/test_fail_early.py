@@ -149,6 +149,18 @@ def _cases(tmp_path, bad, model):
         (["report", model, "--heads", "1.x", "--out", str(tmp_path / "r.html")], ["bad head '1.x'"]),
         (["demo", "--model", model, "--limit", "500", "--out", str(tmp_path / "dm")], ["the demo ships 200"]),
         (["demo", "--model", model, "--random-seeds", "-1", "--out", str(tmp_path / "dm")], ["--random-seeds must be >= 0"]),
+        # issue 38: a dash-led value is the option's value (argparse took it for an option); options
+        # that would be ignored are refused
+        (["sweep", model, "--task", "piqa", "--shard", "-1/2", "--out", str(tmp_path / "s")],
+         ["--shard '-1/2'", "0 <= I < N"]),
+        (["sweep", model, "--task", "piqa", "--fractions", "-0.1,0.2", "--out", str(tmp_path / "s")], ["-0.1"]),
+        (["sweep", model, "--task", "piqa", "--shard", "0/2", "--workers", "2", "--out", str(tmp_path / "s")],
+         ["--workers N launches N local processes", "give one of them"]),
+        (["sweep", model, "--task", "piqa", "--ray-address", "auto", "--out", str(tmp_path / "s")],
+         ["--ray-address goes with --executor ray"]),
+        # issue 38: a Ray address that is none
+        (["sweep", model, "--task", "piqa", "--executor", "ray", "--ray-address", "nohost", "--out", str(tmp_path / "s")],
+         ["--ray-address 'nohost': write auto, HOST:PORT or ray://HOST:PORT"]),
     ]
 
 

@@ -420,6 +420,62 @@ def test_cli_writes_results_and_samples(piqa_yaml, shared_manager, tiny_model_di
     assert float(samples[0]["resps"][0][0][0]) == pytest.approx(ll, abs=1e-5)
 
 
+def _task_yaml(folder, name: str, rows_file, **fields) -> str:
+    """A task YAML over ``rows_file`` (piqa rows), its other fields given."""
+    import yaml
+
+    cfg = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": str(rows_file)}},
+           "test_split": "test", "doc_to_text": "Question: {{goal}}\nAnswer:", **fields}
+    (folder / f"{name}.yaml").write_text(yaml.safe_dump(cfg))
+    return str(folder / f"{name}.yaml")
+
+
+def test_cli_task_errors_are_found_before_the_model_loads(piqa_yaml, piqa_rows, shared_manager, tiny_model_dir,
+                                                          tmp_path, capsys, monkeypatch):
+    """A metric option the metric does not take failed after the whole generation run, with
+    lm-eval's traceback; an answer outside its row's choices beyond row 0 was scored wrong,
+    silently. Both: one line, exit 2, before the model loads, nothing written."""
+    import lens_heads.models
+
+    monkeypatch.setattr(lens_heads.models, "load_model", lambda *a, **k: pytest.fail("the model was loaded"))
+    rows = piqa_yaml / "rows.jsonl"
+    gen = _task_yaml(tmp_path, "lh_gen_bad_option", rows, output_type="generate_until", doc_to_target="{{sol1}}",
+                     generation_kwargs={"until": ["\n"], "max_gen_toks": 4},
+                     metric_list=[{"metric": "exact_match", "ignore_whitespace": True}])
+    bad_rows = tmp_path / "bad_rows.jsonl"
+    labels = [r["label"] if i not in (3, 5) else 2 + i for i, r in enumerate(piqa_rows)]
+    bad_rows.write_text("".join(json.dumps({**r, "label": lab}) + "\n" for r, lab in zip(piqa_rows, labels)))
+    mc = _task_yaml(tmp_path, "lh_later_rows", bad_rows, output_type="multiple_choice", doc_to_target="{{label}}",
+                    doc_to_choice="{{[sol1, sol2]}}")
+    for spec, limit, needles in [(gen, None, ["lh_gen_bad_option", "unexpected keyword argument 'ignore_whitespace'",
+                                              "exact_match: ignore_whitespace"]),
+                                 (mc, None, ["doc_to_target", "row 3: index 5, outside 0..1", "row 5: index 7"]),
+                                 (mc, "4", ["in 1 row(s)", "row 3: index 5"])]:  # only the rows evaluated
+        out = tmp_path / "out"
+        argv = ["lm-eval", str(tiny_model_dir(ARCH)), "--tasks", spec, "--include-path", str(piqa_yaml),
+                "--out", str(out), "--quiet"] + (["--limit", limit] if limit else [])
+        code, cap = _cli(argv, capsys)
+        lines = cap.err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and "Traceback" not in cap.err, cap.err
+        assert all(n in lines[0] for n in needles), lines[0]
+        assert not out.exists()
+
+
+def test_cli_prints_no_git_errors_outside_a_repository(piqa_yaml, shared_manager, tiny_model_dir, tmp_path, capfd,
+                                                       monkeypatch):
+    """lm-eval runs `git describe` for its provenance with git's stderr on the terminal: outside a
+    repository that printed "fatal: not a git repository". Silenced; git_hash is what lm-eval records."""
+    from lens_heads.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    capfd.readouterr()
+    assert main(["lm-eval", str(tiny_model_dir(ARCH)), "--tasks", "lh_piqa_tiny", "--include-path", str(piqa_yaml),
+                 "--out", "res", "--quiet", "--limit", "2"]) == 0
+    err = capfd.readouterr().err
+    assert "fatal" not in err and "not a git repository" not in err, err
+    assert json.loads((tmp_path / "res" / "results.json").read_text())["git_hash"] is None  # lm-eval's own value here
+
+
 # -----------------------------------------------------------------------------
 # Perplexity tasks (loglikelihood_rolling) through evaluate
 

@@ -159,3 +159,52 @@ def test_bad_lm_eval_tasks_fail_with_one_message(tmp_path, yaml_tasks):
         load_task("lm-eval:arc_easy")  # offline, and no local copy of its dataset
     with pytest.raises(LensHeadsError, match="no task 'arc_eazy'.*arc_easy"):
         load_task("lm-eval:arc_eazy")
+
+
+def _mc_yaml(folder, name: str, data_files, labels=None):
+    """A two-choice task YAML over rows labelled ``labels`` (written to ``folder/data/NAME.jsonl``)."""
+    import yaml
+
+    if labels is not None:
+        (folder / "data").mkdir(parents=True, exist_ok=True)
+        (folder / "data" / f"{name}.jsonl").write_text("".join(
+            json.dumps({"q": f"Question {i}?", "a": "yes", "b": "no", "label": lab}) + "\n"
+            for i, lab in enumerate(labels)))
+    cfg = {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": data_files}},
+           "output_type": "multiple_choice", "test_split": "test", "doc_to_text": "{{q}}",
+           "doc_to_choice": "{{[a, b]}}", "doc_to_target": "{{label}}"}
+    path = folder / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return str(path)
+
+
+def test_relative_data_files_are_read_from_the_yaml_folder(tmp_path, monkeypatch):
+    """As lm_eval --include_path users write them: data_files relative to the YAML, whatever the
+    current folder (they were read from the current folder)."""
+    folder = tmp_path / "tasks"
+    spec = _mc_yaml(folder, "lh_relative", "data/lh_relative.jsonl", labels=[1, 0, 1])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    task = load_task(spec)
+    assert [r.gold for r in task.records] == [1, 0, 1] and task.records[2].question == "Question 2?"
+
+
+def test_answers_outside_their_choices_are_refused_naming_rows_and_field(tmp_path):
+    folder = tmp_path / "tasks"
+    # only later rows: they were scored wrong, silently
+    later = _mc_yaml(folder, "lh_later_rows", str(folder / "data" / "lh_later_rows.jsonl"), labels=[0, 1, 5, 1, 2])
+    with pytest.raises(LensHeadsError, match=r"doc_to_target .* in 2 row\(s\).*row 2: index 5, outside 0\.\.1.*"
+                                             r"row 4: index 2"):
+        load_task(later)
+    # row 0: lm-eval's own check while building gave "list index out of range" and the HF cache hint
+    first = _mc_yaml(folder, "lh_first_row", str(folder / "data" / "lh_first_row.jsonl"), labels=[3, 1])
+    with pytest.raises(LensHeadsError, match=r"row 0 of its evaluation split: doc_to_target gives index 3, "
+                                             r"outside 0\.\.1") as exc:
+        load_task(first)
+    assert "HF datasets cache" not in str(exc.value) and "list index" not in str(exc.value)
+    # a local file that is not there: lm-eval's message, without the hint about the hub's cache
+    missing = _mc_yaml(folder, "lh_no_file", str(folder / "data" / "none.jsonl"))
+    with pytest.raises(LensHeadsError, match="could not be built.*none.jsonl") as exc:
+        load_task(missing)
+    assert "HF datasets cache" not in str(exc.value)

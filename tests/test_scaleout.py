@@ -171,6 +171,61 @@ def test_local_shard_starts_with_its_own_units_then_takes_the_rest(monkeypatch):
         assert sorted(r.index for r in order) == list(range(7))  # then every other unit, once
 
 
+def test_workers_without_an_executor_run_that_many_local_processes(tiny_model_dir, task_file, tmp_path, reference):
+    """--workers N (no --executor) is the local executor with N worker processes (it was ignored:
+    one process ran); their tables equal run_sweep's, and this process computes none of the units."""
+    from lens_heads.cli import build_parser
+    from lens_heads.cli.sweep import _executor_config
+    from lens_heads.sweep.executors import LocalConfig, job_for, launch
+
+    def scale(*extra):
+        return _executor_config(build_parser().parse_args(["sweep", "m", "--task", "t", "--out", "o", *extra]))
+
+    assert scale() is None and scale("--workers", "1") is None  # this process
+    assert scale("--workers", "2") == ("local", LocalConfig(processes=2, threads=1), 2)
+    assert scale("--executor", "local", "--workers", "3", "--cpus-per-worker", "2") == \
+        ("local", LocalConfig(processes=3, threads=2), 3)
+    assert scale("--executor", "ray")[1].workers == 2  # ray's and slurm's default stays 2
+    out = tmp_path / "processes"
+    job = job_for(str(tiny_model_dir("llama")), "float32", "cpu", _cfg(task_file), out, n_shards=2)
+    first = launch(job, "local", scale("--workers", "2")[1], progress=False)
+    _same_tables(reference, out)
+    by_pid = first.session.by_pid
+    assert os.getpid() not in by_pid and first.session.computed is None
+    assert sum(by_pid.values()) == 2 + first.n_units  # the scoring shards and every part, each once
+
+
+@pytest.mark.parametrize("address, message", [("FREE_PORT", "no Ray cluster answers at 127.0.0.1:"),
+                                              ("auto", "no running Ray cluster found")])
+def test_a_ray_address_with_no_cluster_fails_at_once(address, message, tiny_model_dir, task_file, tmp_path):
+    """ray.init retried an address nobody listens on for ever, and 'auto' with no cluster ended in
+    a ConnectionError traceback: both are one line, exit 2, well within 30 s, nothing written."""
+    pytest.importorskip("ray")
+    import socket
+
+    from ray._private.services import find_bootstrap_address, find_gcs_addresses
+
+    if address == "auto" and (find_gcs_addresses() or find_bootstrap_address(None)):
+        pytest.skip("a Ray cluster runs on this machine: 'auto' would find it")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # free once closed: nobody listens there
+    out = tmp_path / "out"
+    code = "import sys; from lens_heads.cli import main; sys.exit(main(sys.argv[1:]))"
+    argv = [sys.executable, "-c", code, "sweep", str(tiny_model_dir("llama")), "--task", f"file:{task_file}",
+            "--scores", "ahon_ln", "--executor", "ray", "--ray-address", address.replace("FREE_PORT", f"127.0.0.1:{port}"),
+            "--out", str(out), "--no-progress"]
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    t0 = time.monotonic()
+    try:
+        proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"--ray-address {address}: still running after 30 s")
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and len(err) == 1 and message in err[0], proc.stderr
+    assert time.monotonic() - t0 < 30 and not out.exists()
+
+
 def _kill_first_worker_mid_unit(out: Path, launcher_pid: int, killed: list, stop: threading.Event):
     """Watch the store for a part's claim held by a process other than the launcher; SIGKILL it."""
     while not stop.is_set() and not killed:

@@ -25,8 +25,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def join_dash_values(argv: list[str]) -> list[str]:
+    """``--opt -1/2`` as ``--opt=-1/2``: argparse takes a value starting with a dash and a digit
+    (but for a plain negative number) for an option and answers "expected one argument"; joined,
+    the option's own check gives its message. No lens-heads option is named -DIGIT."""
+    import re
+
+    out: list[str] = []
+    for arg in argv:
+        if (out and re.match(r"-\d", arg) and out[-1].startswith("--") and "=" not in out[-1]
+                and out[-1] != "--"):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(join_dash_values(sys.argv[1:] if argv is None else list(argv)))
     try:
         if isinstance(getattr(args, "batch_size", None), str):  # "auto" or a number, before any work
             from lens_heads.cli.common import parse_batch_size

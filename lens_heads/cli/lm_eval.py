@@ -33,13 +33,13 @@ def register(sub) -> None:
 def _task_manager(include_path):
     from pathlib import Path
 
-    from lens_heads.data.lm_eval_tasks import quiet_lm_eval
+    from lens_heads.data.lm_eval_tasks import quiet_lm_eval, yaml_relative_files
     from lens_heads.errors import LensHeadsError
 
     if include_path is not None and not Path(include_path).is_dir():
         raise LensHeadsError(f"--include-path {include_path}: no such folder")
     quiet_lm_eval()
-    return new_task_manager(str(include_path) if include_path is not None else None)
+    return yaml_relative_files(new_task_manager(str(include_path) if include_path is not None else None))
 
 
 def new_task_manager(include_path: str | None):
@@ -74,12 +74,14 @@ def resolve_tasks(manager, spec: str) -> list[str]:
     return out
 
 
-def build_tasks(manager, names: list[str]) -> list:
+def build_tasks(manager, names: list[str], limit: int | None = None) -> list:
     """lm-eval's task / group objects for ``names`` (their datasets loaded): what
-    ``simple_evaluate`` would build, built before the model so a missing dataset fails early."""
+    ``simple_evaluate`` would build, built before the model so that a missing dataset, an answer
+    outside its row's choices (in the first ``limit`` rows) or a metric option the metric does not
+    take fails early."""
     import datasets
 
-    from lens_heads.data.lm_eval_tasks import build_error
+    from lens_heads.data.lm_eval_tasks import build_error, check_answers, check_metrics
 
     built = []
     bars = datasets.is_progress_bar_enabled()
@@ -90,6 +92,9 @@ def build_tasks(manager, names: list[str]) -> list:
                 loaded = manager.load([name])
             except Exception as exc:  # lm-eval raises many kinds for a dataset it cannot load offline
                 raise build_error(name, exc) from None
+            for task_name, task in loaded["tasks"].items():
+                check_answers(task, task_name, limit)
+                check_metrics(task, task_name)
             if name in loaded["groups"]:
                 built.append(loaded["groups"][name])
             else:
@@ -98,6 +103,21 @@ def build_tasks(manager, names: list[str]) -> list:
         if bars:
             datasets.enable_progress_bars()
     return built
+
+
+def git_commit_hash() -> str | None:
+    """lm-eval's ``get_git_commit_hash`` (the current folder's ``git describe --always``, else
+    the commit its .git names), with git's stderr silenced: lm-eval leaves it on the terminal,
+    which prints "fatal: not a git repository" outside one."""
+    import os
+    import subprocess
+
+    from lm_eval.loggers.utils import get_commit_from_path
+
+    try:
+        return subprocess.check_output(["git", "describe", "--always"], stderr=subprocess.DEVNULL).strip().decode()
+    except (subprocess.CalledProcessError, FileNotFoundError):
+        return get_commit_from_path(os.getcwd())
 
 
 def _sample_lines(samples: list[dict]) -> str:
@@ -150,8 +170,11 @@ def run(args) -> int:
         raise LensHeadsError("lens-heads lm-eval needs lm-evaluation-harness: pip install 'lens_heads[lm-eval]'") from None
     manager = _task_manager(args.include_path)
     names = resolve_tasks(manager, args.tasks)
-    tasks = build_tasks(manager, names)
+    tasks = build_tasks(manager, names, args.limit)
 
+    from unittest import mock
+
+    import lm_eval.evaluator
     from lm_eval import simple_evaluate
     from lm_eval.utils import handle_non_serializable, make_table
 
@@ -159,8 +182,9 @@ def run(args) -> int:
 
     model = model_from_args(args)
     lm = LensHeadsLM(model, ablation=args.ablate, batch_size=args.batch_size, progress=not args.quiet)
-    res = simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit,
-                          task_manager=manager, log_samples=True)
+    with mock.patch.object(lm_eval.evaluator, "get_git_commit_hash", git_commit_hash):
+        res = simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit,
+                              task_manager=manager, log_samples=True)
     if res is None:  # not rank 0: nothing to write
         return 0
     samples = res.pop("samples", {}) or {}

@@ -54,8 +54,12 @@ def register(sub) -> None:
                         "first N texts of CORPUS), resample:CORPUS@SEED[@N] (another input's output)")
     g = p.add_argument_group("scale-out (docs/methods.md §8; the store in --out is the only coordination)")
     g.add_argument("--executor", choices=("local", "ray", "slurm"), default="local",
-                   help="where the units run: this process (default), a Ray cluster, a Slurm job array")
-    g.add_argument("--workers", type=int, default=2, help="ray: actors; slurm: array tasks per phase (default 2)")
+                   help="where the units run: this machine (default: this process, or --workers processes), "
+                        "a Ray cluster, a Slurm job array")
+    g.add_argument("--workers", type=int, default=None,
+                   help="local (also without --executor): N worker processes on this machine, one model load "
+                        "each (default: this process alone); ray: actors; slurm: array tasks per phase "
+                        "(default 2)")
     g.add_argument("--cpus-per-worker", type=int, default=1, help="CPUs (and torch threads) per worker (default 1)")
     g.add_argument("--ray-address", default=None,
                    help="an existing Ray cluster (auto, ray://HOST:PORT); default: start a local one")
@@ -84,21 +88,30 @@ def parse_shard(text: str) -> tuple[int, int]:
     return int(i), int(n)
 
 
+DEFAULT_WORKERS = 2  # ray actors / slurm array tasks when --workers is not given
+
+
 def _executor_config(args):
-    """(name, config, n_shards) of the executor the arguments ask for; None for a plain local run."""
+    """(name, config, n_shards) of the executor the arguments ask for; None for a plain local run
+    (this process). ``--workers N`` (N > 1) without ``--executor`` is the local executor with N
+    worker processes."""
     from lens_heads.sweep.executors import LocalConfig, RayConfig, SlurmConfig
 
-    if args.executor == "local" and args.shard is None:
-        return None
     if args.executor == "local":
-        shard = parse_shard(args.shard)
-        return "local", LocalConfig(shard), args.score_shards or shard[1]
+        if args.shard is not None:
+            shard = parse_shard(args.shard)
+            return "local", LocalConfig(shard), args.score_shards or shard[1]
+        if (args.workers or 1) > 1:
+            return "local", LocalConfig(processes=args.workers, threads=args.cpus_per_worker), \
+                args.score_shards or args.workers
+        return None
+    workers = args.workers or DEFAULT_WORKERS
     if args.executor == "ray":
-        return "ray", RayConfig(args.ray_address, args.workers, args.cpus_per_worker, args.gpus_per_worker), \
-            args.score_shards or args.workers
-    return "slurm", SlurmConfig(args.workers, args.slurm_partition, args.slurm_time, args.cpus_per_worker,
+        return "ray", RayConfig(args.ray_address, workers, args.cpus_per_worker, args.gpus_per_worker), \
+            args.score_shards or workers
+    return "slurm", SlurmConfig(workers, args.slurm_partition, args.slurm_time, args.cpus_per_worker,
                                 args.gpus_per_task, args.array_parallelism, args.slurm_retries), \
-        args.score_shards or args.workers
+        args.score_shards or workers
 
 
 
@@ -140,14 +153,19 @@ def run(args) -> int:
         raise LensHeadsError(f"--gpus-per-worker must be >= 0, got {args.gpus_per_worker}")
     from lens_heads.sweep.executors import IN_PROCESS_ONLY, in_process_only
 
-    if in_process_only(cfg) and (args.shard is not None or args.executor != "local"):
-        raise LensHeadsError(IN_PROCESS_ONLY)
     if args.shard is not None and args.executor != "local":
         raise LensHeadsError("--shard is for launching local processes by hand; ray and slurm split the units "
                              "themselves (--workers)")
-    if args.status and (args.executor != "local" or args.shard is not None):
-        raise LensHeadsError("--status reads the store: give it without --executor / --shard")
+    if args.shard is not None and args.workers is not None:
+        raise LensHeadsError("--shard launches one process by hand, --workers N launches N local processes: "
+                             "give one of them")
+    if args.status and (args.executor != "local" or args.shard is not None or args.workers is not None):
+        raise LensHeadsError("--status reads the store: give it without --executor / --shard / --workers")
+    if args.ray_address is not None and args.executor != "ray":
+        raise LensHeadsError("--ray-address goes with --executor ray")
     scale = _executor_config(args)
+    if in_process_only(cfg) and scale is not None:
+        raise LensHeadsError(IN_PROCESS_ONLY)
     if scale is not None and (args.thresholds_file is not None or args.paper_protocol):
         raise LensHeadsError("--thresholds-file and --paper-protocol run with the local executor only, for now")
     if scale is not None and scale[0] == "slurm":
@@ -161,6 +179,9 @@ def run(args) -> int:
             import ray  # noqa: F401
         except ImportError:
             raise LensHeadsError("--executor ray needs Ray: pip install 'lens_heads[ray]'") from None
+        from lens_heads.sweep.executors import check_ray_address
+
+        check_ray_address(args.ray_address)  # an address nobody answers at: now, not after planning
     from pathlib import Path
 
     if args.status:
@@ -241,8 +262,10 @@ def run_scaled(args, cfg, scale) -> int:
     job = job_for(args.model, args.dtype, args.device, cfg, args.out, args.include_path, n_shards, args.revision)
     out = launch(job, name, config, progress=not args.no_progress)
     computed = getattr(out.session, "computed", None)
+    by_pid = getattr(out.session, "by_pid", None)
     print(f"{out.n_units} part units ({out.n_stored_before} stored before this launch)"
           + (f"; this process computed {computed} units" if computed is not None else "")
+          + (f"; {len(by_pid)} worker processes computed {sum(by_pid.values())} units" if by_pid else "")
           + f", {out.seconds:.1f} s")
     return report(args, out.result)
 

@@ -20,6 +20,7 @@ task, one clear error (run those through ``lens_heads.LensHeadsLM`` under lm-eva
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass, field
@@ -75,10 +76,117 @@ def unknown_task(manager, name: str) -> LensHeadsError:
 
 
 def build_error(name: str, exc: Exception) -> LensHeadsError:
-    """The one message for a task lm-eval cannot build (mostly: its dataset is not on disk)."""
+    """The one message for a task lm-eval cannot build: its first row's answer outside its
+    choices (lm-eval checks row 0 while building), else lm-eval's own message, with a hint about
+    the HF datasets cache unless the task reads local files."""
+    frame = _failed_task_frame(exc)
+    task = frame.f_locals["self"] if frame is not None else None
+    if isinstance(exc, IndexError) and frame is not None:
+        target, choices = frame.f_locals.get("test_target"), frame.f_locals.get("test_choice")
+        if isinstance(target, int) and isinstance(choices, list):
+            return LensHeadsError(f"lm-eval task {name!r} could not be built: row 0 of its evaluation split: "
+                                  f"doc_to_target gives {_answer_problem(target, choices)}")
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    if task is not None and reads_local_files(task.config):
+        return LensHeadsError(f"lm-eval task {name!r} could not be built: {msg}")
     return LensHeadsError(f"lm-eval task {name!r} could not be built: {msg} (its dataset must be in the local HF "
                           f"datasets cache, or the YAML must point at local files)")
+
+
+def _failed_task_frame(exc: Exception):
+    """The innermost frame of ``exc``'s traceback that belongs to an lm-eval task object (its
+    ``__init__`` or ``download``), or None."""
+    from lm_eval.api.task import Task as LmTask
+
+    tb, found = exc.__traceback__, None
+    while tb is not None:
+        if isinstance(tb.tb_frame.f_locals.get("self"), LmTask):
+            found = tb.tb_frame
+        tb = tb.tb_next
+    return found
+
+
+def reads_local_files(config) -> bool:
+    """Whether an lm-eval task config reads local files (``dataset_kwargs.data_files``, or a
+    ``dataset_path`` that is a local file or folder) rather than a hub dataset."""
+    kwargs = getattr(config, "dataset_kwargs", None) or {}
+    files = kwargs.get("data_files") if isinstance(kwargs, dict) else None
+    if files:
+        return not any("://" in f for f in _file_names(files))
+    path = getattr(config, "dataset_path", None)
+    return isinstance(path, str) and Path(path).expanduser().exists()
+
+
+def _file_names(files) -> list[str]:
+    """The paths in a ``data_files`` value (a path, a list, or a split -> path(s) mapping)."""
+    if isinstance(files, dict):
+        return [f for v in files.values() for f in _file_names(v)]
+    return [str(f) for f in files] if isinstance(files, (list, tuple)) else [str(files)]
+
+
+def _from_yaml_folder(files, folder: Path):
+    """``data_files`` with each relative path (or glob) taken from ``folder`` (the task YAML's),
+    as ``--include_path`` users write them; a path only the current folder holds stays as given."""
+    import glob
+
+    if isinstance(files, dict):
+        return {k: _from_yaml_folder(v, folder) for k, v in files.items()}
+    if isinstance(files, (list, tuple)):
+        return [_from_yaml_folder(f, folder) for f in files]
+    if not isinstance(files, str) or "://" in files or Path(files).expanduser().is_absolute():
+        return files
+    near = str(folder / files)
+    return near if glob.glob(near) or not glob.glob(files) else files
+
+
+def yaml_relative_files(manager):
+    """``manager`` (lm-eval's ``TaskManager``) building its YAML tasks with relative
+    ``dataset_kwargs.data_files`` taken from the YAML's folder (lm-eval passes them to
+    ``datasets.load_dataset``, which reads them from the current folder; docs/methods.md §4). An
+    lm-eval whose ``TaskManager`` has no ``TaskFactory`` (older 0.4 releases) is left as it is."""
+    factory = getattr(manager, "_factory", None)
+    if factory is None or isinstance(factory, _yaml_folder_factory()):
+        return manager
+    manager._factory = _yaml_folder_factory()(meta=getattr(factory, "_meta", None))
+    return manager
+
+
+@functools.cache
+def _yaml_folder_factory():
+    """lm-eval's ``TaskFactory``, with relative ``data_files`` taken from each task's YAML folder."""
+    from lm_eval.tasks._factory import TaskFactory
+
+    class YamlFolderFactory(TaskFactory):
+        def _load_full_config(self, entry, overrides=None):
+            cfg = super()._load_full_config(entry, overrides)
+            kwargs = cfg.get("dataset_kwargs")
+            if getattr(entry, "yaml_path", None) and isinstance(kwargs, dict) and kwargs.get("data_files"):
+                folder = Path(entry.yaml_path).expanduser().resolve().parent
+                cfg["dataset_kwargs"] = {**kwargs, "data_files": _from_yaml_folder(kwargs["data_files"], folder)}
+            return cfg
+
+    return YamlFolderFactory
+
+
+def check_metrics(task, name: str) -> None:
+    """A generation task's metrics, run on an empty answer to its first document (lm-eval's own
+    ``process_results``), so that an option its metric does not take (``exact_match`` with
+    ``ignore_whitespace``) fails now rather than after the whole generation run."""
+    config = task.config
+    if config.output_type != "generate_until" or callable(config.process_results):
+        return
+    docs = task.eval_docs
+    if not len(docs):
+        return
+    try:
+        task.process_results(docs[0], [""])
+    except Exception as exc:  # noqa: BLE001 -- whatever the metric raises, it would raise after generating
+        if isinstance(exc, TypeError) and isinstance(exc.__context__, TypeError):
+            exc = exc.__context__  # lm-eval retried the metric positionally: the first error says why
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        options = "; ".join(f"{m}: {', '.join(kw)}" for m, kw in getattr(task, "_metric_fn_kwargs", {}).items() if kw)
+        raise LensHeadsError(f"lm-eval task {name!r}: its metric_list fails on a made-up answer: {msg}"
+                             + (f" (options given: {options})" if options else "")) from None
 
 
 def _build(spec: str, include_path: str | os.PathLike | None):
@@ -106,6 +214,7 @@ def _build(spec: str, include_path: str | os.PathLike | None):
         manager = TaskManager(include_path=paths, include_defaults=False)
     if manager is None or name not in manager.all_tasks:  # a registry name, or a YAML that builds on one
         manager = TaskManager(include_path=paths or None)
+    yaml_relative_files(manager)
     if name not in manager.all_tasks:
         raise unknown_task(manager, name)
     try:
@@ -124,15 +233,52 @@ def _leaves(tasks: dict):
             yield v
 
 
-def _gold(task, doc, choices: list[str]) -> int:
-    """lm-eval ``process_results``' gold index (multiple_input tasks: doc_to_text is the index)."""
+def _gold(task, doc, choices: list[str]) -> tuple[int, str | None]:
+    """lm-eval ``process_results``' gold index (multiple_input tasks: doc_to_text is the index),
+    and what is wrong with it (None: nothing): an index outside the choices, or a string none of
+    them is (lm-eval scores such a row wrong whatever the model answers)."""
     gold = task.doc_to_text(doc) if task.multiple_input else task.doc_to_target(doc)
     if isinstance(gold, list):
         raise LensHeadsError(f"lm-eval task {task.config.task!r}: several gold answers per document are "
                              "not supported (multiple_target)")
+    if isinstance(gold, str) and gold in choices:
+        return choices.index(gold), None
+    if isinstance(gold, str) or not 0 <= int(gold) < len(choices):
+        return -1, _answer_problem(gold, choices)
+    return int(gold), None
+
+
+def _answer_problem(gold, choices: list) -> str:
     if isinstance(gold, str):
-        gold = choices.index(gold) if gold in choices else -1
-    return int(gold)
+        return f"{gold!r}, none of its {len(choices)} choices"
+    return f"index {gold}, outside 0..{len(choices) - 1} (its {len(choices)} choices)"
+
+
+def refuse_bad_answers(task, name: str, problems: list[tuple[int, str]]) -> None:
+    """One error naming the rows (``(row, problem)``) whose answer is not one of their choices,
+    as the ``file:`` route refuses them."""
+    if not problems:
+        return
+    field = "doc_to_text" if task.multiple_input else "doc_to_target"
+    shown = "; ".join(f"row {i}: {what}" for i, what in problems[:5])
+    more = f"; and {len(problems) - 5} more" if len(problems) > 5 else ""
+    raise LensHeadsError(f"lm-eval task {name!r}: {field} gives no answer among the choices in {len(problems)} "
+                         f"row(s) of its evaluation split (rows from 0): {shown}{more}")
+
+
+def check_answers(task, name: str, limit: int | None = None) -> None:
+    """A multiple-choice lm-eval task's answers (its first ``limit`` rows): each one of its row's
+    choices, else ``refuse_bad_answers``."""
+    if task.config.output_type != "multiple_choice":
+        return
+    problems = []
+    for i, doc in enumerate(task.eval_docs):
+        if limit is not None and i >= limit:
+            break
+        problem = _gold(task, doc, [str(c) for c in task.doc_to_choice(doc)])[1]
+        if problem is not None:
+            problems.append((i, problem))
+    refuse_bad_answers(task, name, problems)
 
 
 @dataclass(repr=False)
@@ -223,12 +369,15 @@ def load_lm_eval_task(spec: str, include_path: str | os.PathLike | None = None,
                              f"and perplexity tasks; run it with 'lens-heads lm-eval' (lens_heads.LensHeadsLM) "
                              f"instead")
     docs = list(task.eval_docs)
-    records = []
+    records, problems = [], []
     for i, doc in enumerate(docs):
         choices = [str(c) for c in task.doc_to_choice(doc)]
         text = task.doc_to_text(doc)
-        records.append(MCRecord(i, text if isinstance(text, str) else "", choices, _gold(task, doc, choices),
-                                None, dict(doc)))
+        gold, problem = _gold(task, doc, choices)
+        if problem is not None:
+            problems.append((i, problem))
+        records.append(MCRecord(i, text if isinstance(text, str) else "", choices, gold, None, dict(doc)))
+    refuse_bad_answers(task, name, problems)
     if not records:
         raise LensHeadsError(f"lm-eval task {name!r}: its evaluation split has no documents")
     metrics = tuple(m for m in ("acc", "acc_norm") if m in getattr(task, "_metric_fn_list", {"acc": 0}))

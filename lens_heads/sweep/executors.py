@@ -10,7 +10,9 @@ launch that stops resumes from what is stored.
 Executors, by name (``EXECUTORS``; each a config dataclass and its class):
 
 * ``local``: one worker in this process; ``shard=(I, N)`` starts with every N-th unit from I
-  (launching by hand, e.g. one process per GPU), then helps with what no live process holds.
+  (launching by hand, e.g. one process per GPU), then helps with what no live process holds;
+  ``processes=N`` (N > 1) runs N worker processes on this machine instead, one model load each,
+  the I-th starting with every N-th unit from I.
 * ``ray``: an actor pool on a Ray cluster (``address``; a local one when None): one model load
   per worker; a worker that dies is restarted and its unit retried (Ray's ``max_restarts`` /
   ``max_task_retries``).
@@ -50,28 +52,71 @@ class Session(Protocol):
 @dataclass
 class LocalConfig:
     shard: tuple[int, int] | None = None  # (I, N): start with units I, I+N, ...
+    processes: int = 1  # > 1: that many worker processes on this machine (not this process)
+    threads: int = 1  # torch threads per worker process (with processes > 1)
+
+
+def _mine_first(refs: Sequence[UnitRef], i: int, n: int) -> list[UnitRef]:
+    """Every n-th unit from i, then the rest (those another process has not stored by then)."""
+    mine = list(refs)[i::n]
+    taken = set(mine)
+    return mine + [r for r in refs if r not in taken]
 
 
 class LocalSession:
     def __init__(self, job: SweepJob, config: LocalConfig):
-        self.worker, self.config = Worker(job), config
-        self.loads = 1
+        if config.processes > 1 and config.shard is not None:
+            raise LensHeadsError("--shard launches one process by hand; --workers N launches N: give one of them")
+        self.config, self.pool = config, None
+        self.worker = Worker(job) if config.processes <= 1 else None
+        self.by_pid: dict[int, int] = {}  # worker process -> units it computed (processes > 1)
+        if config.processes > 1:
+            import multiprocessing
+            from concurrent.futures import ProcessPoolExecutor
+
+            self.pool = ProcessPoolExecutor(config.processes, mp_context=multiprocessing.get_context("spawn"),
+                                            initializer=_pool_init, initargs=(_with_threads(job, config.threads),))
 
     def run(self, refs: Sequence[UnitRef]) -> None:
         refs = list(refs)
-        if self.config.shard is not None:
-            i, n = self.config.shard
-            mine = refs[i::n]
-            taken = set(mine)
-            refs = mine + [r for r in refs if r not in taken]
-        self.worker.run_all(refs)
+        if self.pool is None:
+            self.worker.run_all(_mine_first(refs, *self.config.shard) if self.config.shard is not None else refs)
+            return
+        from concurrent.futures.process import BrokenProcessPool
+
+        n = self.config.processes
+        futures = [self.pool.submit(_pool_run, [str(r) for r in _mine_first(refs, i, n)]) for i in range(n)]
+        try:
+            for f in futures:
+                pid, computed = f.result()
+                self.by_pid[pid] = self.by_pid.get(pid, 0) + computed
+        except BrokenProcessPool:
+            raise LensHeadsError("a local worker process died; run the same command again to resume "
+                                 "(stored units are kept)") from None
 
     @property
-    def computed(self) -> int:
-        return self.worker.computed
+    def computed(self) -> int | None:
+        """Units this process computed (None with worker processes: see ``by_pid``)."""
+        return self.worker.computed if self.worker is not None else None
 
     def close(self) -> None:
-        pass
+        if self.pool is not None:
+            self.pool.shutdown(cancel_futures=True)
+
+
+_POOL_WORKER: Worker | None = None  # the one Worker of a local worker process (one model load)
+
+
+def _pool_init(job: SweepJob) -> None:
+    global _POOL_WORKER
+    _POOL_WORKER = Worker(job)
+
+
+def _pool_run(refs: list[str]) -> tuple[int, int]:
+    """In a local worker process: run ``refs`` (``Worker.run_all``); (pid, units computed)."""
+    import os
+
+    return os.getpid(), _POOL_WORKER.run_all([UnitRef.parse(r) for r in refs])
 
 
 # -----------------------------------------------------------------------------
@@ -102,6 +147,42 @@ class _RayWorker:
         return os.getpid(), self.worker.computed, self.worker.loads
 
 
+RAY_PROBE_S = 5.0  # how long a connection to the cluster's address may take before it counts as down
+
+
+def check_ray_address(address: str | None) -> None:
+    """An existing Ray cluster at ``address`` answers (before any work): ``auto`` must find one
+    (``RAY_ADDRESS``, the cluster ``ray start`` recorded, or a running GCS on this machine), and
+    its host:port (``ray://`` too) must accept a TCP connection within ``RAY_PROBE_S``; ray.init
+    itself would retry an address nobody listens on for ever."""
+    if address is None:
+        return
+    import socket
+
+    from ray._private.services import get_ray_address_from_environment
+
+    where = address.strip()
+    if where == "local":  # ray.init starts a new local cluster
+        return
+    try:
+        if where == "auto":
+            where = get_ray_address_from_environment("auto", None)
+        host, _, port = where.removeprefix("ray://").rpartition(":")
+        target = (host.strip("[]"), int(port))
+        if not target[0] or not 0 < target[1] < 65536:
+            raise ValueError(where)
+    except ConnectionError:
+        raise LensHeadsError(f"--ray-address {address}: no running Ray cluster found (start one with 'ray start "
+                             f"--head', set RAY_ADDRESS, or leave --ray-address out to start a local one)") from None
+    except ValueError:
+        raise LensHeadsError(f"--ray-address {address!r}: write auto, HOST:PORT or ray://HOST:PORT") from None
+    try:
+        socket.create_connection(target, timeout=RAY_PROBE_S).close()
+    except OSError as exc:
+        raise LensHeadsError(f"--ray-address {address}: no Ray cluster answers at {target[0]}:{target[1]} "
+                             f"({exc.strerror or exc}); is it running, and is the address its head's?") from None
+
+
 class RaySession:
     def __init__(self, job: SweepJob, config: RayConfig):
         try:
@@ -122,7 +203,12 @@ class RaySession:
                          log_to_driver=False, configure_logging=False)
                 self.started = True
             else:
-                ray.init(address=config.address, log_to_driver=False, configure_logging=False)
+                check_ray_address(config.address)
+                try:
+                    ray.init(address=config.address, log_to_driver=False, configure_logging=False)
+                except (ConnectionError, TimeoutError) as exc:
+                    msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    raise LensHeadsError(f"--ray-address {config.address}: cannot join the Ray cluster: {msg}") from None
         actor = ray.remote(_RayWorker).options(num_cpus=config.cpus_per_worker, num_gpus=config.gpus_per_worker,
                                                max_restarts=-1, max_task_retries=-1)
         job = _with_threads(job, config.cpus_per_worker)
