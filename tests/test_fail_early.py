@@ -182,11 +182,15 @@ def test_head_ranges_are_checked_from_the_config_before_the_model_loads(tiny_mod
     work = tmp_path / "work"
     work.mkdir()
     out = ["--out", str(work / "o")]
+    earlier = work / "earlier"  # an earlier lm-eval run's folder is never overwritten
+    earlier.mkdir()
+    (earlier / "results.json").write_text("{}")
     for argv, needles in [
         (["prune", model, "--heads", "99.0", *out], ["head 99.0 out of range", "2 layers x 4 heads"]),
         (["prune", model, "--heads", "1.9", *out], ["head 1.9 out of range"]),
         (["prune", model, "--heads", "0.0,0.1,0.2,0.3", *out], ["every head of layer 0", "--allow-empty-layers"]),
         (["lm-eval", model, "--tasks", "arc_easy", "--ablate", "static:99.0", *out], ["head 99.0 out of range"]),
+        (["lm-eval", model, "--tasks", "arc_easy", "--out", str(earlier)], ["holds an earlier run (results.json)"]),
         (["evaluate", model, "--task", "piqa", "--ablate", "static:0.7"], ["head 0.7 out of range"]),
         (["sweep", model, "--task", "piqa", "--ablate", "static:5.0", *out], ["head 5.0 out of range"]),
         (["repair", model, "--heads", "3.1", "--data", "c4-train", *out], ["head 3.1 out of range"]),

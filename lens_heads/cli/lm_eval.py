@@ -25,7 +25,8 @@ def register(sub) -> None:
     p.add_argument("--limit", type=int, default=None, help="the first N documents of each task (lm-eval --limit)")
     p.add_argument("--include-path", default=None, help="a folder of extra task YAMLs (lm-eval --include_path)")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--out", required=True, help="output folder for results.json and samples_TASK.jsonl (created)")
+    p.add_argument("--out", required=True, help="output folder for results.json and samples_TASK.jsonl (created; "
+                                                "one holding an earlier run's is refused)")
     p.add_argument("--quiet", action="store_true", help="no progress bars")
     p.set_defaults(func=run)
 
@@ -164,6 +165,11 @@ def run(args) -> int:
             raise LensHeadsError(f"--ablate {args.ablate.strip()}: {NEEDS_TASK}")
     out = Path(args.out)
     check_output_dir(out)
+    earlier = sorted(p.name for p in out.glob("*") if p.name == "results.json" or p.name.startswith("samples_")) \
+        if out.is_dir() else []
+    if earlier:
+        raise LensHeadsError(f"--out {out} already holds an earlier run ({', '.join(earlier[:2])}"
+                             f"{', ...' if len(earlier) > 2 else ''}): give a new or empty folder")
     try:
         import lm_eval  # noqa: F401
     except ImportError:
