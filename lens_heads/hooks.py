@@ -208,7 +208,12 @@ def booting_pruned(plan: dict | None, conv1d: bool) -> Iterator[None]:
     own projection. Separate-projection layouts need nothing: their attention modules carry
     their counts and the bridge reads widths from them. Not covered: the bridge's
     ``enable_compatibility_mode`` weight processing, whose GPT-2 conversions fix the model-wide
-    head count (lens_heads does not use it)."""
+    head count (lens_heads does not use it).
+
+    TransformerLens offers no extension point for this, so the class method is replaced for the
+    block only and restored afterwards, also on error (tested). It goes away once
+    ``JointQKVAttentionBridge`` reads the head count of the component it wraps (its
+    ``num_heads`` / ``split_size``) instead of the model-wide ``config.n_heads``."""
     if not plan or plan.get("layout") == "separate":
         yield
         return

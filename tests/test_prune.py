@@ -320,3 +320,23 @@ def test_olmo2_runs_in_bf16_as_transformers_does(tiny_model_dir, tmp_path):
             ref = hf(ids, attention_mask=mask).logits
         real = mask.bool()
         assert got.dtype == torch.bfloat16 and torch.equal(got[real], ref[real])
+
+
+def test_booting_a_pruned_joint_qkv_model_restores_the_bridge_class_also_on_error():
+    """hooks.booting_pruned replaces TransformerLens' JointQKVAttentionBridge.set_original_component
+    for the block only: the class method is the original again afterwards, and after an error."""
+    from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import JointQKVAttentionBridge
+
+    from lens_heads.hooks import booting_pruned
+
+    original = JointQKVAttentionBridge.set_original_component
+    plan = {"layout": "blocked", "d_head": 16, "q": "c_attn"}
+    with booting_pruned(plan, conv1d=True):
+        assert JointQKVAttentionBridge.set_original_component is not original  # the patch is in place
+    assert JointQKVAttentionBridge.set_original_component is original
+    with pytest.raises(RuntimeError, match="boot failed"):
+        with booting_pruned(plan, conv1d=True):
+            raise RuntimeError("boot failed")
+    assert JointQKVAttentionBridge.set_original_component is original
+    with booting_pruned({"layout": "separate"}, conv1d=False):  # separate projections: nothing replaced
+        assert JointQKVAttentionBridge.set_original_component is original

@@ -188,6 +188,9 @@ def run(args) -> int:
 
     model = model_from_args(args)
     lm = LensHeadsLM(model, ablation=args.ablate, batch_size=args.batch_size, progress=not args.quiet)
+    # lm-eval has no option to skip or quiet its provenance call: its function is swapped for this
+    # call only (restored on exit, also on error); it goes once lm-eval's get_git_commit_hash
+    # passes stderr=DEVNULL to its git subprocess.
     with mock.patch.object(lm_eval.evaluator, "get_git_commit_hash", git_commit_hash):
         res = simple_evaluate(model=lm, tasks=tasks, num_fewshot=args.num_fewshot, limit=args.limit,
                               task_manager=manager, log_samples=True)
