@@ -198,7 +198,6 @@ def build_report(cfg: ReportConfig, model=None, texts: list[str] | None = None) 
     from lens_heads.report import ReportData, ViewGroup, head_titles, pick_views, write_report
     from lens_heads.scores import HeadScores, score_heads
     from lens_heads.sweep import SweepResult
-    from lens_heads.activations import attention_heads
 
     t0 = time.time()
     check_report_config(cfg)
@@ -265,9 +264,8 @@ def _report_sweep(cfg: ReportConfig, ref: ModelRef):
     from lens_heads.scores import resolve_score_ids
     from lens_heads.sweep import SweepConfig
 
+    fractions = {} if cfg.sweep_fractions is None else {"fractions": list(cfg.sweep_fractions)}
     scfg = SweepConfig(task=cfg.task, score_ids=resolve_score_ids(cfg.sweep_scores), limit=cfg.limit,
                        random_seeds=list(range(cfg.sweep_seeds)), batch_size=max(cfg.batch_size, 1),
-                       protocol=resolve_protocol(ref.model, **cfg.protocol))
-    if cfg.sweep_fractions is not None:
-        scfg.fractions = list(cfg.sweep_fractions)
+                       protocol=resolve_protocol(ref.model, **cfg.protocol), **fractions)
     return ref.sweep(scfg, report_sweep_dir(cfg), load_task(cfg.task), progress=cfg.progress)

@@ -4,6 +4,7 @@ module imports from the package root, typed identities round-trip through their 
 from __future__ import annotations
 
 import ast
+import importlib.util
 import math
 import random
 from pathlib import Path
@@ -163,6 +164,23 @@ def test_imports_follow_the_layers():
               for m, targets in sorted(graph.items()) for t in sorted(targets) if layer(t) > layer(m)]
     assert upward == []
     assert layer("lens_heads.engine") < layer("lens_heads.evaluate") < layer("lens_heads.sweep.run")
+
+
+def test_every_name_imported_from_the_package_exists():
+    """Each ``from lens_heads.X import name`` in the package -- in-function ones too, which only
+    fail when called -- names something X has (a module moved or a name renamed shows here)."""
+    import importlib
+
+    missing = []
+    for path in PACKAGE.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("lens_heads"):
+                module = importlib.import_module(node.module)
+                for alias in node.names:
+                    if not hasattr(module, alias.name) and importlib.util.find_spec(
+                            f"{node.module}.{alias.name}") is None:
+                        missing.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno} {node.module}.{alias.name}")
+    assert missing == []
 
 
 def test_no_module_imports_from_the_package_root():

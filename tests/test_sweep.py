@@ -754,3 +754,20 @@ def test_a_folder_swept_with_other_weights_is_refused_and_tables_name_their_mode
         err = capsys.readouterr().err.strip()
         assert "from other weights" in err and len(err.splitlines()) == 1, err
         assert {p.name: p.read_bytes() for p in out.glob("*.csv")} == tables
+
+
+def test_a_sweep_config_is_checked_at_construction_and_frozen():
+    """Bad settings fail when the config is made, normalisation happens once, and a changed
+    setting is a new config (dataclasses.replace), never an in-place edit."""
+    import dataclasses
+
+    with pytest.raises(LensHeadsError, match="limit must be >= 1"):
+        SweepConfig(task="piqa", score_ids=["ahon_ln"], limit=0)
+    with pytest.raises(LensHeadsError, match="random seeds must be >= 0"):
+        SweepConfig(task="piqa", score_ids=[], random_seeds=[-1])
+    cfg = SweepConfig(task="piqa", score_ids=["awft", "awft"], fractions=[0.3, 0.1, 0.1], replacement="zero")
+    assert cfg.fractions == [0.0, 0.1, 0.3] and cfg.score_ids == ["awft"] and cfg.replacement is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.limit = 5  # type: ignore[misc]
+    smaller = dataclasses.replace(cfg, limit=5)
+    assert smaller.limit == 5 and cfg.limit is None and smaller.fractions == cfg.fractions

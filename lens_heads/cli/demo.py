@@ -14,6 +14,7 @@ from __future__ import annotations
 from lens_heads.cli.common import (add_protocol_args, check_positive, check_protocol_args, model_from_args,
                                    protocol_from_args)
 
+import dataclasses
 import time
 from importlib.resources import files
 from pathlib import Path
@@ -86,7 +87,7 @@ def run(args) -> int:
     t0 = time.time()
 
     model = model_from_args(args)
-    cfg.protocol = protocol_from_args(args, model)
+    cfg = dataclasses.replace(cfg, protocol=protocol_from_args(args, model))
     out.mkdir(parents=True, exist_ok=True)  # only once the model loaded: a bad --model leaves no folder
     _stage(1, f"loaded {args.model} ({str(model.dtype).removeprefix('torch.')})", t0)
     g = model.geometry

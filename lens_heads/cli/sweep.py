@@ -9,6 +9,8 @@ loaded, ablation specs parsed) before anything is written.
 
 from __future__ import annotations
 
+import dataclasses
+
 from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
                                    config_geometry, model_from_args, protocol_from_args)
 
@@ -209,8 +211,8 @@ def run(args) -> int:
     model = model_from_args(args)
     for spec in cfg.extra_ablations:
         parse_ablation(spec, model.geometry)
-    cfg.protocol = protocol_from_args(args, model)
-    cfg.thresholds_file, cfg.thresholds_model = args.thresholds_file, args.thresholds_model
+    cfg = dataclasses.replace(cfg, protocol=protocol_from_args(args, model), thresholds_file=args.thresholds_file,
+                              thresholds_model=args.thresholds_model)
     if cfg.protocol.key():
         print(f"protocol: {cfg.protocol}")
 
@@ -229,8 +231,8 @@ def show_status(args, cfg, task) -> int:
     from lens_heads.sweep.plan import stored_static
 
     ref = ModelRef(args.model, args.dtype, args.device, revision=args.revision)
-    cfg.protocol = protocol_from_args(args, ref.model if args.paper_protocol else None)
-    cfg.thresholds_file, cfg.thresholds_model = args.thresholds_file, args.thresholds_model
+    cfg = dataclasses.replace(cfg, protocol=protocol_from_args(args, ref.model if args.paper_protocol else None),
+                              thresholds_file=args.thresholds_file, thresholds_model=args.thresholds_model)
     identity = ref.identity(cfg, task)
     result = tabulate(args.out, identity, cfg, task, partial=True, model=args.model)
     if result is None:
@@ -255,7 +257,7 @@ def run_scaled(args, cfg, scale) -> int:
     from lens_heads.sweep.executors import job_for, launch
 
     name, config, n_shards = scale
-    cfg.protocol = protocol_from_args(args, None)
+    cfg = dataclasses.replace(cfg, protocol=protocol_from_args(args, None))
     if args.device_map is not None:
         raise LensHeadsError("--device-map with --executor / --shard: give each worker its devices instead "
                              "(--gpus-per-worker, CUDA_VISIBLE_DEVICES)")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.errors import LensHeadsError
 from lens_heads.protocol import Protocol
 from lens_heads.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fraction
@@ -57,15 +58,20 @@ class PointId:
         return f"{self.score_fn}@{self.fraction:g}" + (f"@{self.seed}" if self.score_fn in SEEDED else "")
 
 
-@dataclass
+@dataclass(frozen=True)
 class SweepConfig:
+    """What a sweep measures, checked and normalised at construction (frozen: a changed setting
+    is a new config, ``dataclasses.replace``): fractions sorted, unique and with 0 (the
+    baseline), ids and seeds without repeats, ``replacement`` canonical (None for zero),
+    ``first`` points checked against the plan."""
+
     task: str  # a task name ("mmlu", "piqa", "winogrande") or "file:..." spec
     score_ids: list[str]
     fractions: list[float] = field(default_factory=lambda: list(DEFAULT_FRACTIONS))
     random_seeds: list[int] = field(default_factory=lambda: [0, 1, 2])
     n_shot: int | None = None  # None: the task's default
     limit: int | None = None
-    seed: int = 1234  # few-shot sampling seed (lm-eval's default)
+    seed: int = DEFAULT_SEED  # few-shot sampling seed (lm-eval's default)
     batch_size: int | str = 16  # rows per forward, or "auto" (lens_heads.batching); not in the key
     extra_ablations: list[str] = field(default_factory=list)
     n_boot: int = 1000
@@ -85,12 +91,19 @@ class SweepConfig:
         """The names of the static curves (``static:ID``), in ``static_ids`` order."""
         return [static_name(s) for s in self.static_ids]
 
-    def validate(self) -> None:
-        """Check the settings; fractions become sorted, unique and always include 0 (the baseline)."""
-        self.fractions = sorted({0.0, *(check_fraction(p) for p in self.fractions)})
-        self.random_seeds = list(dict.fromkeys(int(s) for s in self.random_seeds))
-        self.score_ids = list(dict.fromkeys(self.score_ids))
-        self.static_ids = list(dict.fromkeys(self.static_ids))
+    def validate(self) -> "SweepConfig":
+        """The config, checked (at construction already: kept for callers that check explicitly)."""
+        return self
+
+    def _set(self, name: str, value) -> None:
+        object.__setattr__(self, name, value)  # normalising while constructing a frozen config
+
+    def __post_init__(self) -> None:
+        self._set("fractions", sorted({0.0, *(check_fraction(p) for p in self.fractions)}))
+        self._set("random_seeds", list(dict.fromkeys(int(s) for s in self.random_seeds)))
+        self._set("score_ids", list(dict.fromkeys(self.score_ids)))
+        self._set("static_ids", list(dict.fromkeys(self.static_ids)))
+        self._set("extra_ablations", list(self.extra_ablations))
         self._check_static_ids()
         if self.limit is not None and self.limit < 1:
             raise LensHeadsError(f"limit must be >= 1, got {self.limit}")
@@ -100,7 +113,7 @@ class SweepConfig:
             raise LensHeadsError("random seeds must be >= 0")
         from lens_heads.batching import parse_batch_size
 
-        self.batch_size = parse_batch_size(self.batch_size)
+        self._set("batch_size", parse_batch_size(self.batch_size))
         if self.chunk_questions is not None and self.chunk_questions < 1:
             raise LensHeadsError(f"chunk_questions must be >= 1, got {self.chunk_questions}")
         if not isinstance(self.protocol, Protocol):
@@ -114,9 +127,9 @@ class SweepConfig:
             if "atp" in (*self.score_ids, *self.static_ids) and not isinstance(rep, (Zero, Mean)):
                 raise LensHeadsError(f"atp's first-order table takes zero or mean replacements, not {rep} "
                                      f"(a resample source differs per input)")
-            self.replacement = None if isinstance(rep, Zero) else str(rep)
-        self.first = list(dict.fromkeys(str(self._check_first(PointId.parse(f, self.extra_ablations)))
-                                        for f in self.first))
+            self._set("replacement", None if isinstance(rep, Zero) else str(rep))
+        self._set("first", list(dict.fromkeys(str(self._check_first(PointId.parse(f, self.extra_ablations)))
+                                              for f in self.first)))
 
     def _check_static_ids(self) -> None:
         from lens_heads.scores.attribution import SCORE_ID as ATP
