@@ -8,6 +8,7 @@ sweep (``lens-heads sweep``, same ``--limit`` / ``--seed`` / ``--n-shot``) measu
 
 from __future__ import annotations
 
+from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
                                    config_geometry, model_from_args, protocol_from_args)
 
@@ -24,7 +25,8 @@ def register(sub) -> None:
     p.add_argument("--n-shot", type=int, default=None, help="few-shot examples (default: the task's; MMLU 5)")
     p.add_argument("--limit", type=int, default=None,
                    help="evaluate a seeded sample of N items, stratified by subject (MMLU) or gold label")
-    p.add_argument("--seed", type=int, default=1234, help="seed for --limit and few-shot sampling (default 1234)")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED,
+                   help=f"seed for --limit and few-shot sampling (default {DEFAULT_SEED}, lm-eval's)")
     p.add_argument("--ablate", default=None,
                    help="static:L.H,L.H | score:ID@THRESHOLD | score:ID@P%% (threshold taking P%% of "
                         "the heads, set on these inputs unablated) | random:P@SEED | none")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
                                    config_geometry, model_from_args, protocol_from_args)
 
@@ -39,7 +40,7 @@ def register(sub) -> None:
     p.add_argument("--chunk-questions", type=int, default=250,
                    help="questions per stored part of a point: a killed run loses at most one part (default 250)")
     p.add_argument("--n-shot", type=int, default=None, help="few-shot examples (default: the task's)")
-    p.add_argument("--seed", type=int, default=1234, help="few-shot sampling seed (default 1234, lm-eval's)")
+    p.add_argument("--seed", type=int, default=DEFAULT_SEED, help=f"few-shot sampling seed (default {DEFAULT_SEED}, lm-eval's)")
     p.add_argument("--batch-size", default="auto",
                    help="rows per forward, or auto (default: the largest that fits, lens_heads.batching)")
     p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples (default 1000)")

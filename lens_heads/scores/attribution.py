@@ -20,6 +20,7 @@ import json
 import torch
 from torch import Tensor
 
+from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import hook_name
 from lens_heads.scores.functions import ATP, ATP_INACTIVE_WHEN
@@ -115,7 +116,7 @@ def atp_table(model, task, records, n_shot: int, seed: int, replacement=None, pr
     return out
 
 
-def atp_scores(model, task, n_shot: int | None = None, limit: int | None = None, seed: int = 1234,
+def atp_scores(model, task, n_shot: int | None = None, limit: int | None = None, seed: int = DEFAULT_SEED,
                replacement: str | None = None, progress: bool = True, protocol=None):
     """``HeadScores`` of ``atp`` on ``task``'s questions (the gold answer's log-likelihood): per
     input (question, in ``select_records`` order) the score ``|atp|``, dataset-level its mean;
