@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from typing import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 
 import torch
 from jaxtyping import Bool, Float
@@ -48,6 +48,9 @@ from lens_heads.interventions import (ABLATION_FORMS, AblationSpec, Head, NoHead
 from lens_heads.scores import SCORES, ScoreCollector
 from lens_heads.scores.attribution import atp_table
 from lens_heads.scores.functions import ATP, ATP_INACTIVE_WHEN
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 Hooks = list[tuple[str, HookFn]]
 
@@ -112,7 +115,7 @@ class Ablation:
     _counts_type = Counts
     replacement = None  # what ablated heads become (lens_heads.replacement runtime); None: zero
 
-    def _prepare(self, model, attention_mask, row_keys) -> None:
+    def _prepare(self, model: LoadedModel, attention_mask, row_keys) -> None:
         if self.replacement is not None:
             self.replacement.prepare(model, attention_mask, row_keys)
 
@@ -137,10 +140,10 @@ class Ablation:
         self._counts = self._counts_type()
         yield self._counts
 
-    def hooks(self, model, attention_mask: Tensor, row_keys: Sequence[int]) -> Hooks:
+    def hooks(self, model: LoadedModel, attention_mask: Tensor, row_keys: Sequence[int]) -> Hooks:
         raise NotImplementedError
 
-    def prepare_task(self, model, task, records, n_shot: int, seed: int, protocol=None) -> None:
+    def prepare_task(self, model: LoadedModel, task, records, n_shot: int, seed: int, protocol=None) -> None:
         """Called by ``evaluate_task`` with the questions about to be evaluated, before any
         forward: an ablation decided by a task-level score (``atp``) computes it here."""
 
@@ -172,7 +175,7 @@ class NoAblation(Ablation):
 
     _counts_type = _NothingCounts
 
-    def hooks(self, model, attention_mask, row_keys) -> Hooks:
+    def hooks(self, model: LoadedModel, attention_mask, row_keys) -> Hooks:
         return []
 
 
@@ -200,7 +203,7 @@ class StaticAblation(Ablation):
         for L, h in self.heads:
             self._mask[L, h] = True
 
-    def hooks(self, model, attention_mask, row_keys) -> Hooks:
+    def hooks(self, model: LoadedModel, attention_mask, row_keys) -> Hooks:
         g = self.geometry
         batch = attention_mask.shape[0]
         self.counts.start(batch, g)
@@ -233,7 +236,7 @@ class RandomAblation(Ablation):
         draws = [torch.rand(g.n_layers, g.n_heads, generator=row_generator(self.seed, k)) for k in row_keys]
         return torch.stack(draws) < self.p
 
-    def hooks(self, model, attention_mask, row_keys) -> Hooks:
+    def hooks(self, model: LoadedModel, attention_mask, row_keys) -> Hooks:
         g = self.geometry
         if len(row_keys) != attention_mask.shape[0]:
             raise LensHeadsError(f"random ablation: {len(row_keys)} row keys for a batch of {attention_mask.shape[0]}")
@@ -269,7 +272,7 @@ class ScoreAblation(Ablation):
         self.spec = ScoreThreshold(score_id, self.threshold, self.strict)
         self._collector = None  # reused across forwards of the same model
 
-    def collector(self, model):
+    def collector(self, model: LoadedModel):
         if self._collector is None or self._collector.model is not model:
             self._collector = ScoreCollector(model, [self.score_id])
         return self._collector
@@ -281,7 +284,7 @@ class ScoreAblation(Ablation):
             return scores > self.threshold if self.strict else scores >= self.threshold
         return scores < self.threshold if self.strict else scores <= self.threshold
 
-    def hooks(self, model, attention_mask, row_keys) -> Hooks:
+    def hooks(self, model: LoadedModel, attention_mask, row_keys) -> Hooks:
         g = self.geometry
         self.counts.start(attention_mask.shape[0], g)
         self._prepare(model, attention_mask, row_keys)
@@ -319,12 +322,12 @@ class TaskScoreAblation(ScoreAblation):
 
     needs_task = True
 
-    def prepare_task(self, model, task, records, n_shot: int, seed: int, protocol=None) -> None:
+    def prepare_task(self, model: LoadedModel, task, records, n_shot: int, seed: int, protocol=None) -> None:
         todo = [r for r in records if r.doc_id not in self._table]
         if todo:
             self._table.update(atp_table(model, task, todo, n_shot, seed, self.replacement, protocol))
 
-    def hooks(self, model, attention_mask, row_keys) -> Hooks:
+    def hooks(self, model: LoadedModel, attention_mask, row_keys) -> Hooks:
         g = self.geometry
         docs = [RowKey.parse(k).doc_id for k in row_keys]
         missing = sorted({d for d in docs if d not in self._table})

@@ -9,7 +9,7 @@ such a record; ``study.attention_heads`` is the notebook shortcut that does both
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
 import torch
@@ -18,6 +18,9 @@ from jaxtyping import Float
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import hook_name, layer_of, run_with_hooks
 from lens_heads.heads import Head
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 
 @dataclass
@@ -36,7 +39,7 @@ def _token_strings(tokenizer, ids: Sequence[int]) -> list[str]:
     return [tokenizer.decode([int(i)]) for i in ids]
 
 
-def head_patterns(model, text: str, heads: Sequence[Head] | None = None, max_tokens: int = 64) -> HeadPatterns:
+def head_patterns(model: LoadedModel, text: str, heads: Sequence[Head] | None = None, max_tokens: int = 64) -> HeadPatterns:
     """Attention patterns of ``heads`` (default: every head) of ``model`` on ``text``, cut to
     its first ``max_tokens`` tokens."""
     g = model.geometry

@@ -11,11 +11,14 @@ depend on the batch size (every row is scored on its own; only float rounding di
 from __future__ import annotations
 
 import os
-from typing import Callable, Sequence, TypeVar
+from typing import TYPE_CHECKING, Callable, Sequence, TypeVar
 
 import torch
 
 from lens_heads.errors import LensHeadsError
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 AUTO = "auto"
 CPU_TOKEN_BUDGET = 4096  # padded positions per forward on a CPU (measured: beyond it no gain, more memory)
@@ -38,7 +41,7 @@ def parse_batch_size(value) -> int | str:
     return n
 
 
-def _position_bytes(model, longest: int) -> int:
+def _position_bytes(model: LoadedModel, longest: int) -> int:
     """Bytes one padded position costs in a forward's live activations (the attention pattern of
     one layer at a time, the residual stream and MLP width, and the hooks' copies), estimated."""
     g = model.geometry
@@ -48,7 +51,7 @@ def _position_bytes(model, longest: int) -> int:
     return elem * (4 * g.n_heads * longest + 8 * g.d_model + 2 * width) + 4 * g.n_heads * longest
 
 
-def auto_batch_size(model, longest: int) -> int:
+def auto_batch_size(model: LoadedModel, longest: int) -> int:
     """The batch size ``auto`` picks for inputs of at most ``longest`` positions."""
     longest = max(1, int(longest))
     device = torch.device(model.device)
@@ -75,7 +78,7 @@ class Batcher:
         self.size = int(size)
 
     @classmethod
-    def for_inputs(cls, batch_size: int | str, model, longest: int) -> "Batcher":
+    def for_inputs(cls, batch_size: int | str, model: LoadedModel, longest: int) -> "Batcher":
         batch_size = parse_batch_size(batch_size)
         return cls(auto_batch_size(model, longest) if batch_size == AUTO else batch_size)
 

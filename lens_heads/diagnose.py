@@ -39,7 +39,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 import torch
 from jaxtyping import Float, Int
@@ -53,6 +53,9 @@ from lens_heads.head_classes import ABSENT, CLASSES, SICK, canonical  # the one 
 from lens_heads.hooks import run_with_hooks
 from lens_heads.interventions import Head
 from lens_heads.scores import SCORES, Acts, BatchGeometry, ScoreCollector, ScoreFn
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 LOCAL_WINDOW = 3
 
@@ -292,7 +295,7 @@ def format_band(band: Sequence[int]) -> str:
 # Running it
 
 
-def as_token_inputs(model, inputs) -> list[Tensor]:
+def as_token_inputs(model: LoadedModel, inputs) -> list[Tensor]:
     """A string, a list of strings or a list of 1-D token tensors -> list of token tensors."""
     if isinstance(inputs, (str, Tensor)):
         inputs = [inputs]
@@ -316,7 +319,7 @@ def _batch_sum(x: Float[Tensor, "batch layer head"]) -> Float[Tensor, "layer hea
 
 
 def diagnose(
-    model, inputs, thresholds: DiagnosisThresholds = DiagnosisThresholds(), batch_size: int | str = 8
+    model: LoadedModel, inputs, thresholds: DiagnosisThresholds = DiagnosisThresholds(), batch_size: int | str = 8
 ) -> Diagnosis:
     """Diagnose every head of ``model`` (a LoadedModel) on ``inputs`` (strings or token tensors);
     ``batch_size`` a number or ``"auto"`` (``lens_heads.batching``)."""

@@ -47,7 +47,7 @@ import copy
 import hashlib
 import math
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -59,6 +59,9 @@ from lens_heads.data.corpora import iter_batches, pad_batch
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import run_with_hooks
 from lens_heads.progress import progress_bar
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 MIN_PREFIX = 32  # shortest shared prefix (tokens) worth a cached forward
 _TOKENIZER_INFINITY = 1000000000000000019884624838656
@@ -149,7 +152,7 @@ def encode_pair(tokenizer, context: str, continuation: str,
     return ctx, whole[len(ctx):]
 
 
-def max_length(model) -> int:
+def max_length(model: LoadedModel) -> int:
     """lm-eval's ``resolve_max_length`` for the model's config and tokenizer."""
     config = model.hf_model.config
     cfg = getattr(config, "text_config", None) or config
@@ -180,7 +183,7 @@ class Row:
         return max(len(c) for _, c in self.reads)
 
 
-def build_rows(model, encoded: Sequence[tuple[list[int], list[int]]], keys: Sequence[int]) -> list[Row]:
+def build_rows(model: LoadedModel, encoded: Sequence[tuple[list[int], list[int]]], keys: Sequence[int]) -> list[Row]:
     """The distinct model inputs of pre-tokenised requests, left-truncated to ``max_length``
     as lm-eval's HFLM (requests with the same input share one row)."""
     limit = max_length(model)
@@ -237,7 +240,7 @@ def prefix_groups(rows: list[Row], min_prefix: int) -> tuple[list[tuple[int, lis
     return groups, singles
 
 
-def forward(model, ids: Tensor, mask: Tensor, hooks: list, keep: Tensor | None = None,
+def forward(model: LoadedModel, ids: Tensor, mask: Tensor, hooks: list, keep: Tensor | None = None,
             cache: Any = None, want_cache: bool = False):
     """One bridge forward with hooks; logits at ``keep`` (all: None), from a cached prefix
     ``cache``; returns logits (or (logits, cache) with ``want_cache``)."""
@@ -263,7 +266,7 @@ def score_rows(out: list[float], rows: list[Row], logits: Tensor, positions: Ten
                 observer(req, sel, cont)
 
 
-def _run_plain(model, rows: list[Row], out: list[float], ablation, batcher: Batcher, pbar,
+def _run_plain(model: LoadedModel, rows: list[Row], out: list[float], ablation, batcher: Batcher, pbar,
                last_only: bool = True, observer: Observer | None = None) -> None:
     order = sorted(rows, key=lambda r: -len(r.ids))
     pad = model.tokenizer.pad_token_id or 0
@@ -283,7 +286,7 @@ def _run_plain(model, rows: list[Row], out: list[float], ablation, batcher: Batc
     batcher.run(order, run)
 
 
-def _run_grouped(model, prefix_len: int, rows: list[Row], out: list[float], ablation,
+def _run_grouped(model: LoadedModel, prefix_len: int, rows: list[Row], out: list[float], ablation,
                  batcher: Batcher, pbar, observer: Observer | None = None) -> None:
     pad = model.tokenizer.pad_token_id or 0
     prefix = torch.tensor(rows[0].ids[:prefix_len])[None]
@@ -310,7 +313,7 @@ def _run_grouped(model, prefix_len: int, rows: list[Row], out: list[float], abla
 
 
 def loglikelihoods_tokens(
-    model,
+    model: LoadedModel,
     encoded: Sequence[tuple[list[int], list[int]]],
     ablation=None,
     batch_size: int | str = 16,

@@ -32,6 +32,7 @@ from lens_heads.progress import progress_bar
 from lens_heads.task_requests import chat_format, resolve_task, select_records, task_requests
 
 if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
     from lens_heads.protocol import Protocol
 
 
@@ -71,7 +72,7 @@ class TaskResult:
         atomic_write_text(path, "".join(json.dumps(asdict(q)) + "\n" for q in self.questions))
 
 
-def loglikelihoods(model, requests: list[tuple[str, str]], ablation=None, batch_size: int = 16,
+def loglikelihoods(model: LoadedModel, requests: list[tuple[str, str]], ablation=None, batch_size: int = 16,
                    progress: bool = True, *, add_bos: bool | None = None, **kwargs) -> list[float]:
     """Sum log p(continuation | context) per ``(context, continuation)``, as lm-eval's HFLM
     (``add_bos``: its ``add_bos_token``; None = the tokenizer's default)."""
@@ -85,7 +86,7 @@ def loglikelihoods(model, requests: list[tuple[str, str]], ablation=None, batch_
 
 
 def evaluate_task(
-    model,
+    model: LoadedModel,
     task: Task | str,
     n_shot: int | None = None,
     limit: int | None = None,
@@ -154,7 +155,7 @@ def accuracy_metrics(questions: Sequence[dict], with_norm: bool) -> dict[str, fl
 # Perplexity
 
 
-def perplexity(model, inputs: list[Int[Tensor, "pos"]], ablation=None, batch_size: int = 8,
+def perplexity(model: LoadedModel, inputs: list[Int[Tensor, "pos"]], ablation=None, batch_size: int = 8,
                progress: bool = False) -> float:
     """Token-level perplexity: ``exp(-sum log p(x_t | x_<t) / n)`` over every input position
     t >= 1 of every input, each input an independent window (no context carried across;

@@ -14,11 +14,14 @@ pass -- this is what per-input ablation relies on.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterable, Iterator, Literal
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
 
 import torch
 from jaxtyping import Int
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 HookKind = Literal["pattern", "v", "z"]
 HOOK_POINTS: dict[str, str] = {
@@ -34,7 +37,7 @@ def hook_name(kind: HookKind, layer: int) -> str:
     return HOOK_POINTS[kind].format(layer=layer)
 
 
-def w_o(model, layer: int) -> Tensor:
+def w_o(model: LoadedModel, layer: int) -> Tensor:
     """W_O of one layer as [head, d_head, d_model]: from the architecture table's parameter
     names where it has them (``HeadGeometry.w_o``), else the bridge's own ``W_O``."""
     g = model.geometry
@@ -97,7 +100,7 @@ def layer_of(hook) -> int:
 
 
 def run_with_hooks(
-    model,
+    model: LoadedModel,
     input_ids: Int[Tensor, "batch pos"],
     attention_mask: Int[Tensor, "batch pos"] | None,
     fwd_hooks: Iterable[tuple[str, HookFn]],

@@ -21,9 +21,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from lens_heads.hashing import sha256_bytes
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 
 def config_key(config: Mapping[str, Any]) -> str:
@@ -116,7 +119,7 @@ class RunIdentity:
                    dict(protocol.key()) if protocol is not None else {})
 
     @classmethod
-    def of(cls, model, task, task_spec: str, n_shot: int | None, limit: int | None, seed: int,
+    def of(cls, model: LoadedModel, task, task_spec: str, n_shot: int | None, limit: int | None, seed: int,
            protocol=None) -> "RunIdentity":
         """The identity of a run of a loaded model."""
         from lens_heads.models.load import model_digest

@@ -30,6 +30,8 @@ loads with ``load_authors_thresholds``, their class names mapped to score ids.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import math
 import os
@@ -38,6 +40,9 @@ from pathlib import Path
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.thresholds import DEFAULT_FRACTIONS, DEFAULT_RULE, check_rule
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 BOS_CHOICES = ("auto", "true", "false")
 CHAT_MARKERS = ("-Instruct", "-chat", "-SFT", "-DPO")  # the authors' should_apply_chat_template
@@ -92,7 +97,7 @@ class Protocol:
         return asdict(self)
 
 
-def model_id(model) -> str:
+def model_id(model: LoadedModel) -> str:
     """The model's hub-style id: the zoo entry's original id, else the name it was loaded by."""
     from lens_heads.models.zoo import ZOO
 
@@ -100,7 +105,7 @@ def model_id(model) -> str:
     return ZOO[name].hf_id if name in ZOO else str(name)
 
 
-def paper_protocol(model) -> Protocol:
+def paper_protocol(model: LoadedModel) -> Protocol:
     """The paper's settings for ``model``: lm-eval 0.4.5's BOS rule (only Gemma gets one),
     the chat template (as multi-turn few-shot) for -Instruct / -chat / -SFT / -DPO models,
     and the authors' CDF thresholds with strict zeroing."""
@@ -110,7 +115,7 @@ def paper_protocol(model) -> Protocol:
                     fewshot_as_multiturn=chat, threshold_rule="cdf")
 
 
-def resolve_protocol(model, *, paper: bool = False, add_bos_token: str | bool | None = None,
+def resolve_protocol(model: LoadedModel, *, paper: bool = False, add_bos_token: str | bool | None = None,
                      apply_chat_template: bool | None = None, fewshot_as_multiturn: bool | None = None,
                      threshold_rule: str | None = None) -> Protocol:
     """A protocol from CLI-style settings: the paper's (``paper``) or the default, with every

@@ -29,10 +29,13 @@ import json
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions import Head
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 REMOTE_CODE = "modeling_lens_heads_pruned.py"
 
@@ -99,7 +102,7 @@ def plan_config(geometry, layers: list[LayerPlan]) -> dict:
             "pad_q": [list(p.pad_q) for p in layers]}
 
 
-def prune(model, heads: Sequence[Head], allow_empty_layers: bool = False):
+def prune(model: LoadedModel, heads: Sequence[Head], allow_empty_layers: bool = False):
     """A new ``LoadedModel``: ``model`` without ``heads`` (``model`` itself is unchanged)."""
     from lens_heads.hashing import sha256_bytes
     from lens_heads.models.load import boot, model_digest
@@ -120,7 +123,7 @@ def prune(model, heads: Sequence[Head], allow_empty_layers: bool = False):
     return pruned
 
 
-def save_pruned(model, out_dir: str | os.PathLike, extra_files: dict[str, str] | None = None) -> Path:
+def save_pruned(model: LoadedModel, out_dir: str | os.PathLike, extra_files: dict[str, str] | None = None) -> Path:
     """Export a pruned model: weights, config with the plan, tokenizer and the remote code (and
     ``extra_files``, name -> text, written with them)."""
     import inspect
@@ -183,7 +186,7 @@ class PruneSelection:
             return f"{self.score_id}@{100 * self.fraction:g}%" + (":groups" if self.groups else "")
         return f"{self.score_id}{self.op}{self.threshold!r}"
 
-    def resolve(self, model, inputs) -> list[Head]:
+    def resolve(self, model: LoadedModel, inputs) -> list[Head]:
         """The heads this selection removes from ``model``, scored on ``inputs``."""
         from lens_heads.scores import score_heads
 

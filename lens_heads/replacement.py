@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 from torch import Tensor
@@ -27,6 +27,9 @@ from torch import Tensor
 from lens_heads.cache import cache_dir, cached_tensors
 from lens_heads.engine import row_generator
 from lens_heads.errors import LensHeadsError
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 SEPARATOR = "|"
 DEFAULT_N = 64
@@ -148,7 +151,7 @@ def parse_replacement(text: str) -> Replacement:
 # The values, at run time
 
 
-def _z_capture(model, ids: Tensor, mask: Tensor) -> dict[int, Tensor]:
+def _z_capture(model: LoadedModel, ids: Tensor, mask: Tensor) -> dict[int, Tensor]:
     """Every layer's ``hook_z`` on ``ids`` (no ablation), on the CPU in float32."""
     from lens_heads.hooks import hook_name, run_with_hooks
 
@@ -164,7 +167,7 @@ def _z_capture(model, ids: Tensor, mask: Tensor) -> dict[int, Tensor]:
     return out
 
 
-def head_means(model, texts: list[str], max_len: int = MAX_LEN, batch_size: int = 8) -> Tensor:
+def head_means(model: LoadedModel, texts: list[str], max_len: int = MAX_LEN, batch_size: int = 8) -> Tensor:
     """[layer, head, d_head] mean ``hook_z`` over every real token position of ``texts``
     (float64 sums, one streaming pass; heads a pruned layer lacks stay NaN)."""
     from lens_heads.data import pad_batch, tokenize_texts
@@ -192,7 +195,7 @@ class MeanValues:
     def __init__(self, spec: Mean):
         self.spec, self._means, self._model = spec, None, None
 
-    def means(self, model) -> Tensor:
+    def means(self, model: LoadedModel) -> Tensor:
         if self._means is None or self._model is not model:
             from lens_heads.hashing import sha256_bytes
             from lens_heads.models.load import model_digest
@@ -204,7 +207,7 @@ class MeanValues:
             self._model = model
         return self._means
 
-    def prepare(self, model, mask: Tensor, row_keys) -> "MeanValues":
+    def prepare(self, model: LoadedModel, mask: Tensor, row_keys) -> "MeanValues":
         self.means(model)
         return self
 
@@ -220,7 +223,7 @@ class ResampleValues:
     def __init__(self, spec: Resample):
         self.spec, self._source, self._pool = spec, None, None
 
-    def prepare(self, model, mask: Tensor, row_keys) -> "ResampleValues":
+    def prepare(self, model: LoadedModel, mask: Tensor, row_keys) -> "ResampleValues":
         from lens_heads.data import pad_batch, tokenize_texts
 
         if self.spec.corpus == "self":

@@ -14,6 +14,8 @@ percent spec (``score:ID@P%``) needs a scoring pass over multiple-choice inputs 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 import os
 import time
@@ -21,6 +23,9 @@ from dataclasses import asdict, dataclass, field
 
 from lens_heads.atomic import atomic_write_text
 from lens_heads.data.lm_eval_tasks import RollingTask
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 __all__ = ["DocResult", "RollingResult", "evaluate_rolling_task"]
 
@@ -48,7 +53,7 @@ class RollingResult:
         atomic_write_text(path, "".join(json.dumps(asdict(d)) + "\n" for d in self.docs))
 
 
-def evaluate_rolling_task(model, task: RollingTask, ablation=None, limit: int | None = None,
+def evaluate_rolling_task(model: LoadedModel, task: RollingTask, ablation=None, limit: int | None = None,
                           batch_size: int = 16, progress: bool = False) -> RollingResult:
     """lm-eval's perplexity metrics of ``task``'s first ``limit`` documents with ``ablation``
     (an ``Ablation``, a spec string or None) applied."""

@@ -14,9 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 from lens_heads.heads import Head
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 
 @dataclass
@@ -29,7 +32,7 @@ class ModelRef:
     placement: dict = field(default_factory=dict)  # load_model's device_map / max_memory / offload_folder
 
     @classmethod
-    def of(cls, model) -> "ModelRef":
+    def of(cls, model: LoadedModel) -> "ModelRef":
         """A reference to an already loaded model."""
         return cls(model.name, str(model.dtype).removeprefix("torch."), str(model.device), model)
 
@@ -79,7 +82,7 @@ class ModelRef:
 # Patterns as a view (computed by activations, rendered by viz)
 
 
-def attention_heads(model, text: str, heads: Sequence[Head] | None = None,
+def attention_heads(model: LoadedModel, text: str, heads: Sequence[Head] | None = None,
                     titles: Mapping[Head, str] | Sequence[str] | None = None, max_tokens: int = 64):
     """``head_patterns`` rendered as a circuitsvis view (``viz.AttentionView``); ``titles`` adds
     text to each head's name ("L3.H1 | ahon_ln 0.41 | BOS-sink"): a mapping from (layer, head),
@@ -181,7 +184,7 @@ def _check_shape(n_layers: int, n_heads: int, geometry, what: str) -> None:
                              f"{geometry.n_layers} x {geometry.n_heads}: is it for another model?")
 
 
-def build_report(cfg: ReportConfig, model=None, texts: list[str] | None = None) -> Path:
+def build_report(cfg: ReportConfig, model: LoadedModel=None, texts: list[str] | None = None) -> Path:
     """Read the results ``cfg`` names, compute the missing ones (scores, diagnosis and, with a
     task, a sweep), run the model for the attention views, and write the report to ``cfg.out``.
 

@@ -18,6 +18,7 @@ from lens_heads.engine import RowKey, build_rows, encode_pair
 from lens_heads.errors import LensHeadsError
 
 if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
     from lens_heads.protocol import Protocol
 
 
@@ -61,7 +62,7 @@ def resolve_task(task: Task | str) -> Task:
     return task if isinstance(task, Task) else load_task(task)
 
 
-def chat_format(model, protocol: Protocol | None) -> ChatFormat | None:
+def chat_format(model: LoadedModel, protocol: Protocol | None) -> ChatFormat | None:
     """The chat format the protocol asks for (lm-eval's ``apply_chat_template``), or None."""
     if protocol is None or not protocol.apply_chat_template:
         return None
@@ -85,7 +86,7 @@ def task_requests(task: Task, records: Sequence[MCRecord], n_shot: int, seed: in
     return reqs, keys, spans
 
 
-def task_inputs(model, task: Task | str, n_shot: int | None = None, limit: int | None = None,
+def task_inputs(model: LoadedModel, task: Task | str, n_shot: int | None = None, limit: int | None = None,
                 seed: int = DEFAULT_SEED, protocol: Protocol | None = None) -> list[Tensor]:
     """The distinct token sequences the model reads for these questions (for score thresholds)."""
     task = resolve_task(task)

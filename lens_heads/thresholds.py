@@ -34,7 +34,7 @@ the task's own evaluated inputs, so it measures the same point as the sweep's 10
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 import torch
 from jaxtyping import Float
@@ -42,6 +42,9 @@ from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions import ScoreThreshold
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 DEFAULT_FRACTIONS: tuple[float, ...] = (0.0, 0.05, 0.10, 0.15, 0.20, 0.25, 0.30)
 THRESHOLD_RULES: tuple[str, ...] = ("quantile", "cdf")
@@ -134,7 +137,7 @@ def thresholds_from_scores(
             for sid, vals in per_input.items()}
 
 
-def compute_thresholds(model, inputs: list[Tensor], score_ids: Sequence[str], fractions: Sequence[float],
+def compute_thresholds(model: LoadedModel, inputs: list[Tensor], score_ids: Sequence[str], fractions: Sequence[float],
                        batch_size: int = SCORING_BATCH, *, progress: bool = True,
                        rule: str = DEFAULT_RULE) -> dict[str, dict[float, float | None]]:
     """Score ``inputs`` (unablated) and return thresholds per score id and target fraction."""
@@ -177,7 +180,7 @@ def score_ablation_spec(score_id: str, tau: float | None, strict: bool = False) 
     return "none" if tau is None else str(ScoreThreshold(score_id, tau, strict))
 
 
-def calibrated_spec(model, inputs: list[Tensor], score_id: str, fraction: float,
+def calibrated_spec(model: LoadedModel, inputs: list[Tensor], score_id: str, fraction: float,
                     batch_size: int = SCORING_BATCH, *, progress: bool = True,
                     rule: str = DEFAULT_RULE) -> tuple[str, float | None]:
     """(spec, tau): the per-input ablation that zeroes ``fraction`` of the pooled unablated

@@ -183,6 +183,16 @@ def test_every_name_imported_from_the_package_exists():
     assert missing == []
 
 
+def test_every_model_parameter_says_what_model_it_is():
+    """A parameter named ``model`` is annotated (``LoadedModel``, or transformers'
+    ``PreTrainedModel`` where a plain HF model is meant), so a reader never guesses which."""
+    bare = [f"{p.relative_to(PACKAGE.parent)}:{node.lineno} {node.name}"
+            for p in PACKAGE.rglob("*.py") if p.name != "pruned_model.py"  # remote code: no lens_heads types
+            for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+            for a in node.args.args + node.args.kwonlyargs if a.arg == "model" and a.annotation is None]
+    assert bare == []
+
+
 def test_no_module_imports_from_the_package_root():
     offenders = [(str(p.relative_to(PACKAGE)), m) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"
                  or p.parent != PACKAGE for m in _imports(p, skip_type_checking=False) if m == "lens_heads"]

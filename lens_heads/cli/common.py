@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -170,7 +174,7 @@ def check_protocol_args(args) -> None:
         raise LensHeadsError("--fewshot-as-multiturn needs --apply-chat-template (as in lm-eval)")
 
 
-def protocol_from_args(args, model):
+def protocol_from_args(args, model: LoadedModel):
     """The run's ``Protocol``: the paper's preset or the default, overridden by each given option."""
     from lens_heads.protocol import resolve_protocol
 

@@ -7,6 +7,8 @@ bridge's ``hook_pattern`` sees real attention probabilities.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import contextlib
 import io
 import logging
@@ -22,6 +24,9 @@ import torch
 from lens_heads.errors import LensHeadsError
 from lens_heads.models import zoo
 from lens_heads.models.geometry import HeadGeometry
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
           "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
@@ -307,7 +312,7 @@ def converted_dir(source: ModelSource) -> Path | None:
     return zoo.cache_dir() / f"hf-{source.digest[:16]}"
 
 
-def _save_conversion(model, tokenizer, target: Path) -> None:
+def _save_conversion(model: PreTrainedModel, tokenizer, target: Path) -> None:
     import shutil
     import tempfile
 
@@ -323,7 +328,7 @@ def _save_conversion(model, tokenizer, target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)  # a cache miss next time, never a broken cache
 
 
-def _forget_gguf_quantizer(model) -> None:
+def _forget_gguf_quantizer(model: PreTrainedModel) -> None:
     """GGUF weights arrive dequantised to float; drop the nominal quantizer so the model is
     an ordinary float model that ``save_pretrained`` can write (surgery exports need it)."""
     model.hf_quantizer = None
@@ -415,7 +420,7 @@ def load_hf(source: ModelSource, dtype: torch.dtype, device: str = "cpu", placem
     return model.to(device).eval(), tokenizer
 
 
-def boot(model, tokenizer, source: ModelSource, dtype, device) -> LoadedModel:
+def boot(model: PreTrainedModel, tokenizer, source: ModelSource, dtype, device) -> LoadedModel:
     """Wrap an HF model in a TransformerLens bridge (in place: the bridge owns its modules)."""
     from transformer_lens.model_bridge import TransformerBridge
 
@@ -480,7 +485,7 @@ def source_digest(src: "ModelSource") -> str:
     return zoo.sha256_files(files)
 
 
-def model_digest(model) -> str:
+def model_digest(model: LoadedModel) -> str:
     """``source_digest`` of a loaded model's source (computed once and kept on the model)."""
     if model.weights_digest is None:
         model.weights_digest = source_digest(model.source)
@@ -519,7 +524,7 @@ def load_model(spec, dtype: str | torch.dtype = "float32", device: str = "cpu", 
     return boot(model, tokenizer, source, torch_dtype, device)
 
 
-def _embedding_device(model) -> str:
+def _embedding_device(model: PreTrainedModel) -> str:
     """Where a placed model's inputs go: its input embedding's device (CPU for disk offload)."""
     w = model.get_input_embeddings().weight
     return "cpu" if w.device.type == "meta" else str(w.device)

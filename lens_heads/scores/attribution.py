@@ -15,6 +15,8 @@ heads rank like any score's (``HeadScores.least_active``) for static ablation an
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import json
 
 import torch
@@ -25,16 +27,19 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import hook_name
 from lens_heads.scores.functions import ATP, ATP_INACTIVE_WHEN
 
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
+
 SCORE_ID, INACTIVE_WHEN = ATP, ATP_INACTIVE_WHEN  # declared with the score registry
 
 
-def _forward_with_grad(model, ids: Tensor, hooks):
+def _forward_with_grad(model: LoadedModel, ids: Tensor, hooks):
     """One bridge forward with hooks and autograd on (the engine's forwards run without)."""
     with torch.enable_grad():
         return model.bridge.run_with_hooks(ids.to(model.device), fwd_hooks=hooks)
 
 
-def atp_effects(model, context_ids: list[int], continuation_ids: list[int], replacement=None) -> Tensor:
+def atp_effects(model: LoadedModel, context_ids: list[int], continuation_ids: list[int], replacement=None) -> Tensor:
     """[layer, head] signed first-order change of the continuation's log-likelihood when each
     head is ablated (zeroed, or replaced by ``replacement``: a ``lens_heads.replacement`` mean)."""
     g = model.geometry
@@ -80,7 +85,7 @@ def _runtime(replacement):
     return rep.runtime()
 
 
-def atp_table(model, task, records, n_shot: int, seed: int, replacement=None, protocol=None,
+def atp_table(model: LoadedModel, task, records, n_shot: int, seed: int, replacement=None, protocol=None,
               progress: bool = False) -> dict[int, Tensor]:
     """``{doc_id: [layer, head] signed atp}`` of each record's gold request, built exactly as
     ``evaluate_task`` builds it (few-shot context, chat template, BOS), with ablated heads
@@ -116,7 +121,7 @@ def atp_table(model, task, records, n_shot: int, seed: int, replacement=None, pr
     return out
 
 
-def atp_scores(model, task, n_shot: int | None = None, limit: int | None = None, seed: int = DEFAULT_SEED,
+def atp_scores(model: LoadedModel, task, n_shot: int | None = None, limit: int | None = None, seed: int = DEFAULT_SEED,
                replacement: str | None = None, progress: bool = True, protocol=None):
     """``HeadScores`` of ``atp`` on ``task``'s questions (the gold answer's log-likelihood): per
     input (question, in ``select_records`` order) the score ``|atp|``, dataset-level its mean;

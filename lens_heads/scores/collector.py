@@ -12,7 +12,7 @@ docs/methods.md §6, is one), with the same ``Acts`` and padding geometry.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
 from jaxtyping import Float, Int
@@ -21,6 +21,9 @@ from torch import Tensor
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import HookFn, HookKind, hook_name, w_o
 from lens_heads.scores.functions import SCORES, Acts, BatchGeometry, ScoreFn, _closure, resolve_score_ids
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 # -----------------------------------------------------------------------------
 # The streaming collector
@@ -36,7 +39,7 @@ class ScoreCollector:
     returned by ``batch_scores`` under their ids; ``z_transform`` sees only ``score_ids``.
     """
 
-    def __init__(self, model, score_ids: Sequence[str], extra: Sequence[ScoreFn] = ()):
+    def __init__(self, model: LoadedModel, score_ids: Sequence[str], extra: Sequence[ScoreFn] = ()):
         self.model = model
         self.score_ids = resolve_score_ids(score_ids)
         self.extra = _check_extra(extra, self.score_ids)

@@ -10,7 +10,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -30,6 +30,9 @@ from lens_heads.progress import progress_bar
 from lens_heads.provenance import package_versions
 from lens_heads.scores.collector import ScoreCollector
 from lens_heads.scores.functions import ATP, ATP_INACTIVE_WHEN, SCORES, resolve_score_ids, revision_key
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 # -----------------------------------------------------------------------------
 # Dataset-level scores
@@ -234,14 +237,14 @@ def _table_format(path: Path) -> str:
 # score_heads
 
 
-def context_length(model) -> int | None:
+def context_length(model: LoadedModel) -> int | None:
     """The longest input the model's position scheme supports (None: no limit, e.g. ALiBi)."""
     if model.geometry.arch.alibi:
         return None
     return getattr(model.hf_model.config, "max_position_embeddings", None)
 
 
-def prepare_inputs(model, inputs, max_len: int | None) -> list[Tensor]:
+def prepare_inputs(model: LoadedModel, inputs, max_len: int | None) -> list[Tensor]:
     """Strings or 1-D token tensors -> 1-D LongTensors, checked against max_len and the context."""
     if max_len is not None and max_len < 2:
         raise LensHeadsError(f"max_len must be >= 2, got {max_len}")
@@ -281,7 +284,7 @@ def prepare_inputs(model, inputs, max_len: int | None) -> list[Tensor]:
 
 
 def score_heads(
-    model,
+    model: LoadedModel,
     inputs: Sequence[Tensor] | Sequence[str],
     scores: str | Sequence[str] = "all",
     batch_size: int = 8,
@@ -326,7 +329,7 @@ def score_heads(
                       {s: moments[s].n for s in ids}, len(seqs), per_input, meta)
 
 
-def score_metadata(model, seqs: Sequence[Tensor], max_len: int | None, data: str | None) -> dict:
+def score_metadata(model: LoadedModel, seqs: Sequence[Tensor], max_len: int | None, data: str | None) -> dict:
     return {
         "model": model.source.spec,
         "model_digest": model_digest(model),

@@ -12,6 +12,8 @@ for BLOOM the bridge computes Q/K/V from its own split copies).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import copy
 import json
 import time
@@ -28,6 +30,9 @@ from lens_heads.surgery.reinit import plan_surgery, reinitialise
 from lens_heads.surgery.report import RepairPass, RepairReport
 from lens_heads.surgery.targets import TargetSelector
 from lens_heads.surgery.train import TrainConfig, perplexity, train_surgery
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 
 @dataclass
@@ -61,7 +66,7 @@ def prepare_data(tokenizer, train_texts, eval_texts, config: RepairConfig):
     return chunks, eval_inputs
 
 
-def repair(model, selector: TargetSelector, train_texts: list[str], eval_texts: list[str], diag_inputs,
+def repair(model: LoadedModel, selector: TargetSelector, train_texts: list[str], eval_texts: list[str], diag_inputs,
            out_dir, config: RepairConfig = RepairConfig(), resume: bool = True,
            progress: bool = True) -> RepairReport:
     """Run the protocol on ``model`` (a LoadedModel; left unchanged); return the report it saved."""

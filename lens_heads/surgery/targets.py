@@ -6,6 +6,8 @@ Re-applied after a pass it gives the heads "still or newly" selected (see ``rese
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import re
 from dataclasses import dataclass
 
@@ -13,6 +15,9 @@ from lens_heads.diagnose import Diagnosis, check_classes, diagnose
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions import Head
 from lens_heads.interventions import parse_heads as _parse_heads
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 
 _SELECT = re.compile(r"^\s*([A-Za-z0-9_]+)\s*(<=|>=|<|>)\s*([-+0-9.eE]+)\s*$")
@@ -41,7 +46,7 @@ def parse_select(spec: str) -> tuple[str, str, float]:
     return m.group(1), m.group(2), value
 
 
-def score_values(model, inputs, score_id: str):
+def score_values(model: LoadedModel, inputs, score_id: str):
     """Dataset-level value (mean over inputs) of one registered score: [layer, head]."""
     try:
         from lens_heads.scores import resolve_score_ids, score_heads
@@ -81,7 +86,7 @@ class TargetSelector:
             return "band"
         return f"score {self.select}"
 
-    def resolve(self, model, diagnosis: Diagnosis | None = None, inputs=None) -> list[Head]:
+    def resolve(self, model: LoadedModel, diagnosis: Diagnosis | None = None, inputs=None) -> list[Head]:
         """Heads selected on ``model`` (a LoadedModel); ``diagnosis`` or ``inputs`` as needed."""
         g = model.geometry
         if self.heads is not None:
@@ -103,7 +108,7 @@ class TargetSelector:
             return diagnosis.heads(self.classes)
         return [(L, h) for L in range(g.n_layers) for h in diagnosis.band()]
 
-    def reselect(self, model, previous: list[Head], diagnosis: Diagnosis, inputs=None) -> list[Head]:
+    def reselect(self, model: LoadedModel, previous: list[Head], diagnosis: Diagnosis, inputs=None) -> list[Head]:
         """Targets of the next pass: the rule re-applied to the repaired model.
 
         classes / select: heads the rule selects now (still or newly selected).

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import math
 from dataclasses import dataclass, field
 
@@ -9,6 +11,9 @@ from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.errors import LensHeadsError
 from lens_heads.protocol import Protocol
 from lens_heads.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fraction
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 RANDOM = "random"  # score_fn of the random-heads points
 BASELINE = "baseline"  # score_fn of the unablated point when no curve supplies it
@@ -157,7 +162,7 @@ class SweepConfig:
             raise LensHeadsError(f"first: {str(pid)!r}: {pid.score_fn!r} is not among the sweep's score functions")
         return pid
 
-    def identity(self, model, task):
+    def identity(self, model: LoadedModel, task):
         """The ``keys.RunIdentity`` of this sweep on a loaded model."""
         from lens_heads.keys import RunIdentity
 

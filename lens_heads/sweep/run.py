@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from enum import Enum
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from lens_heads.claims import claim, wait_for
 from lens_heads.errors import LensHeadsError
@@ -24,6 +24,9 @@ from lens_heads.sweep.plan import PartUnit, StaticScores, SweepPlan, plan_points
 from lens_heads.sweep.records import PointRecord, StaticScoresRecord, Thresholds
 from lens_heads.sweep.result import SweepResult, check_same_weights
 from lens_heads.sweep.stats import point_summary, tables
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 CLAIM_POLL_S = 2.0  # how often a process waiting for another's unit looks again
 
@@ -47,7 +50,7 @@ def read_thresholds(store: ResultStore, identity: RunIdentity, cfg: SweepConfig,
     return None if rec is None else rec.thresholds
 
 
-def _random_values(model, seed: int) -> list:
+def _random_values(model: LoadedModel, seed: int) -> list:
     """[layer][head] seeded uniform values (NaN for heads a pruned layer lacks): ranked, a
     random order of the heads -- the static random-heads curve of seed ``seed``."""
     import hashlib
@@ -63,7 +66,7 @@ def _random_values(model, seed: int) -> list:
     return values.tolist()
 
 
-def scoring_pass(model, task, cfg: SweepConfig, progress: bool,
+def scoring_pass(model: LoadedModel, task, cfg: SweepConfig, progress: bool,
                  rankings: Sequence[str] = ()) -> tuple[Thresholds, int, StaticScores]:
     """(thresholds, n_inputs, static values) on the unablated model, in one pass per kind of
     score: ``cfg``'s hook scores pooled over the request sequences (every choice row;
@@ -109,7 +112,7 @@ def _missing_static(store: ResultStore, identity: RunIdentity, cfg: SweepConfig)
     return [r for r in static_rankings(cfg) if not store.has(static_key(identity, cfg, r))]
 
 
-def ensure_thresholds(model, store: ResultStore, identity: RunIdentity, cfg: SweepConfig, task,
+def ensure_thresholds(model: LoadedModel, store: ResultStore, identity: RunIdentity, cfg: SweepConfig, task,
                       progress: bool) -> Thresholds:
     """The sweep's thresholds, from one scoring pass over the unablated request sequences when
     the store lacks them (by whichever process claims that pass; the pass also stores the
@@ -130,7 +133,7 @@ def ensure_thresholds(model, store: ResultStore, identity: RunIdentity, cfg: Swe
     return found
 
 
-def static_pass(model, store: ResultStore, identity: RunIdentity, cfg: SweepConfig, task,
+def static_pass(model: LoadedModel, store: ResultStore, identity: RunIdentity, cfg: SweepConfig, task,
                 progress: bool) -> "Outcome":
     """Score and store the static curves' dataset-level scores the store lacks, unless another
     live process holds that pass (``HELD``: come back later)."""
@@ -151,12 +154,12 @@ def _static_claim(store: ResultStore, identity: RunIdentity, cfg: SweepConfig):
     return store.path(static_key(identity, cfg, static_rankings(cfg)[0]))
 
 
-def run_static_unit(model, task, identity: RunIdentity, cfg: SweepConfig, store: ResultStore) -> "Outcome":
+def run_static_unit(model: LoadedModel, task, identity: RunIdentity, cfg: SweepConfig, store: ResultStore) -> "Outcome":
     """The ``static/0`` unit of an executor (``sweep.units``): ``static_pass`` without a bar."""
     return static_pass(model, store, identity, cfg, task, progress=False)
 
 
-def ensure_static(model, store: ResultStore, identity: RunIdentity, cfg: SweepConfig, task,
+def ensure_static(model: LoadedModel, store: ResultStore, identity: RunIdentity, cfg: SweepConfig, task,
                   progress: bool) -> StaticScores | None:
     """The dataset-level scores of the sweep's static curves (None without static curves),
     scored when the store lacks them (by whichever process claims the pass)."""
@@ -183,7 +186,7 @@ class Outcome(str, Enum):
     HELD = "held"
 
 
-def run_unit(model, task, plan: SweepPlan, unit: PartUnit, store: ResultStore) -> Outcome:
+def run_unit(model: LoadedModel, task, plan: SweepPlan, unit: PartUnit, store: ResultStore) -> Outcome:
     """Evaluate one part and store it, unless it (or its point) is stored or another live
     process holds it."""
     from lens_heads.ablation import parse_ablation
@@ -246,7 +249,7 @@ def check_one_weights(store, identity) -> None:
                     f"vs {identity.model_digest[:16]}...): use another --out, or the same weights")
 
 
-def _check(model, cfg: SweepConfig, task):
+def _check(model: LoadedModel, cfg: SweepConfig, task):
     from lens_heads.ablation import parse_ablation
     from lens_heads.data import load_task
 
@@ -257,7 +260,7 @@ def _check(model, cfg: SweepConfig, task):
     return task
 
 
-def run_sweep(model, cfg: SweepConfig, out_dir, task=None, progress: bool = True) -> SweepResult:
+def run_sweep(model: LoadedModel, cfg: SweepConfig, out_dir, task=None, progress: bool = True) -> SweepResult:
     """Run (or resume) a sweep: its thresholds, then every missing unit, then the two tables
     (written to ``out_dir`` as ``summary.csv`` and ``within_1pt.csv``)."""
     task = _check(model, cfg, task)
@@ -336,7 +339,7 @@ def tabulate(out_dir, identity: RunIdentity, cfg: SweepConfig, task, partial: bo
                        model=model, model_digest=identity.model_digest)
 
 
-def sweep_status(model, cfg: SweepConfig, out_dir, task=None) -> SweepResult | None:
+def sweep_status(model: LoadedModel, cfg: SweepConfig, out_dir, task=None) -> SweepResult | None:
     """``tabulate(..., partial=True)`` for a loaded model."""
     task = _check(model, cfg, task)
     return tabulate(out_dir, cfg.identity(model, task), cfg, task, partial=True, model=model.name)

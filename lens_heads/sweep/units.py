@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from lens_heads.claims import claim
 from lens_heads.errors import LensHeadsError
@@ -35,6 +35,9 @@ from lens_heads.sweep.config import SweepConfig
 from lens_heads.sweep.plan import SweepPlan, put_thresholds, thresholds_key
 from lens_heads.sweep.records import ThresholdsRecord
 from lens_heads.sweep.run import Outcome
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 Phase = Literal["score", "static", "part"]
 PHASES = ("score", "static", "part")
@@ -66,7 +69,7 @@ def shard_key(identity: RunIdentity, cfg: SweepConfig, index: int, n_shards: int
     return thresholds_key(identity, cfg).shard(index, n_shards, cfg.threshold_batch_size)
 
 
-def run_score_shard(model, task, identity: RunIdentity, cfg: SweepConfig, store: ResultStore, index: int,
+def run_score_shard(model: LoadedModel, task, identity: RunIdentity, cfg: SweepConfig, store: ResultStore, index: int,
                     n_shards: int) -> Outcome:
     """Score shard ``index`` of ``n_shards`` and store its per-input scores (with their input
     positions), unless it or the thresholds are stored or another live process holds it."""
