@@ -250,6 +250,26 @@ def test_converted_cache_equals_direct_gguf_load(smollm2):
         assert torch.equal(direct(ids).logits, run_with_hooks(smollm2, ids, None, []))
 
 
+@pytest.mark.slow
+def test_gguf_conversion_is_announced_once(smollm2, tmp_path, monkeypatch, capfd):
+    """A GGUF is parsed (transformers' de-quantisation bar) only when its conversion is not
+    cached yet; a later load reads the cached float32 folder and prints nothing."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LENS_HEADS_CACHE", str(cache))
+    gguf = tmp_path / "copy.gguf"
+    gguf.symlink_to(zoo.fetch("smollm2-135m", progress=False))  # zoo.fetch before the cache moves
+    capfd.readouterr()
+    first = load_model(str(gguf))
+    err = capfd.readouterr().err
+    assert err.count("lens_heads: converting copy.gguf to float32 once") == 1 and "de-quantizing" in err
+    assert (cache / f"hf-{zoo.ZOO['smollm2-135m'].sha256[:16]}" / "CONVERTED_FROM").is_file()
+    again = load_model(str(gguf))
+    err = capfd.readouterr().err
+    assert "converting" not in err and "de-quantizing" not in err, err
+    ids = _ids(first)
+    assert torch.equal(run_with_hooks(first, ids, None, []), run_with_hooks(again, ids, None, []))
+
+
 @pytest.mark.parametrize("arch", ["llama", "bloom", "gpt2"])
 def test_kv_cache_continuation_without_deprecated_keyword(arch, tiny_model):
     """A cached prefix continues through the keyword the HF forward takes (``cache`` where
