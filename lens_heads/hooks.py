@@ -125,12 +125,28 @@ def run_with_hooks(
     if logits_to_keep is not None:
         kwargs["logits_to_keep"] = logits_to_keep.to(model.device)
     if past_key_values is not None:
-        kwargs["past_key_values"] = past_key_values
+        if return_logits and _takes_cache_kwarg(bridge.original_model):
+            kwargs.update(cache=past_key_values, use_cache=True)  # straight to the HF forward
+        else:
+            kwargs["past_key_values"] = past_key_values
     if return_cache:
         kwargs["return_type"] = "logits_and_cache"
     with torch.inference_mode(), _kv_cache_compat(bridge, past_key_values is not None or return_cache):
         out = bridge.run_with_hooks(input_ids.to(model.device), fwd_hooks=list(fwd_hooks), **kwargs)
     return out if return_logits else None
+
+
+def _takes_cache_kwarg(hf_model) -> bool:
+    """Whether the HF model's forward takes its KV cache as ``cache`` (transformers >= 5.2x,
+    which deprecates ``past_key_values`` with a FutureWarning per call). The bridge hands its
+    extra keyword arguments to that forward unchanged, so the same cache object reaches HF
+    under either name (same logits: tests/test_models.py)."""
+    import inspect
+
+    try:
+        return "cache" in inspect.signature(hf_model.forward).parameters
+    except (TypeError, ValueError):
+        return False
 
 
 @contextlib.contextmanager

@@ -149,14 +149,20 @@ def figure_html(fig, alt: str, dpi: int = 110) -> str:
     return f'<figure><img alt="{html.escape(alt)}" src="data:image/png;base64,{data}"></figure>'
 
 
+TEXT_COLUMNS = ("note",)  # free text in a table: wraps, left-aligned
+
+
 def table_html(frame: pd.DataFrame, floatfmt: str = "{:.4g}", cls: str = "") -> str:
     def cell(v) -> str:
         if isinstance(v, (float, np.floating)):
             return "" if math.isnan(v) else floatfmt.format(v)
         return html.escape(str(v))
 
-    head = "".join(f"<th>{html.escape(str(c))}</th>" for c in frame.columns)
-    rows = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>"
+    # long snake_case headers may break after an underscore, and text columns (note) wrap left-aligned,
+    # so a wide table fits its section instead of pushing its last columns out of view
+    text = [' class="text"' if c in TEXT_COLUMNS else "" for c in frame.columns]
+    head = "".join(f"<th{t}>{html.escape(str(c)).replace('_', '_<wbr>')}</th>" for t, c in zip(text, frame.columns))
+    rows = "".join("<tr>" + "".join(f"<td{t}>{cell(v)}</td>" for t, v in zip(text, row)) + "</tr>"
                    for row in frame.itertuples(index=False))
     return (f'<div class="scroll"><table class="{cls}"><thead><tr>{head}</tr></thead>'
             f"<tbody>{rows}</tbody></table></div>")
@@ -182,6 +188,7 @@ div.scroll { overflow-x: auto; max-width: 100%; }
 th, td { border: 1px solid var(--line); padding: 4px 10px; text-align: right; }
 th { background: #eef2f6; font-weight: 600; }
 td:first-child, th:first-child { text-align: left; }
+td.text, th.text { text-align: left; min-width: 16em; }
 tbody tr:nth-child(even) { background: #fafbfc; }
 table.meta td { text-align: left; }
 table.meta td:first-child { font-weight: 600; width: 170px; background: #f4f6f8; }

@@ -246,7 +246,7 @@ def build_report(cfg: ReportConfig, model: LoadedModel=None, texts: list[str] | 
         "dtype / device": f"{str(model.dtype).removeprefix('torch.')} / {model.device}",
         "results": "; ".join(f"{k}: {s}" for k, s in sources.items()),
         "versions": ", ".join(f"{k} {val}" for k, val in v.items()),
-        "wall time": f"{time.time() - t0:.1f} s",
+        "report built in": f"{time.time() - t0:.1f} s",  # this build only, not the runs whose results it reads
         "generated": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
     }
     pruning = None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -543,3 +544,86 @@ def test_no_data_root_without_the_variable(monkeypatch, tmp_path):
     assert data_root() is None and candidate_data_roots() == []
     monkeypatch.setenv("LENS_HEADS_DATA", str(tmp_path / "elsewhere"))
     assert data_root() == tmp_path / "elsewhere"
+
+
+# -----------------------------------------------------------------------------
+# The shipped C4 sample: what a default --data reads without a local copy
+
+SHIPPED_C4 = Path(__file__).resolve().parents[1] / "lens_heads" / "demo_data" / "c4_validation_sample.jsonl"
+
+
+def shipped_texts() -> list[str]:
+    return [json.loads(line)["text"] for line in SHIPPED_C4.read_text(encoding="utf-8").splitlines()]
+
+
+def test_c4_sample_is_the_shipped_file_whatever_the_data_root(tmp_path, monkeypatch):
+    monkeypatch.delenv("LENS_HEADS_DATA", raising=False)
+    assert load_texts("c4-sample") == shipped_texts() and len(shipped_texts()) == 48
+    monkeypatch.setenv("LENS_HEADS_DATA", str(tmp_path))  # a data root never shadows the package's copy
+    assert load_texts("c4-sample", n=5) == shipped_texts()[:5]
+
+
+def test_default_corpus_falls_back_to_the_sample_only_without_a_local_copy(tmp_path, monkeypatch):
+    from lens_heads.data.corpora import default_corpus
+
+    monkeypatch.delenv("LENS_HEADS_DATA", raising=False)
+    name, note = default_corpus("c4")
+    assert name == "c4-sample" and "LENS_HEADS_DATA is unset" in note and "\n" not in note
+    monkeypatch.setenv("LENS_HEADS_DATA", str(tmp_path))
+    name, note = default_corpus("c4")
+    assert name == "c4-sample" and f"{tmp_path} has no c4/c4_validation_2k.jsonl" in note
+    (tmp_path / "c4").mkdir()
+    (tmp_path / "c4" / "c4_validation_2k.jsonl").write_text(json.dumps({"text": "a local text"}) + "\n")
+    assert default_corpus("c4") == ("c4", None)
+    assert load_texts("c4") == ["a local text"]
+    assert default_corpus("wikitext2") == ("wikitext2", None)  # no sample: it stays (and may use the hub)
+
+
+def test_an_explicit_c4_offline_without_a_copy_says_how_to_fix_it(tmp_path, monkeypatch, capsys, tiny_model_dir):
+    from lens_heads.cli import main
+
+    monkeypatch.delenv("LENS_HEADS_DATA", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(LensHeadsError) as err:
+        load_texts("c4", n=3)
+    msg = str(err.value)
+    assert "\n" not in msg and "set LENS_HEADS_DATA to a folder holding c4/c4_validation_2k.jsonl" in msg
+    assert "'c4-sample'" in msg
+    out, folder = tmp_path / "scores.csv", tiny_model_dir("llama")
+    capsys.readouterr()
+    assert main(["score", str(folder), "--data", "c4", "--out", str(out)]) == 2
+    printed = capsys.readouterr()
+    assert printed.err.count("\n") == 1 and printed.err.startswith("lens-heads score: error: corpus 'c4'")
+    assert "Traceback" not in printed.err and not out.exists()
+
+
+def test_info_without_a_data_root_reads_the_shipped_sample(tiny_model_dir, tiny_model, monkeypatch, capsys):
+    """``lens-heads info MODEL`` offline with no LENS_HEADS_DATA: one stderr line says the shipped
+    sample stands in, and the per-layer first-token attention is AWFT on those texts."""
+    from lens_heads.cli import main
+    from lens_heads.scores import score_heads
+
+    monkeypatch.delenv("LENS_HEADS_DATA", raising=False)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    folder = tiny_model_dir("llama")
+    capsys.readouterr()
+    assert main(["info", str(folder)]) == 0
+    printed = capsys.readouterr()
+    lines = printed.err.strip().splitlines()
+    assert len(lines) == 1 and "using 'c4-sample'" in lines[0] and "LENS_HEADS_DATA is unset" in lines[0]
+    assert "8 c4-sample texts x <= 128 tokens" in printed.out
+    model = tiny_model("llama")
+    awft = score_heads(model, tokenize_texts(model.tokenizer, shipped_texts()[:8], 128), "awft",
+                       progress=False).mean["awft"].mean(dim=1)
+    shown = [float(m) for m in re.findall(r"layer +\d+ +([0-9.]+)", printed.out)]
+    assert shown == [round(float(v), 3) for v in awft]
+
+
+def test_info_with_a_data_root_reads_c4_and_says_nothing(tiny_model_dir, shared_data, monkeypatch, capsys):
+    from lens_heads.cli import main
+
+    monkeypatch.setenv("LENS_HEADS_DATA", str(shared_data))
+    assert main(["info", str(tiny_model_dir("llama")), "--n-inputs", "2"]) == 0
+    printed = capsys.readouterr()
+    assert "2 c4 texts" in printed.out and "c4-sample" not in printed.err

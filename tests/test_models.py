@@ -250,6 +250,58 @@ def test_converted_cache_equals_direct_gguf_load(smollm2):
         assert torch.equal(direct(ids).logits, run_with_hooks(smollm2, ids, None, []))
 
 
+@pytest.mark.slow
+def test_gguf_conversion_is_announced_once(smollm2, tmp_path, monkeypatch, capfd):
+    """A GGUF is parsed (transformers' de-quantisation bar) only when its conversion is not
+    cached yet; a later load reads the cached float32 folder and prints nothing."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("LENS_HEADS_CACHE", str(cache))
+    gguf = tmp_path / "copy.gguf"
+    gguf.symlink_to(zoo.fetch("smollm2-135m", progress=False))  # zoo.fetch before the cache moves
+    capfd.readouterr()
+    first = load_model(str(gguf))
+    err = capfd.readouterr().err
+    assert err.count("lens_heads: converting copy.gguf to float32 once") == 1 and "de-quantizing" in err
+    assert (cache / f"hf-{zoo.ZOO['smollm2-135m'].sha256[:16]}" / "CONVERTED_FROM").is_file()
+    again = load_model(str(gguf))
+    err = capfd.readouterr().err
+    assert "converting" not in err and "de-quantizing" not in err, err
+    ids = _ids(first)
+    assert torch.equal(run_with_hooks(first, ids, None, []), run_with_hooks(again, ids, None, []))
+
+
+@pytest.mark.parametrize("arch", ["llama", "bloom", "gpt2"])
+def test_kv_cache_continuation_without_deprecated_keyword(arch, tiny_model):
+    """A cached prefix continues through the keyword the HF forward takes (``cache`` where
+    transformers deprecates ``past_key_values``): no FutureWarning, the same logits as the
+    deprecated keyword gave, and the logits of the whole sequence run at once."""
+    import warnings
+
+    from lens_heads.hooks import _kv_cache_compat
+
+    model = tiny_model(arch)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, len(model.tokenizer), (2, 12), generator=g)
+    mask = torch.ones_like(ids)
+
+    def zero_head(z, hook):  # an ablation hook, so hooks on the cached path are covered too
+        z[:, :, 1] = 0
+        return z
+
+    hooks = [(hook_name("z", L), zero_head) for L in range(model.geometry.n_layers)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        _, cache = run_with_hooks(model, ids[:, :8], mask[:, :8], hooks, return_cache=True)
+        new = run_with_hooks(model, ids[:, 8:], mask, hooks, past_key_values=cache)
+    _, cache = run_with_hooks(model, ids[:, :8], mask[:, :8], hooks, return_cache=True)
+    with warnings.catch_warnings(), torch.inference_mode(), _kv_cache_compat(model.bridge, True):
+        warnings.simplefilter("ignore", FutureWarning)
+        old = model.bridge.run_with_hooks(ids[:, 8:], fwd_hooks=hooks, attention_mask=mask, past_key_values=cache)
+    assert torch.equal(new, old)
+    full = run_with_hooks(model, ids, mask, hooks)
+    torch.testing.assert_close(new, full[:, 8:], rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize("arch", ["qwen3", "phi3", "gpt_neox"])
 def test_an_architecture_outside_the_table_loads_and_fails_only_where_slices_are_needed(arch, tiny_model):
     """Head counts come from the config (checked against the bridge's hooks at load); parameter

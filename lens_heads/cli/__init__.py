@@ -48,6 +48,9 @@ def main(argv: list[str] | None = None) -> int:
             from lens_heads.cli.common import parse_batch_size
 
             args.batch_size = parse_batch_size(args.batch_size)
+        from lens_heads.cli.common import resolve_default_data
+
+        resolve_default_data(args)  # --data left at c4: the shipped sample when no local copy exists
         if hasattr(args, "device_map"):  # the model's placement flags, checked before any work
             from lens_heads.cli.common import placement_from_args
 

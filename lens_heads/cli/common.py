@@ -100,9 +100,19 @@ def no_texts(spec) -> "LensHeadsError":
     return LensHeadsError(f"no texts in {spec!r} (empty data: an empty file, or its text field holds no strings)")
 
 
+class DefaultCorpus(str):
+    """A ``--data`` the user did not give: ``resolve_default_data`` turns it into ``c4`` when a
+    local copy exists, else into the shipped ``c4-sample`` (lens_heads.data.corpora.default_corpus)."""
+
+
+DATA_HELP = ("corpus name (c4, c4-train, wikitext2, c4-sample: 48 shipped C4 texts) or a local "
+             ".txt/.jsonl/.parquet file; named corpora are read from $LENS_HEADS_DATA, else the hub")
+
+
 def add_data_args(p: argparse.ArgumentParser, default: str | None = "c4", required: bool | None = None) -> None:
-    p.add_argument("--data", default=default, required=default is None if required is None else required,
-                   help="corpus name (c4, c4-train, wikitext2) or a local .txt/.jsonl/.parquet file")
+    p.add_argument("--data", default=None if default is None else DefaultCorpus(default),
+                   required=default is None if required is None else required,
+                   help=DATA_HELP + (f" (default {default}, or c4-sample without a local copy)" if default else ""))
     p.add_argument("--n-inputs", type=int, default=32, help="number of inputs (default 32)")
     p.add_argument("--max-len", type=int, default=256, help="tokens per input (default 256)")
     p.add_argument("--batch-size", default="8", help="inputs per forward, or auto (default 8)")
@@ -182,3 +192,17 @@ def protocol_from_args(args, model: LoadedModel):
                             apply_chat_template=args.apply_chat_template,
                             fewshot_as_multiturn=args.fewshot_as_multiturn,
                             threshold_rule=getattr(args, "threshold_rule", None))
+
+
+def resolve_default_data(args) -> None:
+    """``--data`` left at its default: the default corpus, or its shipped sample when no local
+    copy exists (said in one line on stderr); a ``--data`` the user gave stays as given."""
+    if not isinstance(getattr(args, "data", None), DefaultCorpus):
+        return
+    import sys
+
+    from lens_heads.data.corpora import default_corpus
+
+    args.data, note = default_corpus(str(args.data))
+    if note:
+        print(f"lens-heads {args.command}: {note}", file=sys.stderr)

@@ -3,13 +3,14 @@ dataset-level AWFT score, docs/methods.md §1, averaged over each layer's heads)
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_model_args, check_positive, model_from_args, no_texts
+from lens_heads.cli.common import DATA_HELP, DefaultCorpus, add_model_args, check_positive, model_from_args, no_texts
 
 
 def register(sub) -> None:
     p = sub.add_parser("info", help="describe a model's heads and its first-token attention")
     add_model_args(p)
-    p.add_argument("--data", default="c4", help="corpus for the attention summary (default c4)")
+    p.add_argument("--data", default=DefaultCorpus("c4"), help="corpus for the attention summary: " + DATA_HELP
+                   + " (default c4, or c4-sample without a local copy)")
     p.add_argument("--n-inputs", type=int, default=8)
     p.add_argument("--max-len", type=int, default=128)
     p.set_defaults(func=run)

@@ -13,6 +13,9 @@ Three steps, each usable alone:
   (C4 en train), ``wikitext2`` (WikiText-2 raw test, one input per article),
   ``wikitext2-valid`` (WikiText-2 validation, see below). A local copy under the data root
   (``lens_heads.data.paths``) is used when present, else the same data from the hub.
+  ``c4-sample``: the 48 C4 (en) validation texts shipped inside the package
+  (``lens_heads/demo_data``), always local. ``default_corpus("c4")`` is what a command uses
+  when its data is only a default: ``c4`` with a local copy, else ``c4-sample``.
 * a local file: ``.txt`` (one input per non-empty line, stripped), ``.jsonl`` / ``.json``
   / ``.parquet`` / ``.csv`` (the ``text`` column; ``text_field=`` picks another);
 * a Hugging Face dataset id, optionally ``"path:config"`` (e.g. ``"wikitext:wikitext-2-raw-v1"``);
@@ -46,7 +49,8 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
-from lens_heads.data.paths import load_hub_dataset, local_file
+from lens_heads.data.paths import DATA_ENV, hub_offline, load_hub_dataset, local_file
+from lens_heads.data.paths import data_root as resolve_root
 from lens_heads.errors import LensHeadsError
 
 # -----------------------------------------------------------------------------
@@ -66,15 +70,19 @@ class CorpusSpec:
     text_field: str = "text"
     streaming: bool = False  # stream from the hub (C4 is far too big to download for a sample)
     about: str = ""
+    shipped: bool = False  # ``local`` is a file of the package's demo_data, never the hub
+    sample: str | None = None  # a shipped corpus that stands in offline (named in errors, and as a default)
 
 
 CORPORA: dict[str, CorpusSpec] = {
     c.name: c
     for c in [
         CorpusSpec("c4", "c4/c4_validation_2k.jsonl", "allenai/c4", "en", "validation", streaming=True,
-                   about="C4 en validation (local: a 2,000-doc sample)"),
+                   about="C4 en validation (local: a 2,000-doc sample)", sample="c4-sample"),
         CorpusSpec("c4-train", "c4/c4_train_1k.jsonl", "allenai/c4", "en", "train", streaming=True,
                    about="C4 en train (local: the first 1,000 docs)"),
+        CorpusSpec("c4-sample", "c4_validation_sample.jsonl", "allenai/c4", "en", "validation", shipped=True,
+                   about="48 C4 en validation texts shipped with lens_heads, offline"),
         CorpusSpec("wikitext2", "wikitext2/test_raw.txt", "Salesforce/wikitext", "wikitext-2-raw-v1", "test",
                    unit="article", about="WikiText-2 raw test, one input per article"),
         CorpusSpec("wikitext2-valid", "wikitext2/valid.txt", "Salesforce/wikitext", "wikitext-2-v1", "validation",
@@ -113,12 +121,20 @@ def load_texts(
         c = CORPORA[name]
         if split and (spec_s, split) not in _SPLIT_ALIASES and split != c.hub_split:
             raise LensHeadsError(f"Corpus {spec_s!r} has no split {split!r}; try one of: {_corpus_names()}")
-        path = local_file(c.local, data_root)
+        path = shipped_file(c.local) if c.shipped else local_file(c.local, data_root)
         if path is not None:
             texts = _read_file(path, c.text_field, n=None if c.unit == "article" else n)
         else:
-            texts = _read_hub(c.hub_path, c.hub_name, c.hub_split, c.text_field,
-                              n=None if c.unit == "article" else n, streaming=c.streaming, what=f"corpus {name!r}")
+            try:
+                texts = _read_hub(c.hub_path, c.hub_name, c.hub_split, c.text_field,
+                                  n=None if c.unit == "article" else n, streaming=c.streaming,
+                                  what=f"corpus {name!r}")
+            except LensHeadsError as exc:
+                if hub_offline():
+                    raise LensHeadsError(_offline_message(c, data_root)) from None
+                if c.sample:
+                    raise LensHeadsError(f"{exc} Or use {c.sample!r} ({CORPORA[c.sample].about}).") from None
+                raise
         if c.unit == "article":
             texts = wikitext_articles(texts)
         return _clean(texts, n)
@@ -158,6 +174,38 @@ def readable(path: Path):
     except (OSError, ValueError, csv.Error) as exc:  # pyarrow's ArrowInvalid is a ValueError
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise LensHeadsError(f"{path}: cannot be read as a {path.suffix.lstrip('.') or 'text'} file ({first})") from None
+
+
+def shipped_file(name: str) -> Path:
+    """A data file shipped inside the package (``lens_heads/demo_data``)."""
+    from importlib.resources import files
+
+    return Path(str(files("lens_heads") / "demo_data" / name))
+
+
+def _offline_message(c: CorpusSpec, explicit_root) -> str:
+    """One line for a named corpus with no local copy while the hub is off: how to fix it."""
+    root = resolve_root(explicit_root)
+    where = (f"{DATA_ENV} is unset" if root is None and explicit_root is None
+             else f"{root} has no {c.local}")
+    fix = f"set {DATA_ENV} to a folder holding {c.local}"
+    if c.sample:
+        fix += f", or use {c.sample!r} ({CORPORA[c.sample].about})"
+    return (f"corpus {c.name!r} ({c.hub_path}) has no local copy ({where}) and the hub is offline "
+            f"(HF_HUB_OFFLINE / HF_DATASETS_OFFLINE): {fix}")
+
+
+def default_corpus(name: str = "c4", data_root: str | os.PathLike | None = None) -> tuple[str, str | None]:
+    """The corpus a command reads when its data is only a default (the user named none):
+    ``name`` when its local copy exists under the data root, else its shipped sample
+    (``c4`` -> ``c4-sample``), with a one-line note saying so (None when ``name`` stands)."""
+    c = CORPORA[name]
+    if c.sample is None or local_file(c.local, data_root) is not None:
+        return name, None
+    root = data_root if data_root is not None else os.environ.get(DATA_ENV)
+    why = f"{DATA_ENV} is unset" if not root else f"{root} has no {c.local}"
+    return c.sample, (f"no local copy of {name!r} ({why}): using {c.sample!r}, "
+                      f"{CORPORA[c.sample].about}; pass --data to choose")
 
 
 def _corpus_names() -> str:

@@ -15,7 +15,9 @@ Resolution order (first hit wins):
    typo shows up as "not found locally" rather than silently using another copy).
 
 There is no other default: without either, loaders use the Hugging Face hub (and its local
-datasets cache). Tests and CI point ``LENS_HEADS_DATA`` at their copy.
+datasets cache). Tests and CI point ``LENS_HEADS_DATA`` at their copy. ``c4-sample`` needs
+neither: it is shipped inside the package (``lens_heads/demo_data``), and a command whose data
+is only its default ``c4`` reads it when no local copy exists (``corpora.default_corpus``).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ import io
 import logging
 import os
 import re
+import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -324,8 +325,10 @@ def _save_conversion(model: PreTrainedModel, tokenizer, target: Path) -> None:
             tokenizer.save_pretrained(tmp)
         (tmp / "CONVERTED_FROM").write_text(model.config._name_or_path + "\n")
         os.replace(tmp, target)
-    except OSError:
+    except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)  # a cache miss next time, never a broken cache
+        print(f"lens_heads: could not cache the conversion in {target} ({exc.strerror or exc}); "
+              "the next load converts again", file=sys.stderr)
 
 
 def _forget_gguf_quantizer(model: PreTrainedModel) -> None:
@@ -380,6 +383,9 @@ def load_hf(source: ModelSource, dtype: torch.dtype, device: str = "cpu", placem
     if converted is not None and (converted / "CONVERTED_FROM").is_file():
         path, kwargs = str(converted), {}
     convert = converted is not None and "gguf_file" in kwargs
+    if convert:  # the only time the GGUF is parsed (and transformers shows its de-quantisation bar)
+        print(f"lens_heads: converting {Path(source.gguf_file).name} to float32 once, cached in {converted}",
+              file=sys.stderr, flush=True)
     try:
         with _quiet():
             config = AutoConfig.from_pretrained(path, **kwargs)
