@@ -25,6 +25,7 @@ from typing import ClassVar
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.heads import Head, format_heads, parse_heads  # noqa: F401  (the head type and parser live there)
+from lens_heads.registry import Registry
 from lens_heads.replacement import Zero, parse_replacement
 from lens_heads.scores.functions import ATP, SCORES
 
@@ -72,13 +73,11 @@ class AblationSpec:
         return self.kind if not body else f"{self.kind}:{body}"
 
 
-SPEC_KINDS: dict[str, type[AblationSpec]] = {}
+SPEC_KINDS: Registry[type[AblationSpec]] = Registry("ablation kind")
 
 
 def register_kind(cls: type[AblationSpec]) -> type[AblationSpec]:
-    if cls.kind in SPEC_KINDS:
-        raise ValueError(f"ablation kind {cls.kind!r} is already registered")
-    SPEC_KINDS[cls.kind] = cls
+    SPEC_KINDS.register(cls.kind, cls)
     return cls
 
 
@@ -168,7 +167,7 @@ class ScoreFraction(_ScoreSpec):
         return f"{self.score_id}@{100 * self.fraction:g}%"
 
 
-SPEC_KINDS["score"] = _ScoreSpec
+SPEC_KINDS.register("score", _ScoreSpec)  # one kind word, two spec types (threshold, fraction)
 
 
 @register_kind

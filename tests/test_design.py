@@ -251,3 +251,25 @@ def test_the_readme_layout_table_matches_the_tree():
     tree = {p.name for p in PACKAGE.iterdir() if not p.name.startswith(("__", ".")) and p.name != "demo_data"
             and (p.suffix == ".py" or p.is_dir())}
     assert tree - named == set(), f"modules missing from the README layout: {sorted(tree - named)}"
+
+
+def test_every_name_keyed_registry_is_one_registry_idiom():
+    """Scores, tasks, ablation kinds, corpora, executors and architectures are each a Registry:
+    an entry is added once, and a lookup that misses names the valid entries and a close one."""
+    from lens_heads.data.corpora import CORPORA
+    from lens_heads.data.tasks import TASKS
+    from lens_heads.interventions import SPEC_KINDS
+    from lens_heads.models.geometry import ARCHITECTURES
+    from lens_heads.registry import Registry
+    from lens_heads.scores.functions import SCORES
+    from lens_heads.sweep.executors import EXECUTORS
+
+    for reg in (SCORES, TASKS, SPEC_KINDS, CORPORA, EXECUTORS, ARCHITECTURES):
+        assert isinstance(reg, Registry) and len(reg) >= 3, reg.what
+    assert SCORES.lookup("awft") is SCORES["awft"]
+    with pytest.raises(LensHeadsError, match=r"unknown executor 'rayy'; valid: local, ray, slurm. Did you mean 'ray'\?"):
+        EXECUTORS.lookup("rayy")
+    with pytest.raises(LensHeadsError, match="corpus 'c4' is already registered"):
+        CORPORA.register("c4", CORPORA["c4"])
+    local = Registry("thing", {"a": 1})
+    assert local.register("a", 2, overwrite=True) == 2 and local["a"] == 2

@@ -324,7 +324,7 @@ def test_registry_and_resolution():
     assert len(resolve_score_ids("paper")) == 12
     with pytest.raises(LensHeadsError, match=r"unknown score id.*'nope'.*valid ids: awft, aeqd"):
         resolve_score_ids("awft,nope")
-    with pytest.raises(ValueError, match="already registered"):
+    with pytest.raises(LensHeadsError, match="score 'awft' is already registered"):  # the one Registry idiom
         register_score(SCORES["awft"])
 
 

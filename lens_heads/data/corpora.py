@@ -52,6 +52,7 @@ import torch
 from lens_heads.data.paths import DATA_ENV, hub_offline, load_hub_dataset, local_file
 from lens_heads.data.paths import data_root as resolve_root
 from lens_heads.errors import LensHeadsError
+from lens_heads.registry import Registry
 
 # -----------------------------------------------------------------------------
 # Named corpora
@@ -74,7 +75,7 @@ class CorpusSpec:
     sample: str | None = None  # a shipped corpus that stands in offline (named in errors, and as a default)
 
 
-CORPORA: dict[str, CorpusSpec] = {
+CORPORA: Registry[CorpusSpec] = Registry("corpus", {
     c.name: c
     for c in [
         CorpusSpec("c4", "c4/c4_validation_2k.jsonl", "allenai/c4", "en", "validation", streaming=True,
@@ -88,7 +89,7 @@ CORPORA: dict[str, CorpusSpec] = {
         CorpusSpec("wikitext2-valid", "wikitext2/valid.txt", "Salesforce/wikitext", "wikitext-2-v1", "validation",
                    unit="article", about="WikiText-2 (tokenised v1) validation, one input per article"),
     ]
-}
+})
 
 # Split aliases so that e.g. load_texts("c4", split="train") means "c4-train".
 _SPLIT_ALIASES = {

@@ -59,6 +59,7 @@ from typing import Callable, Sequence
 from lens_heads.data.corpora import iter_rows
 from lens_heads.data.paths import load_hub_dataset, local_file
 from lens_heads.errors import LensHeadsError
+from lens_heads.registry import Registry
 
 DEFAULT_SEED = 1234  # lm-eval's default --fewshot_seed / fewshot_random_seed
 
@@ -221,7 +222,7 @@ class ChatFormat:
         return cls(tokenizer, multiturn)
 
 
-TASKS: dict[str, TaskSpec] = {}
+TASKS: Registry[TaskSpec] = Registry("task")
 
 
 def register_task(spec: TaskSpec | Callable[[], TaskSpec], *, overwrite: bool = False):
@@ -230,9 +231,7 @@ def register_task(spec: TaskSpec | Callable[[], TaskSpec], *, overwrite: bool = 
     s = spec if isinstance(spec, TaskSpec) else spec()
     if not isinstance(s, TaskSpec):
         raise LensHeadsError(f"register_task needs a TaskSpec (or a function returning one), got {type(s).__name__}")
-    if s.name in TASKS and not overwrite:
-        raise LensHeadsError(f"Task {s.name!r} is already registered (pass overwrite=True to replace it)")
-    TASKS[s.name] = s
+    TASKS.register(s.name, s, overwrite=overwrite)
     return spec
 
 

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
+from lens_heads.registry import Registry
 
 Part = Literal["q", "k", "v"]
 PARTS: tuple[Part, ...] = ("q", "k", "v")
@@ -74,7 +75,7 @@ class ArchSpec:
 
 _SEPARATE = dict(q="q_proj", k="k_proj", v="v_proj")
 
-ARCHITECTURES: dict[str, ArchSpec] = {
+ARCHITECTURES: Registry[ArchSpec] = Registry("architecture", {
     spec.name: spec
     for spec in [
         ArchSpec("llama", ("llama", "mistral"), "model.layers", "self_attn", _SEPARATE, "o_proj",
@@ -92,7 +93,7 @@ ARCHITECTURES: dict[str, ArchSpec] = {
                  dict(q="c_attn", k="c_attn", v="c_attn"), "c_proj",
                  layout="blocked", conv1d=True, qkv_bias=True, out_bias=True),
     ]
-}
+})
 
 
 def arch_for_model_type(model_type: str) -> ArchSpec:

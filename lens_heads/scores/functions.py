@@ -18,6 +18,7 @@ from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import HookKind
+from lens_heads.registry import Registry
 
 # -----------------------------------------------------------------------------
 # What a score function sees: one hook's activation plus memoised reductions of it
@@ -152,7 +153,7 @@ class ScoreFn:
             raise ValueError(f"base score {self.id!r} must read exactly one hook kind")
 
 
-SCORES: dict[str, ScoreFn] = {}
+SCORES: Registry[ScoreFn] = Registry("score")
 
 # The task-level score: attribution patching (``scores.attribution``), computed per question from
 # its gold answer with a gradient, before the forwards it ablates -- not a hook statistic, so not
@@ -162,12 +163,10 @@ ATP_INACTIVE_WHEN: Literal["high", "low"] = "low"  # |effect|: small means ablat
 
 
 def register_score(fn: ScoreFn) -> ScoreFn:
-    if fn.id in SCORES:
-        raise ValueError(f"score {fn.id!r} is already registered")
     for dep in fn.needs:
         if dep not in SCORES:
             raise ValueError(f"score {fn.id!r} needs unknown score {dep!r}")
-    SCORES[fn.id] = fn
+    SCORES.register(fn.id, fn)
     return fn
 
 

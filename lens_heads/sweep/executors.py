@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Protocol, Sequence
 
 from lens_heads.errors import LensHeadsError
+from lens_heads.registry import Registry
 from lens_heads.sweep.units import UnitRef, Worker, SweepJob
 
 POLL_S = 1.0  # how often the launcher's progress bar reads the store
@@ -331,8 +332,8 @@ def _with_threads(job: SweepJob, threads: int) -> SweepJob:
 # the registry
 
 
-EXECUTORS = {"local": (LocalConfig, LocalSession), "ray": (RayConfig, RaySession),
-             "slurm": (SlurmConfig, SlurmSession)}
+EXECUTORS: Registry[tuple[type, type]] = Registry("executor", {
+    "local": (LocalConfig, LocalSession), "ray": (RayConfig, RaySession), "slurm": (SlurmConfig, SlurmSession)})
 
 
 def start(name: str, job: SweepJob, config=None) -> Session:
