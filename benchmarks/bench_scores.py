@@ -69,14 +69,15 @@ def measure(mode: str, dtype: str, n_inputs: int, seq_len: int, batch_size: int,
     from lens_heads import load_model
     from lens_heads.data import iter_batches, load_texts, tokenize_texts
     from lens_heads.hooks import hook_name, run_with_hooks
-    from lens_heads.scores import SCORES, ScoreCollector, score_heads
+    from lens_heads.scores import ScoreCollector, score_heads
+    from lens_heads.scores.functions import input_level
 
     torch.set_num_threads(int(os.environ.get("BENCH_THREADS", "1")))
     model = load_model(model_spec, dtype=dtype)
     texts = load_texts("c4", n=max(64, n_inputs * seq_len // 200))
     seqs = tokenize_texts(model.tokenizer, texts, seq_len, mode="chunks", n_inputs=n_inputs)
     assert len(seqs) == n_inputs and all(len(s) == seq_len for s in seqs)
-    ids = list(SCORES)
+    ids = input_level()
     g = model.geometry
 
     def run_forward(batch):

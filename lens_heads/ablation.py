@@ -46,8 +46,6 @@ from lens_heads.hooks import HookFn, hook_name
 from lens_heads.interventions import (ABLATION_FORMS, AblationSpec, Head, NoHeads, RandomHeads,  # noqa: F401
                                       Replaced, ScoreFraction, ScoreThreshold, StaticHeads, parse_heads, parse_spec)
 from lens_heads.scores import SCORES, ScoreCollector
-from lens_heads.scores.attribution import atp_table
-from lens_heads.scores.functions import ATP, ATP_INACTIVE_WHEN
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -145,7 +143,7 @@ class Ablation:
 
     def prepare_task(self, model: LoadedModel, task, records, n_shot: int, seed: int, protocol=None) -> None:
         """Called by ``evaluate_task`` with the questions about to be evaluated, before any
-        forward: an ablation decided by a task-level score (``atp``) computes it here."""
+        forward: an ablation decided by a question-level score computes it here."""
 
     def replaced_by(self, spec: Replaced) -> "Ablation":
         """This ablation, its heads replaced as ``spec`` says instead of zeroed (part of
@@ -299,24 +297,23 @@ class ScoreAblation(Ablation):
 
 
 class TaskScoreAblation(ScoreAblation):
-    """Per question: zero the heads whose task-level score on that question crosses
-    ``threshold`` -- ``atp``, the first-order effect of ablating the head on the gold answer's
-    log-likelihood (``scores.attribution``), as ``|atp|``, small = inactive.
+    """Per question: zero the heads whose question-level score (a registry entry with
+    ``level="question"``, e.g. attribution patching) on that question crosses ``threshold``, by
+    magnitude, in the score's inactive direction.
 
-    The score needs the question's gold answer, so it is read from a table computed before the
-    forwards (``prepare_task``: one forward + backward per question, on the unablated model,
-    with the same replacement as this ablation) rather than from the forward itself. Every
-    choice row of a question gets the same heads (row key = doc_id * 1000 + choice). An
-    oracle: it knows which answer is right, which an inactivity score never does
-    (docs/methods.md §2)."""
+    Such a score needs the question's gold answer, so it is read from a table computed before
+    the forwards (``prepare_task``: the registry entry's ``table``, on the unablated model, with
+    the same replacement as this ablation) rather than from the forward itself. Every choice row
+    of a question gets the same heads (``RowKey(doc_id, choice)``). An oracle: it knows which
+    answer is right, which an inactivity score never does (docs/methods.md §2)."""
 
     def __init__(self, score_id: str, threshold: float, geometry, strict: bool = False):
-        if score_id != ATP:
-            raise LensHeadsError(f"unknown task-level score {score_id!r}; the one there is is {ATP!r}")
+        if score_id not in SCORES or SCORES[score_id].level != "question":
+            raise LensHeadsError(f"{score_id!r} is not a question-level score")
         if not math.isfinite(threshold):
             raise LensHeadsError(f"score ablation threshold must be a finite number, got {threshold}")
         self.score_id, self.threshold, self.geometry = score_id, float(threshold), geometry
-        self.strict, self.inactive_when = bool(strict), ATP_INACTIVE_WHEN
+        self.strict, self.inactive_when = bool(strict), SCORES[score_id].inactive_when
         self.spec = ScoreThreshold(score_id, self.threshold, self.strict)
         self._table: dict[int, Tensor] = {}
 
@@ -325,14 +322,15 @@ class TaskScoreAblation(ScoreAblation):
     def prepare_task(self, model: LoadedModel, task, records, n_shot: int, seed: int, protocol=None) -> None:
         todo = [r for r in records if r.doc_id not in self._table]
         if todo:
-            self._table.update(atp_table(model, task, todo, n_shot, seed, self.replacement, protocol))
+            self._table.update(SCORES[self.score_id].table(model, task, todo, n_shot, seed, self.replacement,
+                                                           protocol))
 
     def hooks(self, model: LoadedModel, attention_mask, row_keys) -> Hooks:
         g = self.geometry
         docs = [RowKey.parse(k).doc_id for k in row_keys]
         missing = sorted({d for d in docs if d not in self._table})
         if missing:
-            raise LensHeadsError(f"ablation {self.name}: no atp for question(s) {missing[:3]}; a task-level "
+            raise LensHeadsError(f"ablation {self.name}: no {self.score_id} for question(s) {missing[:3]}; a task-level "
                                  f"score needs the task: evaluate with evaluate_task, a sweep or "
                                  f"'lens-heads evaluate' (not the lm-eval route)")
         drop = self.crosses(torch.stack([self._table[d] for d in docs]).abs())  # [batch, layer, head]
@@ -358,7 +356,7 @@ BINDERS: dict[type[AblationSpec], Callable[[AblationSpec, object], Ablation]] = 
     NoHeads: lambda s, g: NoAblation(),
     StaticHeads: lambda s, g: StaticAblation(s.heads, g),
     RandomHeads: lambda s, g: RandomAblation(s.p, s.seed, g),
-    ScoreThreshold: lambda s, g: (TaskScoreAblation if s.score_id == ATP else ScoreAblation)(
+    ScoreThreshold: lambda s, g: (ScoreAblation if SCORES[s.score_id].level == "input" else TaskScoreAblation)(
         s.score_id, s.threshold, g, s.strict),
 }
 

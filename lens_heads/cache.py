@@ -1,8 +1,8 @@
 """The on-disk cache: ``$LENS_HEADS_CACHE`` (default ``~/.cache/lens_heads``).
 
 It holds what is expensive to make and fully determined by its key: zoo weights
-(``lens_heads.models.zoo``), per-head means of a corpus (``head_means/``) and per-question
-attribution-patching tables (``atp/``). Entries are written atomically, so processes sharing
+(``lens_heads.models.zoo``), per-head means of a corpus (``head_means/``) and the per-question
+tables of question-level scores (a folder named for each score). Entries are written atomically, so processes sharing
 the cache never read half a file; two that miss at once both compute, and the last rename wins
 (the same bytes).
 """

@@ -27,7 +27,7 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.heads import Head, format_heads, parse_heads  # noqa: F401  (the head type and parser live there)
 from lens_heads.registry import Registry
 from lens_heads.replacement import Zero, parse_replacement
-from lens_heads.scores.functions import ATP, SCORES
+from lens_heads.scores.functions import SCORES
 
 ABLATION_FORMS = "none | static:L.H,L.H | score:ID@THRESHOLD[:strict] | score:ID@P% | random:P@SEED"
 STRICT_SUFFIX = ":strict"
@@ -46,10 +46,10 @@ def _number(text: str, what: str, spec: str, kind=float):
 
 
 def _score_id(text: str) -> str:
-    """A score a per-input ablation can threshold: a registered one, or the task-level ``atp``."""
+    """A score a per-input ablation can threshold: any registered one (input- or question-level)."""
     sid = text.strip()
-    if sid not in SCORES and sid != ATP:
-        raise LensHeadsError(f"unknown score {sid!r}; choose one of: {', '.join(SCORES)}, {ATP}")
+    if sid not in SCORES:
+        raise LensHeadsError(f"unknown score {sid!r}; choose one of: {', '.join(SCORES)}")
     return sid
 
 

@@ -136,15 +136,16 @@ class RunIdentity:
     # -- the keys built from it ------------------------------------------------------------
 
     def thresholds(self, score_ids: Sequence[str], fractions: Sequence[float],
-                   atp_replacement: str | None = None) -> StoreKey:
-        """The thresholds of one scoring pass over the run's unablated inputs; ``atp_replacement``:
-        what atp's Δz replaced heads with (its values depend on it; zero: None, not in the key)."""
+                   replacement: str | None = None) -> StoreKey:
+        """The thresholds of one scoring pass over the run's unablated inputs; ``replacement``:
+        what ablated heads become (zero: None), in the key of each score whose values depend on
+        it (``replacement_fields``)."""
         revisions = _revisions(score_ids)
-        atp = {"atp_replacement": atp_replacement} if atp_replacement and "atp" in score_ids else {}
         return StoreKey(Kind.THRESHOLDS, {**self.config(), "kind": Kind.THRESHOLDS.value,
                                           "score_ids": list(score_ids),
                                           "fractions": sorted(float(p) for p in fractions),
-                                          **({"score_revisions": revisions} if revisions else {}), **atp})
+                                          **({"score_revisions": revisions} if revisions else {}),
+                                          **replacement_fields(score_ids, replacement)})
 
     def point(self, spec: str, score_fn: str | None = None) -> StoreKey:
         """One sweep point: the ablation ``spec`` evaluated; ``score_fn`` the function whose
@@ -153,14 +154,14 @@ class RunIdentity:
         return StoreKey(Kind.POINT, {**self.config(), "kind": Kind.POINT.value, "ablation": str(spec),
                                      **({"score_revision": revisions[score_fn]} if revisions else {})})
 
-    def static_scores(self, score_id: str, atp_replacement: str | None = None) -> StoreKey:
+    def static_scores(self, score_id: str, replacement: str | None = None) -> StoreKey:
         """The dataset-level scores by ``score_id`` on the run's inputs (a static ablation's
-        ranking; ``random@SEED``: seeded uniform values, a random order); ``atp_replacement`` as
-        in ``thresholds``."""
+        ranking; ``random@SEED``: seeded uniform values, a random order); ``replacement`` as in
+        ``thresholds``."""
         revisions = _revisions([score_id])
-        atp = {"atp_replacement": atp_replacement} if atp_replacement and score_id == "atp" else {}
         return StoreKey(Kind.STATIC_SCORES, {**self.config(), "kind": Kind.STATIC_SCORES.value, "score": score_id,
-                                             **({"score_revision": revisions[score_id]} if revisions else {}), **atp})
+                                             **({"score_revision": revisions[score_id]} if revisions else {}),
+                                             **replacement_fields([score_id], replacement)})
 
     def same_run(self, config: Mapping[str, Any]) -> bool:
         """Whether a stored key's configuration belongs to this run (whatever its kind)."""
@@ -177,3 +178,19 @@ def _revisions(score_ids: Sequence[str]) -> dict[str, int]:
     from lens_heads.scores.functions import revision_key
 
     return revision_key(list(score_ids))
+
+
+def replacement_field(score_id: str) -> str:
+    """The key field holding what ablated heads became, for a score whose values depend on it."""
+    return f"{score_id}_replacement"
+
+
+def replacement_fields(score_ids: Sequence[str], replacement: str | None) -> dict[str, str]:
+    """``{<id>_replacement: replacement}`` for each of ``score_ids`` whose registry entry says
+    its values depend on the replacement (``replacement_dependent``); none for zero (None), so
+    keys of zero-replacement runs are what they always were."""
+    from lens_heads.scores.functions import SCORES
+
+    if not replacement:
+        return {}
+    return {replacement_field(s): replacement for s in score_ids if s in SCORES and SCORES[s].replacement_dependent}

@@ -106,7 +106,7 @@ def _batch_size(value) -> int:
     return value
 
 
-NEEDS_TASK = ("a task-level score (atp) is computed per question from its gold answer, which lm-eval's "
+NEEDS_TASK = ("a question-level score is computed per question from its gold answer, which lm-eval's "
               "requests do not carry; use 'lens-heads evaluate' or a sweep, or a static set of heads here")
 
 

@@ -273,3 +273,21 @@ def test_every_name_keyed_registry_is_one_registry_idiom():
         CORPORA.register("c4", CORPORA["c4"])
     local = Registry("thing", {"a": 1})
     assert local.register("a", 2, overwrite=True) == 2 and local["a"] == 2
+
+
+def test_scores_declare_their_needs_and_no_module_special_cases_one():
+    """What a score needs is its registry entry's (level, task, gradient, shardable, replacement);
+    keys, executors, config checks and the CLI read those flags, so attribution patching is
+    named only in its own module (and the registry entry there)."""
+    import re
+
+    from lens_heads.scores.functions import SCORES, input_level, question_level
+
+    named = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                   if re.search(r"\batp\b", p.read_text(), re.IGNORECASE))
+    assert named == ["scores/attribution.py"]
+    atp = SCORES["atp"]
+    assert (atp.level, atp.needs_task, atp.gradient, atp.shardable, atp.replacements) == \
+        ("question", True, True, False, ("zero", "mean"))
+    assert question_level(list(SCORES)) == ["atp"] and "atp" not in input_level()
+    assert all(not SCORES[s].needs_task and SCORES[s].shardable for s in input_level())

@@ -19,7 +19,7 @@ import pytest
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.study import ReportConfig, build_report
-from lens_heads.scores import SCORES
+from lens_heads.scores.functions import input_level
 
 from conftest import SAMPLE_TEXTS
 
@@ -113,7 +113,7 @@ def test_report_header_and_tables(report, tiny_model, inputs):
     d = section(page, "diagnosis")
     assert f"<td>BOS-sink</td><td>{counts['bos_sink']}</td>" in d and counts["bos_sink"] > 0
     scores = section(page, "scores")
-    assert scores.count("<tr><td>") == len(SCORES)  # one row per registered score function
+    assert scores.count("<tr><td>") == len(input_level())  # one row per registered score function
 
 
 def test_report_views_pick_the_right_heads(report, tiny_model, inputs):
@@ -233,7 +233,7 @@ def test_cli_demo_end_to_end(tiny_model_dir, tiny_model, tmp_path, capsys):
     texts = load_texts(str(DEMO_DATA / C4_SAMPLE), n=3)
     direct = score_heads(model, tokenize_texts(model.tokenizer, texts, 32), "all", progress=False).to_frame()
     written = pd.read_csv(out / "scores.csv")
-    assert len(written) == len(direct) == len(SCORES) * model.geometry.n_layers * model.geometry.n_heads
+    assert len(written) == len(direct) == len(input_level()) * model.geometry.n_layers * model.geometry.n_heads
     assert json.loads((out / "scores.csv.meta.json").read_text())["max_len"] == 32
     np.testing.assert_allclose(written["value"], direct["value"], rtol=1e-5, equal_nan=True)
 

@@ -20,10 +20,11 @@ from conftest import TINY_ARCHS
 from lens_heads import LensHeadsError
 from lens_heads.data import pad_batch
 from lens_heads.hooks import run_with_hooks
+from lens_heads.scores.functions import input_level
 from lens_heads.scores import (SCORES, HeadScores, ScoreCollector, register_score, resolve_score_ids,
                                score_heads)
 
-ALL = list(SCORES)
+ALL = input_level()  # every score read from one forward's hooks (question-level ones: test_attribution)
 TEXTS = ["The capital of France is Paris.", "Attention heads that do nothing", "A",
          "Question: How do I boil an egg? Answer: put it in boiling water. The capital of Italy is Rome.",
          "dormant heads"]
@@ -84,7 +85,7 @@ def naive_scores(hf, family: str, ids: list[int], zero_heads: dict[int, list[int
         for h in handles:
             h.remove()
     T = len(ids)
-    res = {s: [] for s in SCORES}
+    res = {s: [] for s in ALL}
     for L, block in enumerate(blocks):
         A = out.attentions[L][0]  # [H, T, T]
         zl = z_in[L]
@@ -103,7 +104,7 @@ def naive_scores(hf, family: str, ids: list[int], zero_heads: dict[int, list[int
             n_kv = H
             V = v_raw[:, 2 * H * d:].reshape(T, H, d)
         Wo = getattr(getattr(block, attn_attr), o_name).weight
-        row = {s: [] for s in SCORES}
+        row = {s: [] for s in ALL}
         for h in range(H):
             kv = h // (H // n_kv)  # HF repeat_kv: query head h reads KV head h // group
             awft = sum(A[h, t, 0].item() for t in range(T)) / T
@@ -131,7 +132,7 @@ def naive_scores(hf, family: str, ids: list[int], zero_heads: dict[int, list[int
                 ("lthon_ln", "lthon", "ahon"), ("lthon_ln_text", "lthon", "lthon")]:
             layer_mean = sum(row[denom]) / H  # 0 for aeqd on one token: undefined (NaN)
             row[name] = [x / layer_mean if layer_mean else float("nan") for x in row[k]]
-        for k in SCORES:
+        for k in ALL:
             res[k].append(row[k])
     return res
 
@@ -314,7 +315,8 @@ def test_collector_extra_statistics(tiny_model, tiny_model_dir):
 
 
 def test_registry_and_resolution():
-    assert len(SCORES) == 16  # the paper's 12, lthon_hn, fhon, fhon_ln, lthon_ln_text
+    assert len(ALL) == 16  # the paper's 12, lthon_hn, fhon, fhon_ln, lthon_ln_text
+    assert [s for s in SCORES if s not in ALL] == ["atp"] and SCORES["atp"].needs_task  # the question-level one
     assert {SCORES[s].inactive_when for s in ("awft", "awft_ln")} == {"high"}
     assert all(SCORES[s].inactive_when == "low" for s in SCORES if not s.startswith("awft"))
     assert SCORES["fhon"].reads == ("z",) and SCORES["ftvvn_ln"].reads == ("v",)
@@ -370,7 +372,7 @@ def test_save_load_roundtrip(suffix, tiny_model, tmp_path):
         [f"scores{suffix}", f"scores{suffix}.meta.json", f"scores{suffix}.per_input.safetensors"])
     frame = hs.to_frame()
     assert list(frame.columns[:4]) == ["layer", "head", "score_fn", "value"]
-    assert len(frame) == len(SCORES) * 2 * 4
+    assert len(frame) == len(ALL) * 2 * 4
     with pytest.raises(LensHeadsError, match=r"\.csv or \.parquet"):
         hs.save(tmp_path / "scores.txt")
     assert not (tmp_path / "scores.txt").exists()

@@ -10,14 +10,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from lens_heads.cli.common import add_data_args, add_model_args, check_positive, model_from_args, no_texts
+from lens_heads.scores.functions import question_level
 
 
 def register(sub) -> None:
     p = sub.add_parser("score", help="score every attention head with the inactivity functions")
     add_model_args(p)
     add_data_args(p, default=None, required=False)
-    p.add_argument("--task", default=None, help="with --scores atp: the task whose gold answers atp attributes "
-                                                "(attribution patching, per question); --limit N of its questions")
+    p.add_argument("--task", default=None, help="with a question-level score (e.g. attribution patching): the task "
+                                                "whose gold answers it is computed on; --limit N of its questions")
     p.add_argument("--limit", type=int, default=None, help="with --task: a seeded sample of N questions")
     p.add_argument("--scores", default="all",
                    help="'all' (default), 'paper' (the paper's 12) or a comma list of score ids")
@@ -42,10 +43,11 @@ def run(args) -> int:
     check_output_file(out, sidecars=HeadScores.sidecars(out))
     check_positive(args, "max_len", minimum=2)
     check_positive(args, "n_inputs", "batch_size")
-    if args.scores.strip() == "atp":
-        return run_atp(args, out)
+    on_task = question_level([s.strip() for s in args.scores.split(",")])
+    if on_task:
+        return run_on_task(args, out, resolve_score_ids(args.scores, task_level=True))
     if args.task is not None:
-        raise LensHeadsError("--task goes with --scores atp alone (the hook scores are read on --data)")
+        raise LensHeadsError("--task goes with a question-level score alone (input-level scores are read on --data)")
     if args.data is None:
         raise LensHeadsError("give --data (a corpus the scores are read on)")
     ids = resolve_score_ids(args.scores)
@@ -62,18 +64,22 @@ def run(args) -> int:
     return 0
 
 
-def run_atp(args, out) -> int:
-    """Attribution patching on a task's questions (lens_heads.scores.attribution)."""
+def run_on_task(args, out, ids: list[str]) -> int:
+    """A question-level score on a task's questions (its registry entry's ``on_task``)."""
     from lens_heads.data import load_task
     from lens_heads.errors import LensHeadsError
-    from lens_heads.scores.attribution import atp_scores
+    from lens_heads.scores import SCORES
 
+    if len(ids) != 1:
+        raise LensHeadsError(f"--scores {args.scores}: a question-level score ({', '.join(question_level(ids))}) "
+                             f"is scored on a task on its own; give it alone")
+    sid = ids[0]
     if args.task is None:
-        raise LensHeadsError("--scores atp needs --task (the gold answers it attributes)")
+        raise LensHeadsError(f"--scores {sid} needs --task (the gold answers it is computed on)")
     check_positive(args, "limit")
     task = load_task(args.task)
     model = model_from_args(args)
-    scores = atp_scores(model, task, limit=args.limit, progress=not args.quiet)
+    scores = SCORES[sid].on_task(model, task, None, args.limit, progress=not args.quiet)
     scores.save(out)
-    print(f"wrote {out} (atp x {scores.n_layers * scores.n_heads} heads, {scores.n} questions of {task.name})")
+    print(f"wrote {out} ({sid} x {scores.n_layers * scores.n_heads} heads, {scores.n} questions of {task.name})")
     return 0

@@ -29,7 +29,7 @@ def register(sub) -> None:
                    help="target fractions of heads to zero, in [0, 1] (default 0,0.05,...,0.3)")
     p.add_argument("--random-seeds", type=int, default=3, help="random-head seeds 0..N-1 (default 3)")
     p.add_argument("--static", default="",
-                   help="static curves too: comma list of score ids, atp or random; at each fraction p the "
+                   help="static curves too: comma list of score ids (question-level ones too) or random; at each fraction p the "
                         "ceil(p x heads) least active heads by the dataset-level score, zeroed on every input "
                         "(random: a seeded random order per --random-seeds seed)")
     p.add_argument("--ablate", action="append", default=[], metavar="SPEC",
@@ -154,7 +154,7 @@ def run(args) -> int:
     check_positive(args, "slurm_retries", "gpus_per_task", minimum=0)
     if args.gpus_per_worker < 0:
         raise LensHeadsError(f"--gpus-per-worker must be >= 0, got {args.gpus_per_worker}")
-    from lens_heads.sweep.executors import IN_PROCESS_ONLY, in_process_only
+    from lens_heads.sweep.executors import in_process_message, in_process_only
 
     if args.shard is not None and args.executor != "local":
         raise LensHeadsError("--shard is for launching local processes by hand; ray and slurm split the units "
@@ -168,7 +168,7 @@ def run(args) -> int:
         raise LensHeadsError("--ray-address goes with --executor ray")
     scale = _executor_config(args)
     if in_process_only(cfg) and scale is not None:
-        raise LensHeadsError(IN_PROCESS_ONLY)
+        raise LensHeadsError(in_process_message(in_process_only(cfg)))
     if scale is not None and (args.thresholds_file is not None or args.paper_protocol):
         raise LensHeadsError("--thresholds-file and --paper-protocol run with the local executor only, for now")
     if scale is not None and scale[0] == "slurm":

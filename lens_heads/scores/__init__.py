@@ -46,6 +46,7 @@ from lens_heads.scores.functions import (
     revision_key,
 )
 from lens_heads.scores.collector import ScoreCollector, ZTransform
+from lens_heads.scores import attribution  # noqa: F401,E402  (registers the question-level score)
 from lens_heads.scores.dataset import (
     HeadScores,
     context_length,

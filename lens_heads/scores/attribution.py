@@ -25,12 +25,13 @@ from torch import Tensor
 from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import hook_name
-from lens_heads.scores.functions import ATP, ATP_INACTIVE_WHEN
+from lens_heads.scores.functions import ScoreFn, register_score
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
 
-SCORE_ID, INACTIVE_WHEN = ATP, ATP_INACTIVE_WHEN  # declared with the score registry
+SCORE_ID = "atp"
+INACTIVE_WHEN = "low"  # |effect|: small means ablating the head changes little
 
 
 def _forward_with_grad(model: LoadedModel, ids: Tensor, hooks):
@@ -145,3 +146,13 @@ def atp_scores(model: LoadedModel, task, n_shot: int | None = None, limit: int |
             "signed_mean": signed.mean(0).tolist()}
     return HeadScores([SCORE_ID], {SCORE_ID: mean}, {SCORE_ID: std}, {SCORE_ID: count}, len(records),
                       {SCORE_ID: score}, meta)
+
+
+# The registry entry: what atp needs, read by keys, executors, config checks and the CLI.
+register_score(ScoreFn(
+    SCORE_ID, (), INACTIVE_WHEN, "attribution patching: |first-order effect of ablating the head on the gold "
+    "answer's log-likelihood| (lens_heads.scores.attribution)",
+    level="question", needs_task=True, gradient=True,
+    shardable=False,  # the executors' scoring shards do not split its per-question pass (yet)
+    replacement_dependent=True, replacements=("zero", "mean"),  # a resample source differs per input
+    table=atp_table, on_task=atp_scores))

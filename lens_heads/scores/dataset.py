@@ -29,7 +29,7 @@ from lens_heads.models.load import model_digest
 from lens_heads.progress import progress_bar
 from lens_heads.provenance import package_versions
 from lens_heads.scores.collector import ScoreCollector
-from lens_heads.scores.functions import ATP, ATP_INACTIVE_WHEN, SCORES, resolve_score_ids, revision_key
+from lens_heads.scores.functions import SCORES, resolve_score_ids, revision_key
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -39,11 +39,9 @@ if TYPE_CHECKING:
 
 
 def inactive_when(score_id: str) -> str:
-    """Which end of ``score_id``'s values is inactive: a registered score's, or ``atp``'s ("low")."""
+    """Which end of ``score_id``'s values is inactive (the registry's ``inactive_when``)."""
     if score_id in SCORES:
         return SCORES[score_id].inactive_when
-    if score_id == ATP:  # a task-aware score (scores.attribution), not a hook statistic
-        return ATP_INACTIVE_WHEN
     raise LensHeadsError(f"unknown score {score_id!r}")
 
 
@@ -196,7 +194,7 @@ class HeadScores:
             meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
             raise LensHeadsError(f"corrupt scores metadata {meta_path}: {exc}; delete it or save the scores again") from None
-        unknown = [s for s in dict.fromkeys(frame["score_fn"].astype(str)) if s not in SCORES and s != ATP]
+        unknown = [s for s in dict.fromkeys(frame["score_fn"].astype(str)) if s not in SCORES]
         if unknown:
             raise LensHeadsError(f"{path}: unknown score function(s) {', '.join(unknown)}; this version knows: "
                                  f"{', '.join(SCORES)}")

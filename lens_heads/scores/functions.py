@@ -126,11 +126,20 @@ class BatchGeometry:
 
 @dataclass(frozen=True)
 class ScoreFn:
-    """One per-head score.
+    """One per-head score, and what it needs.
 
-    Either a *base* score, ``compute(acts) -> [batch, head]`` at the single hook it reads, or a
-    *derived* score, ``combine({dep_id: [batch, head]}) -> [batch, head]`` from other scores of
-    the same layer (``needs``); a derived score's ``reads`` is the union of its dependencies'.
+    An *input-level* score is computed per input from one forward's hooks: either a *base*
+    score, ``compute(acts) -> [batch, head]`` at the single hook it reads, or a *derived* score,
+    ``combine({dep_id: [batch, head]}) -> [batch, head]`` from other scores of the same layer
+    (``needs``); a derived score's ``reads`` is the union of its dependencies'. Such a score can
+    zero heads in the very forward it is read in.
+
+    A *question-level* score (``level="question"``) is computed per question of a task, in a
+    pass of its own before the forwards it ablates: ``table(model, task, records, n_shot, seed,
+    replacement, protocol, progress)`` gives ``{doc_id: [layer, head] signed values}`` (the
+    score is their magnitude), ``on_task(model, task, n_shot, limit, seed, replacement,
+    progress, protocol)`` its ``HeadScores``. The flags say what that pass needs; keys,
+    executors, config checks and the CLI read them, never the score's name.
     """
 
     id: str
@@ -143,10 +152,23 @@ class ScoreFn:
     # Bumped when a definition changes, so results stored under the old one are never reused
     # (``revision_key``); 1 for every function that kept its first definition.
     revision: int = 1
+    # What the score needs (docs/methods.md §1):
+    level: Literal["input", "question"] = "input"
+    needs_task: bool = False  # a task with gold answers (not a corpus; not lm-eval's bare requests)
+    gradient: bool = False  # a backward pass
+    shardable: bool = True  # the executors' scoring shards can split its pass
+    replacement_dependent: bool = False  # its values depend on what ablated heads become (part of its keys)
+    replacements: tuple[str, ...] | None = None  # the replacement kinds it takes (None: any)
+    table: Callable | None = None  # level "question": per-question signed values (class docstring)
+    on_task: Callable | None = None  # level "question": its HeadScores on a task
 
     def __post_init__(self):
         if self.inactive_when not in ("high", "low"):
             raise ValueError(f"inactive_when must be 'high' or 'low', got {self.inactive_when!r}")
+        if self.level == "question":
+            if self.table is None or self.on_task is None or self.compute is not None or self.combine is not None:
+                raise ValueError(f"question-level score {self.id!r}: give table= and on_task=, not compute/combine")
+            return
         if (self.compute is None) == (self.combine is None):
             raise ValueError(f"score {self.id!r}: give exactly one of compute= or combine=")
         if self.compute is not None and len(self.reads) != 1:
@@ -155,11 +177,15 @@ class ScoreFn:
 
 SCORES: Registry[ScoreFn] = Registry("score")
 
-# The task-level score: attribution patching (``scores.attribution``), computed per question from
-# its gold answer with a gradient, before the forwards it ablates -- not a hook statistic, so not
-# in ``SCORES``; the direction its dataset-level |effect| is read in.
-ATP = "atp"
-ATP_INACTIVE_WHEN: Literal["high", "low"] = "low"  # |effect|: small means ablating the head changes little
+
+def input_level(ids: Sequence[str] | None = None) -> list[str]:
+    """The registered ids (of ``ids``, in order) read from one forward's hooks, per input."""
+    return [s for s in (SCORES if ids is None else ids) if s in SCORES and SCORES[s].level == "input"]
+
+
+def question_level(ids: Sequence[str]) -> list[str]:
+    """The ids of ``ids`` that are question-level scores (computed on a task, before the forwards)."""
+    return [s for s in ids if s in SCORES and SCORES[s].level == "question"]
 
 
 def register_score(fn: ScoreFn) -> ScoreFn:
@@ -234,19 +260,20 @@ def revision_key(score_ids: Sequence[str]) -> dict[str, int]:
 
 
 def resolve_score_ids(spec: str | Sequence[str], task_level: bool = False) -> list[str]:
-    """``"all"``, ``"paper"`` (the paper's 12), a comma list, or a list of ids -> list of ids;
-    ``task_level``: ``atp`` (scored on a task's questions, ``scores.attribution``) is allowed too."""
+    """``"all"`` (every input-level score), ``"paper"`` (the paper's 12), a comma list, or a list
+    of ids -> list of ids; ``task_level``: question-level scores are allowed too."""
     if isinstance(spec, str):
         if spec.strip() == "all":
-            return list(SCORES)
+            return input_level()
         if spec.strip() == "paper":
             return list(PAPER_SCORES)
         spec = [s for s in spec.split(",")]
     ids = [s.strip() for s in spec if s.strip()]
-    unknown = [s for s in ids if s not in SCORES and not (task_level and s == "atp")]
-    if "atp" in unknown:
-        raise LensHeadsError("'atp' (attribution patching) is scored on a task's questions, on its own: "
-                             "--scores atp --task TASK (lens_heads.scores.attribution.atp_scores)")
+    unknown = [s for s in ids if s not in SCORES]
+    on_task = [] if task_level else question_level(ids)
+    if on_task:
+        raise LensHeadsError(f"{on_task[0]!r} is scored on a task's questions, on its own: "
+                             f"--scores {on_task[0]} --task TASK ({SCORES[on_task[0]].description})")
     if unknown:
         raise LensHeadsError(f"unknown score id(s) {', '.join(map(repr, unknown))}; valid ids: "
                              f"{', '.join(SCORES)} (or 'all', 'paper')")

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.errors import LensHeadsError
 from lens_heads.protocol import Protocol
+from lens_heads.scores.functions import SCORES
 from lens_heads.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fraction
 
 if TYPE_CHECKING:
@@ -89,7 +90,7 @@ class SweepConfig:
     thresholds_file: str | None = None  # the authors' thresholds.json instead of a scoring pass
     thresholds_model: str | None = None  # its model key (hub id), with thresholds_file
     replacement: str | None = None  # what ablated heads become (lens_heads.replacement): None/"zero", "mean:c4", ...
-    static_ids: list[str] = field(default_factory=list)  # static curves: score ids, "atp" or "random" (seeds: random_seeds)
+    static_ids: list[str] = field(default_factory=list)  # static curves: score ids or "random" (seeds: random_seeds)
 
     @property
     def static_curves(self) -> list[str]:
@@ -126,23 +127,23 @@ class SweepConfig:
         if (self.thresholds_file is None) != (self.thresholds_model is None):
             raise LensHeadsError("thresholds_file and thresholds_model go together (the file's model key)")
         if self.replacement is not None:
-            from lens_heads.replacement import Mean, Zero, parse_replacement
+            from lens_heads.replacement import Zero, parse_replacement
 
             rep = parse_replacement(self.replacement)
-            if "atp" in (*self.score_ids, *self.static_ids) and not isinstance(rep, (Zero, Mean)):
-                raise LensHeadsError(f"atp's first-order table takes zero or mean replacements, not {rep} "
-                                     f"(a resample source differs per input)")
+            for sid in (*self.score_ids, *self.static_ids):
+                takes = SCORES[sid].replacements if sid in SCORES else None
+                if takes is not None and rep.kind not in takes:
+                    raise LensHeadsError(f"{sid} takes {' or '.join(takes)} replacements, not {rep} "
+                                         f"({SCORES[sid].description})")
             self._set("replacement", None if isinstance(rep, Zero) else str(rep))
         self._set("first", list(dict.fromkeys(str(self._check_first(PointId.parse(f, self.extra_ablations)))
                                               for f in self.first)))
 
     def _check_static_ids(self) -> None:
-        from lens_heads.scores.attribution import SCORE_ID as ATP
-        from lens_heads.scores.functions import SCORES
-
-        bad = [s for s in self.static_ids if s not in SCORES and s not in (ATP, RANDOM)]
+        bad = [s for s in self.static_ids if s not in SCORES and s != RANDOM]
         if bad:
-            raise LensHeadsError(f"static curves: unknown score {bad[0]!r}; give score ids, {ATP!r} or {RANDOM!r}")
+            raise LensHeadsError(f"static curves: unknown score {bad[0]!r}; give score ids ({', '.join(SCORES)}) "
+                                 f"or {RANDOM!r}")
         if RANDOM in self.static_ids and not self.random_seeds:
             raise LensHeadsError("static random heads need random seeds (random_seeds / --random-seeds N > 0)")
 

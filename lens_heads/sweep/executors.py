@@ -375,14 +375,20 @@ def job_for(model: str, dtype: str, device: str, cfg, out_dir, include_path=None
                     include_path, n_shards, revision=commit)
 
 
-IN_PROCESS_ONLY = ("per-input atp (--scores atp): the executors' scoring shards do not split its per-question "
-                   "attribution pass yet; sweep it in one process (no --executor / --shard), or use atp as a "
-                   "static curve (--static atp), which the executors run")
+def in_process_only(cfg) -> list[str]:
+    """The per-input score ids of ``cfg`` whose scoring pass the executors' shards cannot split
+    (the registry's ``shardable``): only one process runs such a sweep."""
+    from lens_heads.scores.functions import SCORES
+
+    return [s for s in cfg.score_ids if s in SCORES and not SCORES[s].shardable]
 
 
-def in_process_only(cfg) -> bool:
-    """Whether the sweep needs a scoring pass only one process runs (see ``IN_PROCESS_ONLY``)."""
-    return "atp" in cfg.score_ids
+def in_process_message(ids: Sequence[str]) -> str:
+    """The one message for a sweep ``in_process_only`` names."""
+    sid = ids[0]
+    return (f"per-input {sid} (--scores {sid}): the executors' scoring shards do not split its pass yet; "
+            f"sweep it in one process (no --executor / --shard), or use it as a static curve (--static {sid}), "
+            f"which the executors run")
 
 
 def launch(job: SweepJob, executor: str = "local", config=None, progress: bool = True,
@@ -403,7 +409,7 @@ def launch(job: SweepJob, executor: str = "local", config=None, progress: bool =
     cfg = job.cfg
     cfg.validate()
     if in_process_only(cfg):
-        raise LensHeadsError(IN_PROCESS_ONLY)
+        raise LensHeadsError(in_process_message(in_process_only(cfg)))
     task = load_task(cfg.task, n_shot=cfg.n_shot, include_path=job.include_path)
     identity = cfg.identity_for(job.digest, job.dtype, task)
     store = ResultStore(job.out_dir)

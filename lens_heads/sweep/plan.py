@@ -15,7 +15,8 @@ from typing import Iterator, Sequence
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions import RandomHeads, StaticHeads
-from lens_heads.keys import Kind, RunIdentity, StoreKey
+from lens_heads.keys import Kind, RunIdentity, StoreKey, replacement_field
+from lens_heads.scores.functions import SCORES
 from lens_heads.store import ResultStore
 from lens_heads.sweep.config import BASELINE, RANDOM, SEEDED, STATIC_RANDOM, PointId, SweepConfig, static_name
 from lens_heads.sweep.records import StaticScoresRecord, Thresholds, ThresholdsRecord
@@ -166,7 +167,8 @@ def stored_thresholds(store: ResultStore, identity: RunIdentity, cfg: SweepConfi
     revisions = mine.get("score_revisions", {})
     found: dict[str, dict] = {}
     n_inputs = None
-    per_function = ("score_ids", "fractions", "score_revisions", "atp_replacement")
+    per_function = ("score_ids", "fractions", "score_revisions",
+                    *(replacement_field(s) for s, fn in SCORES.items() if fn.replacement_dependent))
     for data in store.records(Kind.THRESHOLDS):
         c = data.get("config", {})
         theirs = c.get("score_revisions", {})
@@ -175,8 +177,8 @@ def stored_thresholds(store: ResultStore, identity: RunIdentity, cfg: SweepConfi
             continue
         rec = ThresholdsRecord.from_json(data)
         for sid in cfg.score_ids:
-            if sid == "atp" and c.get("atp_replacement") != mine.get("atp_replacement"):
-                continue  # atp under another replacement is another score
+            if c.get(replacement_field(sid)) != mine.get(replacement_field(sid)):
+                continue  # a score whose values depend on the replacement: under another, another score
             if sid not in found and sid in c.get("score_ids", []) and theirs.get(sid, 1) == revisions.get(sid, 1):
                 found[sid] = {p: t for p, t in rec.thresholds[sid].items() if p in fractions}
                 n_inputs = rec.n_inputs

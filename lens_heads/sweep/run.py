@@ -69,18 +69,18 @@ def _random_values(model: LoadedModel, seed: int) -> list:
 def scoring_pass(model: LoadedModel, task, cfg: SweepConfig, progress: bool,
                  rankings: Sequence[str] = ()) -> tuple[Thresholds, int, StaticScores]:
     """(thresholds, n_inputs, static values) on the unablated model, in one pass per kind of
-    score: ``cfg``'s hook scores pooled over the request sequences (every choice row;
-    ``n_inputs`` counts them) and ``atp`` over the questions' gold requests, with the sweep's
-    replacement (docs/methods.md §3); and the dataset-level means of ``rankings`` (score ids,
-    ``atp``, ``random@SEED``) that static curves rank heads by."""
+    score: ``cfg``'s input-level scores pooled over the request sequences (every choice row;
+    ``n_inputs`` counts them) and each question-level score over the questions' gold requests,
+    with the sweep's replacement (docs/methods.md §3); and the dataset-level means of
+    ``rankings`` (score ids, ``random@SEED``) that static curves rank heads by."""
     from lens_heads.task_requests import task_inputs
-    from lens_heads.scores import score_heads
-    from lens_heads.scores.attribution import SCORE_ID as ATP, atp_scores
+    from lens_heads.scores import SCORES, score_heads
+    from lens_heads.scores.functions import input_level, question_level
     from lens_heads.thresholds import thresholds_of
 
     rule = cfg.protocol.threshold_rule
-    hook_ids = [s for s in cfg.score_ids if s != ATP]
-    hook_static = [r for r in rankings if r != ATP and not r.startswith(f"{RANDOM}@")]
+    hook_ids = input_level(cfg.score_ids)
+    hook_static = input_level([r for r in rankings if not r.startswith(f"{RANDOM}@")])
     computed: Thresholds = {}
     static: StaticScores = {}
     n_inputs = 0
@@ -91,12 +91,12 @@ def scoring_pass(model: LoadedModel, task, cfg: SweepConfig, progress: bool,
         computed.update(thresholds_of(hs, hook_ids, cfg.fractions, rule) if hook_ids else {})
         static.update({r: hs.mean[r].tolist() for r in hook_static})
         n_inputs = len(inputs)
-    if ATP in cfg.score_ids or ATP in rankings:
-        hs = atp_scores(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.replacement, progress, cfg.protocol)
-        if ATP in cfg.score_ids:
-            computed.update(thresholds_of(hs, [ATP], cfg.fractions, rule))
-        if ATP in rankings:
-            static[ATP] = hs.mean[ATP].tolist()
+    for sid in question_level(list(dict.fromkeys([*cfg.score_ids, *rankings]))):
+        hs = SCORES[sid].on_task(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.replacement, progress, cfg.protocol)
+        if sid in cfg.score_ids:
+            computed.update(thresholds_of(hs, [sid], cfg.fractions, rule))
+        if sid in rankings:
+            static[sid] = hs.mean[sid].tolist()
         n_inputs = n_inputs or hs.n
     static.update({r: _random_values(model, int(r.split("@")[1])) for r in rankings if r.startswith(f"{RANDOM}@")})
     return {sid: computed[sid] for sid in cfg.score_ids}, n_inputs, {r: static[r] for r in rankings}

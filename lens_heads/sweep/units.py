@@ -9,7 +9,7 @@ exists. ``UnitRef`` names a unit (``score/3``: shard 3 of the thresholds' scorin
   (``thresholds.scoring_shards``); ``merge_score_shards`` turns the stored shards into the
   thresholds record, bit-identical to the unsharded pass, with no model.
 * phase ``static`` (one unit, ``static/0``, only with static curves): the dataset-level scores
-  the static curves rank heads by (``run.static_pass``: inactivity scores, ``atp``, random
+  the static curves rank heads by (``run.static_pass``: input- and question-level scores, random
   orders), one pass by one worker, as ``run_sweep`` stores them.
 * phase ``part``: every part of every point (``SweepPlan``), as ``run_sweep`` runs them.
 
