@@ -62,7 +62,7 @@ def register(sub) -> None:
                         "(default 2)")
     g.add_argument("--cpus-per-worker", type=int, default=1, help="CPUs (and torch threads) per worker (default 1)")
     g.add_argument("--ray-address", default=None,
-                   help="an existing Ray cluster (auto, ray://HOST:PORT); default: start a local one")
+                   help="an existing Ray cluster (auto, ray://HOST:PORT); default: RAY_ADDRESS if set (as ray.init), else start a local one")
     g.add_argument("--gpus-per-worker", type=float, default=0.0, help="ray: GPUs per actor (default 0)")
     g.add_argument("--slurm-partition", default=None)
     g.add_argument("--slurm-time", type=int, default=60, help="minutes per array task (default 60)")
