@@ -198,6 +198,21 @@ def test_head_ranges_are_checked_from_the_config_before_the_model_loads(tiny_mod
         _rejected(argv, capsys, *needles, folder=work)
 
 
+def test_a_sweep_folder_of_other_weights_is_refused_before_the_model_loads(tiny_model_dir, no_model, capsys,
+                                                                         tmp_path, shared_data, monkeypatch):
+    """The in-process sweep refused another model's folder only after loading its own weights
+    (26 s for SmolLM2; the launcher and --shard: 2 s): the weights' digest is compared first
+    (hostile run)."""
+    monkeypatch.setenv("LENS_HEADS_DATA", str(shared_data))
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "summary.csv").write_text("model,model_digest,score_fn,fraction,accuracy\nother,"
+                                     + "ab" * 32 + ",none,0.0,0.5\n")
+    for extra in ([], ["--paper-protocol"]):
+        _rejected(["sweep", str(tiny_model_dir("llama")), "--task", "piqa", "--scores", "awft", "--limit", "4",
+                   "--no-progress", "--out", str(out), *extra], capsys, "from other weights (abababab", folder=out)
+
+
 def test_unwritable_output_folder_for_every_subcommand(immutable, no_model, capsys, shared_data, monkeypatch):
     monkeypatch.setenv("LENS_HEADS_DATA", str(shared_data))
     m = "smollm2-135m"
