@@ -71,7 +71,10 @@ def plan_layer(geometry, layer: int, removed: set[int], allow_empty: bool) -> La
 
 def check_prunable(geometry, config=None) -> None:
     """One clear error, before any work, when ``geometry``'s architecture (and the HF ``config``,
-    where given) cannot be pruned exactly."""
+    where given) cannot be pruned exactly, or the model is pruned already (both known from the
+    config alone: ``models.load.peek_geometry``)."""
+    if geometry.pruned:
+        raise LensHeadsError("the model is pruned already: prune the original with the union of the head sets")
     geometry.arch.require_table("pruning")
     if config is not None and getattr(config, "slow_but_exact", False) and getattr(config, "pretraining_tp", 1) > 1:
         raise LensHeadsError("pruning a BLOOM config with slow_but_exact and pretraining_tp > 1: transformers' "
@@ -108,8 +111,7 @@ def prune(model: LoadedModel, heads: Sequence[Head], allow_empty_layers: bool = 
     from lens_heads.models.load import boot, model_digest
     from lens_heads.pruned_model import shrink
 
-    if model.geometry.pruned:
-        raise LensHeadsError("the model is pruned already: prune the original with the union of the head sets")
+    check_prunable(model.geometry)  # pruned already, or an architecture pruning does not know
     if model.sharded:
         raise LensHeadsError("pruning copies the model onto one device: load it without a device map")
     check_prunable(model.geometry, model.hf_model.config)

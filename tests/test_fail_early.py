@@ -161,6 +161,10 @@ def _cases(tmp_path, bad, model):
         # issue 38: a Ray address that is none
         (["sweep", model, "--task", "piqa", "--executor", "ray", "--ray-address", "nohost", "--out", str(tmp_path / "s")],
          ["--ray-address 'nohost': write auto, HOST:PORT or ray://HOST:PORT"]),
+        # a second hostile run: prune options that only --eval reads were ignored without it
+        (["prune", model, "--heads", "0.1", "--limit", "3", "--out", str(tmp_path / "p")], ["--limit goes with --eval"]),
+        (["prune", model, "--heads", "0.1", "--n-boot", "50", "--out", str(tmp_path / "p")],
+         ["--n-boot goes with --eval"]),
     ]
 
 
@@ -170,7 +174,7 @@ def test_bad_inputs_rejected_before_the_model_loads(tmp_path, bad_files, no_mode
     work.mkdir()
     for argv, needles in _cases(work, bad_files, "smollm2-135m"):
         _rejected(argv, capsys, *needles, folder=work)
-    assert not (work / "r").exists() and not (work / "s").exists() and not (work / "dm").exists()
+    assert not any((work / name).exists() for name in ("r", "s", "dm", "p"))
 
 
 def test_head_ranges_are_checked_from_the_config_before_the_model_loads(tiny_model_dir, no_model, capsys,
@@ -183,12 +187,20 @@ def test_head_ranges_are_checked_from_the_config_before_the_model_loads(tiny_mod
     work.mkdir()
     out = ["--out", str(work / "o")]
     earlier = work / "earlier"  # an earlier lm-eval run's folder is never overwritten
+    pruned = tmp_path / "pruned"  # a pruned model's config says so: no weights needed to refuse pruning it again
+    pruned.mkdir()
+    config = json.loads((Path(model) / "config.json").read_text())
+    (pruned / "config.json").write_text(json.dumps({**config, "lens_heads_pruned": {  # 0.1 removed (a padding head)
+        "attn": "self_attn", "d_head": 16, "k": "k_proj", "keep_kv": [[0, 1], [0, 1]],
+        "keep_q": [[0, 1, 2, 3], [0, 1, 2, 3]], "layers": "model.layers", "layout": "separate", "out": "o_proj",
+        "pad_q": [[1], []], "q": "q_proj", "v": "v_proj"}}))
     earlier.mkdir()
     (earlier / "results.json").write_text("{}")
     for argv, needles in [
         (["prune", model, "--heads", "99.0", *out], ["head 99.0 out of range", "2 layers x 4 heads"]),
         (["prune", model, "--heads", "1.9", *out], ["head 1.9 out of range"]),
         (["prune", model, "--heads", "0.0,0.1,0.2,0.3", *out], ["every head of layer 0", "--allow-empty-layers"]),
+        (["prune", str(pruned), "--heads", "0.1", *out], ["pruned already"]),  # was found after the load
         (["lm-eval", model, "--tasks", "arc_easy", "--ablate", "static:99.0", *out], ["head 99.0 out of range"]),
         (["lm-eval", model, "--tasks", "arc_easy", "--out", str(earlier)], ["holds an earlier run (results.json)"]),
         (["evaluate", model, "--task", "piqa", "--ablate", "static:0.7"], ["head 0.7 out of range"]),
@@ -196,6 +208,21 @@ def test_head_ranges_are_checked_from_the_config_before_the_model_loads(tiny_mod
         (["repair", model, "--heads", "3.1", "--data", "c4-train", *out], ["head 3.1 out of range"]),
     ]:
         _rejected(argv, capsys, *needles, folder=work)
+
+
+def test_a_sweep_folder_of_other_weights_is_refused_before_the_model_loads(tiny_model_dir, no_model, capsys,
+                                                                         tmp_path, shared_data, monkeypatch):
+    """The in-process sweep refused another model's folder only after loading its own weights
+    (26 s for SmolLM2; the launcher and --shard: 2 s): the weights' digest is compared first
+    (hostile run)."""
+    monkeypatch.setenv("LENS_HEADS_DATA", str(shared_data))
+    out = tmp_path / "sweep"
+    out.mkdir()
+    (out / "summary.csv").write_text("model,model_digest,score_fn,fraction,accuracy\nother,"
+                                     + "ab" * 32 + ",none,0.0,0.5\n")
+    for extra in ([], ["--paper-protocol"]):
+        _rejected(["sweep", str(tiny_model_dir("llama")), "--task", "piqa", "--scores", "awft", "--limit", "4",
+                   "--no-progress", "--out", str(out), *extra], capsys, "from other weights (abababab", folder=out)
 
 
 def test_unwritable_output_folder_for_every_subcommand(immutable, no_model, capsys, shared_data, monkeypatch):

@@ -447,10 +447,21 @@ def test_cli_task_errors_are_found_before_the_model_loads(piqa_yaml, piqa_rows, 
     bad_rows.write_text("".join(json.dumps({**r, "label": lab}) + "\n" for r, lab in zip(piqa_rows, labels)))
     mc = _task_yaml(tmp_path, "lh_later_rows", bad_rows, output_type="multiple_choice", doc_to_target="{{label}}",
                     doc_to_choice="{{[sol1, sol2]}}")
+    # a metric or aggregation lm-eval does not know: an empty results table (exit 0), "could not be
+    # built: None" after lm-eval's own error line, or a traceback after the whole run (hostile run)
+    mc_fields = dict(output_type="multiple_choice", doc_to_target="{{label}}", doc_to_choice="{{[sol1, sol2]}}")
+    no_metric = _task_yaml(tmp_path, "lh_no_metric", rows, metric_list=[{"metric": "nosuchmetric"}], **mc_fields)
+    no_metric_agg = _task_yaml(tmp_path, "lh_no_metric_agg", rows, **mc_fields, metric_list=[
+        {"metric": "nosuchmetric", "aggregation": "mean", "higher_is_better": True}])
+    no_agg = _task_yaml(tmp_path, "lh_no_agg", rows, metric_list=[{"metric": "acc", "aggregation": "nosuchagg"}],
+                        **mc_fields)
     for spec, limit, needles in [(gen, None, ["lh_gen_bad_option", "unexpected keyword argument 'ignore_whitespace'",
                                               "exact_match: ignore_whitespace"]),
                                  (mc, None, ["doc_to_target", "row 3: index 5, outside 0..1", "row 5: index 7"]),
-                                 (mc, "4", ["in 1 row(s)", "row 3: index 5"])]:  # only the rows evaluated
+                                 (mc, "4", ["in 1 row(s)", "row 3: index 5"]),  # only the rows evaluated
+                                 (no_metric, None, ["metric_list: no metric 'nosuchmetric'"]),
+                                 (no_metric_agg, None, ["lh_no_metric_agg", "no metric 'nosuchmetric'"]),
+                                 (no_agg, None, ["metric 'acc' has aggregation 'nosuchagg'", "mean"])]:
         out = tmp_path / "out"
         argv = ["lm-eval", str(tiny_model_dir(ARCH)), "--tasks", spec, "--include-path", str(piqa_yaml),
                 "--out", str(out), "--quiet"] + (["--limit", limit] if limit else [])

@@ -196,10 +196,13 @@ def test_workers_without_an_executor_run_that_many_local_processes(tiny_model_di
 
 
 @pytest.mark.parametrize("address, message", [("FREE_PORT", "no Ray cluster answers at 127.0.0.1:"),
-                                              ("auto", "no running Ray cluster found")])
+                                              ("auto", "no running Ray cluster found"),
+                                              ("env:FREE_PORT", "RAY_ADDRESS 127.0.0.1:")])
 def test_a_ray_address_with_no_cluster_fails_at_once(address, message, tiny_model_dir, task_file, tmp_path):
     """ray.init retried an address nobody listens on for ever, and 'auto' with no cluster ended in
-    a ConnectionError traceback: both are one line, exit 2, well within 30 s, nothing written."""
+    a ConnectionError traceback: both are one line, exit 2, well within 30 s, nothing written.
+    RAY_ADDRESS with no --ray-address (ray.init joins it) is checked the same way: it ended in
+    ray.init's 'num_cpus and num_gpus must not be provided' traceback (hostile run)."""
     pytest.importorskip("ray")
     import socket
 
@@ -212,10 +215,14 @@ def test_a_ray_address_with_no_cluster_fails_at_once(address, message, tiny_mode
         port = s.getsockname()[1]  # free once closed: nobody listens there
     out = tmp_path / "out"
     code = "import sys; from lens_heads.cli import main; sys.exit(main(sys.argv[1:]))"
+    address = address.replace("FREE_PORT", f"127.0.0.1:{port}")
     argv = [sys.executable, "-c", code, "sweep", str(tiny_model_dir("llama")), "--task", f"file:{task_file}",
-            "--scores", "ahon_ln", "--executor", "ray", "--ray-address", address.replace("FREE_PORT", f"127.0.0.1:{port}"),
-            "--out", str(out), "--no-progress"]
+            "--scores", "ahon_ln", "--executor", "ray", "--out", str(out), "--no-progress"]
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    if address.startswith("env:"):
+        env["RAY_ADDRESS"] = address.removeprefix("env:")
+    else:
+        argv += ["--ray-address", address]
     t0 = time.monotonic()
     try:
         proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)

@@ -82,7 +82,8 @@ def build_tasks(manager, names: list[str], limit: int | None = None) -> list:
     take fails early."""
     import datasets
 
-    from lens_heads.data.lm_eval_tasks import build_error, check_answers, check_metrics
+    from lens_heads.data.lm_eval_tasks import build_error, check_answers, check_metric_names, check_metrics, \
+        lm_eval_silenced
 
     built = []
     bars = datasets.is_progress_bar_enabled()
@@ -90,10 +91,12 @@ def build_tasks(manager, names: list[str], limit: int | None = None) -> list:
     try:
         for name in names:
             try:
-                loaded = manager.load([name])
+                with lm_eval_silenced():
+                    loaded = manager.load([name])
             except Exception as exc:  # lm-eval raises many kinds for a dataset it cannot load offline
                 raise build_error(name, exc) from None
             for task_name, task in loaded["tasks"].items():
+                check_metric_names(task, task_name)
                 check_answers(task, task_name, limit)
                 check_metrics(task, task_name)
             if name in loaded["groups"]:

@@ -22,7 +22,8 @@ def register(sub) -> None:
     p.add_argument("--out", required=True, help="folder for the pruned model (new or empty)")
     p.add_argument("--eval", default=None, metavar="TASK", help="evaluate pruned vs unpruned on TASK (paired)")
     p.add_argument("--limit", type=int, default=None, help="with --eval: a seeded sample of N questions")
-    p.add_argument("--n-boot", type=int, default=1000, help="bootstrap resamples of the paired change")
+    p.add_argument("--n-boot", type=int, default=None,
+                   help="with --eval: bootstrap resamples of the paired change (default 1000)")
     p.set_defaults(func=run)
 
 
@@ -46,6 +47,10 @@ def run(args) -> int:
         if any(Path(args.out).iterdir()):
             raise LensHeadsError(f"--out {args.out} is not empty: give a new or empty folder")
     check_positive(args, "limit", "n_boot", "n_inputs")
+    for name in ("limit", "n_boot"):  # they would be ignored
+        if args.eval is None and getattr(args, name) is not None:
+            raise LensHeadsError(f"--{name.replace('_', '-')} goes with --eval TASK (the evaluation of pruned vs "
+                                 "unpruned)")
     check_positive(args, "max_len", minimum=2)
     heads = sorted(set(parse_heads(args.heads, None))) if args.heads is not None else None
     if heads is not None and not heads:
@@ -103,7 +108,7 @@ def run(args) -> int:
         a = evaluate_task(model, task, limit=args.limit, progress=False)
         b = evaluate_task(pruned, task, limit=args.limit, progress=False)
         d = paired_difference([q.correct for q in b.questions], [q.correct for q in a.questions],
-                              bootstrap_indices(len(a.questions), args.n_boot))
+                              bootstrap_indices(len(a.questions), args.n_boot or 1000))
         record["eval"] = {"task": task.name, "n_questions": len(a.questions), "acc_before": a.metrics["acc"],
                           "acc_after": b.metrics["acc"], **{k: float(v) for k, v in d.items()}}
         print(f"{task.name} ({len(a.questions)} questions): acc {a.metrics['acc']:.4f} -> {b.metrics['acc']:.4f}, "

@@ -65,7 +65,7 @@ def register(sub) -> None:
                         "(default 2)")
     g.add_argument("--cpus-per-worker", type=int, default=1, help="CPUs (and torch threads) per worker (default 1)")
     g.add_argument("--ray-address", default=None,
-                   help="an existing Ray cluster (auto, ray://HOST:PORT); default: start a local one")
+                   help="an existing Ray cluster (auto, ray://HOST:PORT); default: RAY_ADDRESS if set (as ray.init), else start a local one")
     g.add_argument("--gpus-per-worker", type=float, default=0.0, help="ray: GPUs per actor (default 0)")
     g.add_argument("--slurm-partition", default=None)
     g.add_argument("--slurm-time", type=int, default=60, help="minutes per array task (default 60)")
@@ -209,6 +209,7 @@ def run(args) -> int:
         return run_scaled(args, cfg, scale)
     if args.status:
         return show_status(args, cfg, task)
+    check_weights_before_load(args, cfg, task)
     model = model_from_args(args)
     for spec in cfg.extra_ablations:
         parse_ablation(spec, model.geometry)
@@ -219,6 +220,30 @@ def run(args) -> int:
 
     result = run_sweep(model, cfg, args.out, task=task, progress=not args.no_progress)
     return report(args, result)
+
+
+def check_weights_before_load(args, cfg, task) -> None:
+    """A folder holding this sweep from other weights is refused from the weights' digest, before
+    they load (the launcher does the same; ``run_sweep`` checks again with the loaded model)."""
+    from pathlib import Path
+
+    from lens_heads.store import ResultStore
+    from lens_heads.study import ModelRef
+    from lens_heads.sweep.result import check_same_weights
+    from lens_heads.sweep.run import check_one_weights
+
+    out = Path(args.out)
+    if not out.is_dir() or not any(out.iterdir()):
+        return  # nothing to compare with (and no weights hashed twice)
+    ref = ModelRef(args.model, args.dtype, args.device, revision=args.revision)
+    if args.paper_protocol:  # the protocol depends on the model: the tables' digest alone
+        check_same_weights(out, ref.digest)
+        return
+    protocol, cfg.protocol = cfg.protocol, protocol_from_args(args, None)
+    try:
+        check_one_weights(ResultStore(out), ref.identity(cfg, task))
+    finally:
+        cfg.protocol = protocol
 
 
 def show_status(args, cfg, task) -> int:

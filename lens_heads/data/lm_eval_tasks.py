@@ -20,6 +20,7 @@ task, one clear error (run those through ``lens_heads.LensHeadsLM`` under lm-eva
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -67,6 +68,23 @@ def quiet_lm_eval() -> None:
         logging.getLogger(logger).setLevel(logging.ERROR)
 
 
+@contextlib.contextmanager
+def lm_eval_silenced():
+    """lm-eval's error log off while tasks are built: what it logs there ("X not found in the
+    evaluate library!") comes back as our one message (``build_error``, ``check_metric_names``)."""
+    import logging
+
+    loggers = [logging.getLogger(name) for name in ("lm-eval", "lm_eval")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
+
+
 def unknown_task(manager, name: str) -> LensHeadsError:
     """The one message for a task name lm-eval does not know (with the closest names)."""
     import difflib
@@ -86,6 +104,9 @@ def build_error(name: str, exc: Exception) -> LensHeadsError:
         if isinstance(target, int) and isinstance(choices, list):
             return LensHeadsError(f"lm-eval task {name!r} could not be built: row 0 of its evaluation split: "
                                   f"doc_to_target gives {_answer_problem(target, choices)}")
+    metric = frame.f_locals.get("metric_name") if frame is not None else None
+    if isinstance(exc, KeyError) and isinstance(metric, str) and task._metric_fn_list.get(metric, 0) is None:
+        return LensHeadsError(f"lm-eval task {name!r}: metric_list: {_no_metric(metric)}")  # lm-eval: KeyError None
     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     if task is not None and reads_local_files(task.config):
         return LensHeadsError(f"lm-eval task {name!r} could not be built: {msg}")
@@ -168,6 +189,28 @@ def _yaml_folder_factory():
     return YamlFolderFactory
 
 
+def _no_metric(metric: str) -> str:
+    return f"no metric {metric!r} (neither lm-eval's nor an HF evaluate metric found here)"
+
+
+def check_metric_names(task, name: str) -> None:
+    """Every metric and aggregation a task's metric_list names exists: lm-eval logs an unknown
+    one and goes on, to an empty results table (a metric) or a traceback after the whole run (an
+    aggregation)."""
+    from lm_eval.api.registry import AGGREGATION_REGISTRY
+
+    aggregations = {m.get("metric"): m.get("aggregation") for m in (task.config.metric_list or [])
+                    if isinstance(m, dict)}
+    for metric, fn in getattr(task, "_metric_fn_list", {}).items():
+        if fn is None and task.config.process_results is None:
+            raise LensHeadsError(f"lm-eval task {name!r}: metric_list: {_no_metric(metric)}")
+    for metric, agg in getattr(task, "_aggregation_list", {}).items():
+        if agg is None:
+            raise LensHeadsError(f"lm-eval task {name!r}: metric_list: metric {metric!r} has aggregation "
+                                 f"{aggregations.get(metric)!r}, not one of lm-eval's "
+                                 f"({', '.join(sorted(AGGREGATION_REGISTRY))})")
+
+
 def check_metrics(task, name: str) -> None:
     """A generation task's metrics, run on an empty answer to its first document (lm-eval's own
     ``process_results``), so that an option its metric does not take (``exact_match`` with
@@ -218,7 +261,8 @@ def _build(spec: str, include_path: str | os.PathLike | None):
     if name not in manager.all_tasks:
         raise unknown_task(manager, name)
     try:
-        tasks = get_task_dict([name], manager)
+        with lm_eval_silenced():
+            tasks = get_task_dict([name], manager)
     except Exception as exc:  # lm-eval raises many kinds for a dataset it cannot load offline
         raise build_error(name, exc) from None
     task = next(iter(_leaves(tasks)))

@@ -24,6 +24,7 @@ Executors, by name (``EXECUTORS``; each a config dataclass and its class):
 
 from __future__ import annotations
 
+import os
 import shutil
 import threading
 import time
@@ -151,11 +152,22 @@ class _RayWorker:
 RAY_PROBE_S = 5.0  # how long a connection to the cluster's address may take before it counts as down
 
 
+def given_ray_address(address: str | None) -> tuple[str | None, str]:
+    """(the cluster to join, what named it): ``--ray-address``, else Ray's own ``RAY_ADDRESS``
+    (which ``ray.init`` joins when given no address), else None: start a local cluster."""
+    if address is not None:
+        return address, "--ray-address"
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    return (env, "RAY_ADDRESS") if env else (None, "")
+
+
 def check_ray_address(address: str | None) -> None:
-    """An existing Ray cluster at ``address`` answers (before any work): ``auto`` must find one
-    (``RAY_ADDRESS``, the cluster ``ray start`` recorded, or a running GCS on this machine), and
-    its host:port (``ray://`` too) must accept a TCP connection within ``RAY_PROBE_S``; ray.init
-    itself would retry an address nobody listens on for ever."""
+    """An existing Ray cluster at ``address`` (or ``RAY_ADDRESS``: ``given_ray_address``) answers
+    (before any work): ``auto`` must find one (``RAY_ADDRESS``, the cluster ``ray start``
+    recorded, or a running GCS on this machine), and its host:port (``ray://`` too) must accept a
+    TCP connection within ``RAY_PROBE_S``; ray.init itself would retry an address nobody listens
+    on for ever."""
+    address, what = given_ray_address(address)
     if address is None:
         return
     import socket
@@ -173,14 +185,14 @@ def check_ray_address(address: str | None) -> None:
         if not target[0] or not 0 < target[1] < 65536:
             raise ValueError(where)
     except ConnectionError:
-        raise LensHeadsError(f"--ray-address {address}: no running Ray cluster found (start one with 'ray start "
+        raise LensHeadsError(f"{what} {address}: no running Ray cluster found (start one with 'ray start "
                              f"--head', set RAY_ADDRESS, or leave --ray-address out to start a local one)") from None
     except ValueError:
-        raise LensHeadsError(f"--ray-address {address!r}: write auto, HOST:PORT or ray://HOST:PORT") from None
+        raise LensHeadsError(f"{what} {address!r}: write auto, HOST:PORT or ray://HOST:PORT") from None
     try:
         socket.create_connection(target, timeout=RAY_PROBE_S).close()
     except OSError as exc:
-        raise LensHeadsError(f"--ray-address {address}: no Ray cluster answers at {target[0]}:{target[1]} "
+        raise LensHeadsError(f"{what} {address}: no Ray cluster answers at {target[0]}:{target[1]} "
                              f"({exc.strerror or exc}); is it running, and is the address its head's?") from None
 
 
@@ -193,7 +205,8 @@ class RaySession:
             raise LensHeadsError("--executor ray needs Ray: pip install 'lens_heads[ray]'") from None
         self.ray, self.started = ray, False
         if not ray.is_initialized():
-            if config.address is None:
+            address, what = given_ray_address(config.address)
+            if address is None:
                 import torch
 
                 gpus = torch.cuda.device_count()
@@ -205,11 +218,11 @@ class RaySession:
                 self.started = True
             else:
                 check_ray_address(config.address)
-                try:
-                    ray.init(address=config.address, log_to_driver=False, configure_logging=False)
+                try:  # never num_cpus / num_gpus: ray.init refuses them for an existing cluster
+                    ray.init(address=address, log_to_driver=False, configure_logging=False)
                 except (ConnectionError, TimeoutError) as exc:
                     msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                    raise LensHeadsError(f"--ray-address {config.address}: cannot join the Ray cluster: {msg}") from None
+                    raise LensHeadsError(f"{what} {address}: cannot join the Ray cluster: {msg}") from None
         actor = ray.remote(_RayWorker).options(num_cpus=config.cpus_per_worker, num_gpus=config.gpus_per_worker,
                                                max_restarts=-1, max_task_retries=-1)
         job = _with_threads(job, config.cpus_per_worker)
