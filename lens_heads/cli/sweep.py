@@ -239,11 +239,8 @@ def check_weights_before_load(args, cfg, task) -> None:
     if args.paper_protocol:  # the protocol depends on the model: the tables' digest alone
         check_same_weights(out, ref.digest)
         return
-    protocol, cfg.protocol = cfg.protocol, protocol_from_args(args, None)
-    try:
-        check_one_weights(ResultStore(out), ref.identity(cfg, task))
-    finally:
-        cfg.protocol = protocol
+    check_one_weights(ResultStore(out), ref.identity(dataclasses.replace(cfg, protocol=protocol_from_args(args, None)),
+                                                     task))
 
 
 def show_status(args, cfg, task) -> int:
