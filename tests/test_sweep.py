@@ -771,3 +771,27 @@ def test_a_sweep_config_is_checked_at_construction_and_frozen():
         cfg.limit = 5  # type: ignore[misc]
     smaller = dataclasses.replace(cfg, limit=5)
     assert smaller.limit == 5 and cfg.limit is None and smaller.fractions == cfg.fractions
+
+
+def test_run_sweep_is_the_in_process_executor_of_the_one_launch(tiny_model, task_file, tmp_path, monkeypatch):
+    """One driver: run_sweep is launch with the in-process session, and launch, tabulate and
+    --status read their plan through one function (run.stored_plan)."""
+    import lens_heads.sweep.executors as executors
+    import lens_heads.sweep.run as sw_run
+    from lens_heads.data import load_task
+    from lens_heads.sweep import run_sweep, tabulate
+
+    model, task = tiny_model("llama"), load_task(f"file:{task_file}")
+    cfg = SweepConfig(task=f"file:{task_file}", score_ids=["ahon_ln"], fractions=[0.0, 0.5], random_seeds=[0],
+                      batch_size=4, n_boot=50)
+    sessions, plans = [], []
+    real_launch, real_plan = executors.launch, sw_run.stored_plan
+    monkeypatch.setattr(executors, "launch", lambda job, *a, **k: sessions.append(type(k["session"]).__name__)
+                        or real_launch(job, *a, **k))
+    monkeypatch.setattr(sw_run, "stored_plan", lambda *a, **k: plans.append(1) or real_plan(*a, **k))
+    result = run_sweep(model, cfg, tmp_path / "s", task=task, progress=False)
+    assert sessions == ["InProcessSession"] and len(plans) >= 2  # the session's part phase and the launch
+    n = len(plans)
+    back = tabulate(tmp_path / "s", cfg.identity(model, task), cfg, task, model=model.name)
+    assert len(plans) == n + 1
+    pd.testing.assert_frame_equal(back.summary, result.summary)

@@ -250,8 +250,8 @@ def show_status(args, cfg, task) -> int:
     from lens_heads.errors import LensHeadsError
     from lens_heads.store import ResultStore
     from lens_heads.study import ModelRef
-    from lens_heads.sweep import SweepPlan, tabulate
-    from lens_heads.sweep.plan import stored_static
+    from lens_heads.sweep import tabulate
+    from lens_heads.sweep.run import stored_plan
 
     ref = ModelRef(args.model, args.dtype, args.device, revision=args.revision)
     cfg = dataclasses.replace(cfg, protocol=protocol_from_args(args, ref.model if args.paper_protocol else None),
@@ -261,9 +261,8 @@ def show_status(args, cfg, task) -> int:
     if result is None:
         raise LensHeadsError(f"{args.out} holds no baseline (or no thresholds) of this sweep yet: "
                              "nothing to show (same model, task and settings as the run?)")
+    plan = stored_plan(ResultStore(args.out), identity, cfg, task)  # the plan the launch built its units from
     store = ResultStore(args.out)
-    static = stored_static(store, identity, cfg) if cfg.static_ids else None
-    plan = SweepPlan.build(identity, cfg, task, result.thresholds, static)
     done = [store.has(u.key) or store.has(u.point) for u in plan.all_units]
     print(f"{sum(done)} of {len(done)} units and {result.n_stored} of {result.n_points} points stored")
     for spec in plan.order:

@@ -41,7 +41,8 @@ from lens_heads.sweep.plan import (PartUnit, SweepPlan, SweepPoint, compute_orde
                                    thresholds_key)
 from lens_heads.sweep.records import PointRecord, StaticScoresRecord, ThresholdsRecord
 from lens_heads.sweep.result import SweepResult
-from lens_heads.sweep.run import CLAIM_POLL_S, merge_point, run_sweep, run_unit, sweep_status, tabulate
+from lens_heads.sweep.executors import run_sweep
+from lens_heads.sweep.run import CLAIM_POLL_S, merge_point, run_unit, sweep_status, tabulate
 from lens_heads.sweep.stats import TIED_NOTE, point_summary, tables, thresholds_tie
 
 __all__ = ["BASELINE", "RANDOM", "STATIC_RANDOM", "static_name", "PointId", "SweepConfig", "PartUnit", "SweepPlan", "SweepPoint", "compute_order",

@@ -30,11 +30,14 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import TYPE_CHECKING, Protocol, Sequence
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.registry import Registry
 from lens_heads.sweep.units import UnitRef, Worker, SweepJob
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 POLL_S = 1.0  # how often the launcher's progress bar reads the store
 
@@ -404,26 +407,73 @@ def in_process_message(ids: Sequence[str]) -> str:
             f"which the executors run")
 
 
+class InProcessSession:
+    """The executor of a model already loaded in this process -- what ``run_sweep`` is. Its
+    scoring phase is the one unsharded pass (every score, unshardable ones included, and the
+    static curves' scores with it), its part phase runs point by point, each point merged as
+    soon as its parts are stored (``run.run_points``), with this process's own progress bars."""
+
+    in_process = True
+
+    def __init__(self, model: LoadedModel, task, job: SweepJob, progress: bool = True):
+        self.model, self.task, self.job, self.progress = model, task, job, progress
+
+    def run(self, refs: Sequence[UnitRef]) -> None:
+        from lens_heads.store import ResultStore
+        from lens_heads.sweep import run
+
+        phases = {r.phase for r in refs}
+        model, task, cfg, store = self.model, self.task, self.job.cfg, ResultStore(self.job.out_dir)
+        identity = cfg.identity(model, task)
+        if "score" in phases:
+            run.ensure_thresholds(model, store, identity, cfg, task, self.progress)
+        if "static" in phases:
+            run.ensure_static(model, store, identity, cfg, task, self.progress)
+        if "part" in phases:
+            run.ensure_static(model, store, identity, cfg, task, self.progress)
+            run.run_points(model, task, run.stored_plan(store, identity, cfg, task), store, self.progress)
+
+    def close(self) -> None:
+        pass
+
+
+def run_sweep(model: LoadedModel, cfg, out_dir, task=None, progress: bool = True):
+    """Run (or resume) a sweep of a loaded model in this process: ``launch`` with the
+    in-process executor (one driver for every executor) -- its thresholds, every missing unit,
+    the two tables (``summary.csv`` and ``within_1pt.csv`` in ``out_dir``). Returns the
+    ``SweepResult``."""
+    from lens_heads.models.load import dtype_name, model_digest
+    from lens_heads.sweep.run import check_sweep
+
+    task = check_sweep(model, cfg, task)
+    job = SweepJob(model.name, dtype_name(model.dtype), str(model.device), cfg, str(out_dir), model_digest(model))
+    return launch(job, session=InProcessSession(model, task, job, progress), progress=progress, task=task).result
+
+
 def launch(job: SweepJob, executor: str = "local", config=None, progress: bool = True,
-           session: Session | None = None) -> Launch:
+           session: Session | None = None, task=None) -> Launch:
     """Run (or resume) the sweep ``job`` on ``executor``: the scoring shards, the thresholds,
     the part units, the points and the tables (``summary.csv``, ``within_1pt.csv``), loading no
-    weights in this process (but for ``local``, whose worker is this process)."""
+    weights in this process (but for ``local``, whose worker is this process, and an
+    ``InProcessSession``: ``run_sweep``). ``task``: the loaded task (default: ``job.cfg.task``)."""
     from lens_heads.data import load_task
     from lens_heads.store import ResultStore
-    from lens_heads.sweep.plan import SweepPlan, static_key, static_rankings, stored_static
+    from lens_heads.sweep.plan import static_key, static_rankings, stored_static
     from lens_heads.sweep.records import PointRecord
     from lens_heads.sweep.result import SweepResult
-    from lens_heads.sweep.run import check_one_weights, merge_point, read_thresholds
+    from lens_heads.sweep.run import check_one_weights, merge_point, read_thresholds, stored_plan
     from lens_heads.sweep.stats import tables
     from lens_heads.sweep.units import merge_score_shards, shard_key
 
     t0 = time.perf_counter()
     cfg = job.cfg
     cfg.validate()
-    if in_process_only(cfg):
+    here = getattr(session, "in_process", False)  # this process's model: every score, its own bars
+    if in_process_only(cfg) and not here:
         raise LensHeadsError(in_process_message(in_process_only(cfg)))
-    task = load_task(cfg.task, n_shot=cfg.n_shot, include_path=job.include_path)
+    watch = progress and not here
+    if task is None:
+        task = load_task(cfg.task, n_shot=cfg.n_shot, include_path=job.include_path)
     identity = cfg.identity_for(job.digest, job.dtype, task)
     store = ResultStore(job.out_dir)
     check_one_weights(store, identity)
@@ -435,27 +485,31 @@ def launch(job: SweepJob, executor: str = "local", config=None, progress: bool =
             refs = [UnitRef("score", j) for j in range(job.n_shards)
                     if not store.has(shard_key(identity, cfg, j, job.n_shards))]
             with _watch(store, [shard_key(identity, cfg, j, job.n_shards) for j in range(job.n_shards)], [],
-                        "scoring shards", progress):
+                        "scoring shards", watch):
                 session.run(refs)
-            rec = merge_score_shards(store, identity, cfg, job.n_shards)
-            if rec is None:
-                raise LensHeadsError(f"{job.out_dir}: scoring shards are missing after the executor finished")
-            thresholds = rec.thresholds
+            thresholds = read_thresholds(store, identity, cfg, task)  # an in-process pass stores them whole
+            if thresholds is None:
+                rec = merge_score_shards(store, identity, cfg, job.n_shards)
+                if rec is None:
+                    raise LensHeadsError(f"{job.out_dir}: scoring shards are missing after the executor finished")
+                thresholds = rec.thresholds
         static = None
         if cfg.static_ids:
             static = stored_static(store, identity, cfg)
             if static is None:
                 with _watch(store, [static_key(identity, cfg, r) for r in static_rankings(cfg)], [],
-                            "static scores", progress):
+                            "static scores", watch):
                     session.run([UnitRef("static", 0)])
                 static = stored_static(store, identity, cfg)
             if static is None:
                 raise LensHeadsError(f"{job.out_dir}: the static curves' scores are missing after the executor finished")
-        plan = SweepPlan.build(identity, cfg, task, thresholds, static)
+        plan = stored_plan(store, identity, cfg, task)  # the plan tabulate and --status read, from the store
+        if plan is None:
+            raise LensHeadsError(f"{job.out_dir}: the sweep's thresholds are missing after the executor finished")
         units = plan.all_units
         stored_before = sum(store.has(u.key) or store.has(u.point) for u in units)
         refs = [UnitRef("part", i) for i, u in enumerate(units) if not (store.has(u.key) or store.has(u.point))]
-        with _watch(store, [u.key for u in units], [u.point for u in units], "sweep units", progress):
+        with _watch(store, [u.key for u in units], [u.point for u in units], "sweep units", watch):
             session.run(refs)
         records: dict[str, PointRecord] = {}
         for spec in plan.order:

@@ -1,7 +1,8 @@
-"""Running a sweep: the thresholds' scoring pass, the part units, resume; and tabulating a store.
+"""Running a sweep's units: the thresholds' scoring pass, the static scores, the part units
+and points, resume; and tabulating a store.
 
-``run_sweep`` evaluates what the plan's store lacks and tabulates; ``tabulate`` only reads the
-store (no model: a weights digest and dtype identify the run) and is what ``--status`` and
+``run_points`` evaluates what the plan's store lacks (the in-process executor's part phase;
+``executors.run_sweep`` is the one driver around it); ``tabulate`` only reads the store (no model: a weights digest and dtype identify the run) and is what ``--status`` and
 ``--from-store`` use. Every unit is claimed first (``lens_heads.claims``): processes sharing
 one folder take different units, and one waits for a unit another live process holds.
 """
@@ -249,7 +250,9 @@ def check_one_weights(store, identity) -> None:
                     f"vs {identity.model_digest[:16]}...): use another --out, or the same weights")
 
 
-def _check(model: LoadedModel, cfg: SweepConfig, task):
+def check_sweep(model: LoadedModel, cfg: SweepConfig, task):
+    """The sweep's task (loaded from ``cfg.task`` unless given), its extra ablations checked
+    against the model, before anything is written."""
     from lens_heads.ablation import parse_ablation
     from lens_heads.data import load_task
 
@@ -260,42 +263,40 @@ def _check(model: LoadedModel, cfg: SweepConfig, task):
     return task
 
 
-def run_sweep(model: LoadedModel, cfg: SweepConfig, out_dir, task=None, progress: bool = True) -> SweepResult:
-    """Run (or resume) a sweep: its thresholds, then every missing unit, then the two tables
-    (written to ``out_dir`` as ``summary.csv`` and ``within_1pt.csv``)."""
-    task = _check(model, cfg, task)
-    store = ResultStore(out_dir)
-    identity = cfg.identity(model, task)
-    check_one_weights(store, identity)
-    thresholds = ensure_thresholds(model, store, identity, cfg, task, progress)
-    plan = SweepPlan.build(identity, cfg, task, thresholds, ensure_static(model, store, identity, cfg, task, progress))
-    records: dict[str, PointRecord] = {}
+def run_points(model: LoadedModel, task, plan: SweepPlan, store: ResultStore, progress: bool) -> None:
+    """Evaluate every point of ``plan`` the store lacks, point by point in the plan's order, each
+    merged and stored as soon as its parts are (so a stopped run's ``--status`` shows it); points
+    whose parts another live process holds come round again. The in-process executor's part
+    phase (``executors.InProcessSession``)."""
     bar = progress_bar(len(plan.order), "sweep points", enabled=progress, unit="point", leave=True)
     try:
         pending = list(plan.order)
         while pending:  # points whose parts other processes hold come round again
             deferred = []
             for spec in pending:
-                rec = store.load(plan.point_key(spec), PointRecord)
-                if rec is None:
+                if not store.has(plan.point_key(spec)):
                     bar.set_postfix_str(point_label(plan.point(spec)), refresh=True)  # not a static set's heads
                     held = [u for u in plan.parts(spec) if run_unit(model, task, plan, u, store) is Outcome.HELD]
-                    rec = None if held else merge_point(plan, spec, store)
-                    if rec is None:
+                    if held or merge_point(plan, spec, store) is None:
                         deferred.append(spec)
                         continue
-                records[spec] = rec
                 bar.update(1)
             if deferred and len(deferred) == len(pending):  # all of it held elsewhere: wait for it
                 time.sleep(CLAIM_POLL_S)
             pending = deferred
     finally:
         bar.close()
-    summary, within = tables(plan.points, records, cfg)
-    result = SweepResult(summary, within, thresholds, records, n_points=len(plan.order), n_stored=len(plan.order),
-                         model=model.name, model_digest=identity.model_digest)
-    result.save(out_dir)
-    return result
+
+
+def stored_plan(store: ResultStore, identity: RunIdentity, cfg: SweepConfig, task) -> SweepPlan | None:
+    """The sweep's plan from what the store holds (its thresholds and the static curves'
+    scores), None while it lacks them: what ``launch`` builds its units from, and what
+    ``tabulate`` and ``--status`` read."""
+    thresholds = read_thresholds(store, identity, cfg, task)
+    static = stored_static(store, identity, cfg) if cfg.static_ids else None
+    if thresholds is None or (cfg.static_ids and static is None):
+        return None
+    return SweepPlan.build(identity, cfg, task, thresholds, static)
 
 
 def tabulate(out_dir, identity: RunIdentity, cfg: SweepConfig, task, partial: bool = False,
@@ -309,13 +310,11 @@ def tabulate(out_dir, identity: RunIdentity, cfg: SweepConfig, task, partial: bo
     thresholds or the baseline. Its within-1-point values are final, its AUCs are not (their
     common range depends on the curves still missing). Points whose parts are all stored but
     not merged yet count as missing (the run that merges them stores the point)."""
-    cfg.validate()
     store = ResultStore(out_dir)
-    thresholds = read_thresholds(store, identity, cfg, task)
-    static = stored_static(store, identity, cfg) if cfg.static_ids else None
-    if thresholds is None or (cfg.static_ids and static is None):
+    plan = stored_plan(store, identity, cfg, task)
+    if plan is None:
         return None
-    plan = SweepPlan.build(identity, cfg, task, thresholds, static)
+    thresholds = plan.thresholds
     records = {}
     for spec in plan.order:  # stored points only: parts not merged yet are a point still running
         rec = store.load(plan.point_key(spec), PointRecord)
@@ -330,6 +329,7 @@ def tabulate(out_dir, identity: RunIdentity, cfg: SweepConfig, task, partial: bo
         return None
     stored = set(records)
     part_cfg = partial_config(cfg, plan.points, stored)
+    static = stored_static(store, identity, cfg) if cfg.static_ids else None
     part_points = [p for p in plan_points(part_cfg, thresholds, static) if p.spec in stored]
     done = [p for p in plan.points if p.spec in stored]  # also the points of curves not complete yet
     _, within = tables(part_points, records, part_cfg)
@@ -341,6 +341,6 @@ def tabulate(out_dir, identity: RunIdentity, cfg: SweepConfig, task, partial: bo
 
 def sweep_status(model: LoadedModel, cfg: SweepConfig, out_dir, task=None) -> SweepResult | None:
     """``tabulate(..., partial=True)`` for a loaded model."""
-    task = _check(model, cfg, task)
+    task = check_sweep(model, cfg, task)
     return tabulate(out_dir, cfg.identity(model, task), cfg, task, partial=True, model=model.name)
 
