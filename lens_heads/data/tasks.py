@@ -52,8 +52,7 @@ from __future__ import annotations
 import csv
 import os
 import random
-from dataclasses import dataclass, field, replace
-from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from lens_heads.data.corpora import iter_rows
