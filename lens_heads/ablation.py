@@ -6,7 +6,7 @@ hooks, one set per forward pass of a batch, counting into the counts of a ``coun
 
     abl = parse_ablation("score:ahon_ln@0.41", model.geometry)    # = bind(parse_spec(...), geometry)
     with abl.counting() as counts:
-        run_with_hooks(model, ids, mask, abl.hooks(model, mask, row_keys=request_ids))
+        engine.forward(model, ids, mask, abl.hooks(model, mask, row_keys=request_ids))
     counts.fraction()   # realised mean fraction of (input, layer, head) zeroed in the block
 
 Kinds (spec strings):

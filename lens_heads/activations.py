@@ -16,7 +16,8 @@ import torch
 from jaxtyping import Float
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.hooks import hook_name, layer_of, run_with_hooks
+from lens_heads.engine import forward
+from lens_heads.hooks import hook_name, layer_of
 from lens_heads.heads import Head
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def head_patterns(model: LoadedModel, text: str, heads: Sequence[Head] | None = 
     def grab(pattern, hook):
         got[layer_of(hook)] = pattern[0].float().cpu()  # [head, q, k]
 
-    run_with_hooks(model, ids[None], torch.ones(1, ids.numel(), dtype=torch.long),
-                   [(hook_name("pattern", L), grab) for L in sorted({L for L, _ in heads})], return_logits=False)
+    forward(model, ids[None], torch.ones(1, ids.numel(), dtype=torch.long),
+            [(hook_name("pattern", L), grab) for L in sorted({L for L, _ in heads})], logits=False)
     patterns = torch.stack([got[L][h] for L, h in heads]).numpy()
     return HeadPatterns(_token_strings(model.tokenizer, ids.tolist()), patterns, heads, text, model.name)

@@ -50,7 +50,7 @@ from lens_heads.data import pad_batch
 from lens_heads.atomic import atomic_write_csv
 from lens_heads.errors import LensHeadsError
 from lens_heads.head_classes import ABSENT, CLASSES, SICK, canonical  # the one class list
-from lens_heads.hooks import run_with_hooks
+from lens_heads.engine import forward
 from lens_heads.interventions import Head
 from lens_heads.scores import SCORES, Acts, BatchGeometry, ScoreCollector, ScoreFn
 
@@ -334,7 +334,7 @@ def diagnose(
 
     def run(idx) -> None:
         ids, mask = pad_batch([seqs[i] for i in idx], pad, "right")
-        run_with_hooks(model, ids, mask, collector.hooks(mask), return_logits=False)
+        forward(model, ids, mask, collector.hooks(mask), logits=False)
         stats = collector.batch_scores()  # id -> [batch, layer, head]
         loc = stats[loc_id]
         sums[0] += _batch_sum(stats[bos_id])

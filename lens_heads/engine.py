@@ -240,12 +240,15 @@ def prefix_groups(rows: list[Row], min_prefix: int) -> tuple[list[tuple[int, lis
     return groups, singles
 
 
-def forward(model: LoadedModel, ids: Tensor, mask: Tensor, hooks: list, keep: Tensor | None = None,
-            cache: Any = None, want_cache: bool = False):
-    """One bridge forward with hooks; logits at ``keep`` (all: None), from a cached prefix
-    ``cache``; returns logits (or (logits, cache) with ``want_cache``)."""
-    return run_with_hooks(model, ids, mask, hooks, logits_to_keep=keep, past_key_values=cache,
-                          return_cache=want_cache)
+def forward(model: LoadedModel, ids: Tensor, mask: Tensor | None, hooks: list, keep: Tensor | None = None,
+            cache: Any = None, want_cache: bool = False, *, logits: bool = True, grad: bool = False):
+    """The one forward every part of lens_heads runs: the bridge with ``hooks``; logits at
+    ``keep`` (all: None), from a cached prefix ``cache``; returns logits (or (logits, cache)
+    with ``want_cache``). ``logits=False``: the blocks only (a pass that reads hooks: scores,
+    diagnosis, patterns, head means), returns None. ``grad``: with autograd (attribution
+    patching)."""
+    return run_with_hooks(model, ids, mask, hooks, logits, logits_to_keep=keep, past_key_values=cache,
+                          return_cache=want_cache, grad=grad)
 
 
 def score_rows(out: list[float], rows: list[Row], logits: Tensor, positions: Tensor,

@@ -109,12 +109,15 @@ def run_with_hooks(
     logits_to_keep: Int[Tensor, " keep"] | None = None,
     past_key_values: Any = None,
     return_cache: bool = False,
+    grad: bool = False,
 ):
-    """One forward pass of ``model`` (a LoadedModel) with hooks, padding-aware.
+    """One forward pass of ``model`` (a LoadedModel) with hooks, padding-aware. Called by the
+    engine only (``engine.forward``); attention backends plug in here.
 
     ``return_logits=False`` stops after the last block (no unembedding) and returns None.
     ``logits_to_keep``: positions whose logits are computed. ``past_key_values`` continues
-    from a cached prefix; ``return_cache=True`` returns ``(logits, cache)``.
+    from a cached prefix; ``return_cache=True`` returns ``(logits, cache)``. ``grad``: autograd
+    on (attribution patching's backward), else inference mode.
     """
     bridge = model.bridge
     kwargs: dict[str, Any] = {}
@@ -131,7 +134,8 @@ def run_with_hooks(
             kwargs["past_key_values"] = past_key_values
     if return_cache:
         kwargs["return_type"] = "logits_and_cache"
-    with torch.inference_mode(), _kv_cache_compat(bridge, past_key_values is not None or return_cache):
+    with (torch.enable_grad() if grad else torch.inference_mode()), \
+            _kv_cache_compat(bridge, past_key_values is not None or return_cache):
         out = bridge.run_with_hooks(input_ids.to(model.device), fwd_hooks=list(fwd_hooks), **kwargs)
     return out if return_logits else None
 

@@ -42,10 +42,9 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from torch import Tensor
 
-from lens_heads.engine import Observer, RowKey, encode_pair, loglikelihoods_tokens, max_length, prefix_token_id, \
-    tok_encode
+from lens_heads.engine import Observer, RowKey, encode_pair, forward, loglikelihoods_tokens, max_length, \
+    prefix_token_id, tok_encode
 from lens_heads.errors import LensHeadsError
-from lens_heads.hooks import run_with_hooks
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval HFLM's default
 _RAW_ARGS = ("pretrained", "ablation")  # model_args kept as the strings given
@@ -372,8 +371,8 @@ class LensHeadsLM(LM):
             inp, hook_mask = torch.tensor([ids[-n_new:]]), torch.ones(1, n_new, dtype=torch.long)
         hooks = self.ablation.hooks(self.model, hook_mask, [key]) if self.ablation is not None else []
         want = self.kv_cache and not self._input_dependent()
-        out = run_with_hooks(self.model, inp, full, hooks, logits_to_keep=torch.tensor([inp.shape[1] - 1]),
-                             past_key_values=cache, return_cache=want)
+        out = forward(self.model, inp, full, hooks, keep=torch.tensor([inp.shape[1] - 1]), cache=cache,
+                      want_cache=want)
         logits, cache = (out[0], out[1]) if want else (out, None)
         return logits[0, -1].float(), cache
 

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from lens_heads.cache import cache_dir, cached_tensors
-from lens_heads.engine import row_generator
+from lens_heads.engine import forward, row_generator
 from lens_heads.errors import LensHeadsError
 
 if TYPE_CHECKING:
@@ -153,7 +153,7 @@ def parse_replacement(text: str) -> Replacement:
 
 def _z_capture(model: LoadedModel, ids: Tensor, mask: Tensor) -> dict[int, Tensor]:
     """Every layer's ``hook_z`` on ``ids`` (no ablation), on the CPU in float32."""
-    from lens_heads.hooks import hook_name, run_with_hooks
+    from lens_heads.hooks import hook_name
 
     out: dict[int, Tensor] = {}
 
@@ -162,8 +162,7 @@ def _z_capture(model: LoadedModel, ids: Tensor, mask: Tensor) -> dict[int, Tenso
             out[L] = z.detach().float().cpu()
         return fn
 
-    run_with_hooks(model, ids, mask, [(hook_name("z", L), grab(L)) for L in range(model.geometry.n_layers)],
-                   return_logits=False)
+    forward(model, ids, mask, [(hook_name("z", L), grab(L)) for L in range(model.geometry.n_layers)], logits=False)
     return out
 
 

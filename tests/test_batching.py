@@ -76,8 +76,7 @@ def test_evaluation_and_scores_recover_from_a_simulated_oom(tiny_model, monkeypa
             raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated)")
         return real(model_, ids, *a, **k)
 
-    monkeypatch.setattr(engine, "run_with_hooks", tight)
-    monkeypatch.setattr(ds, "run_with_hooks", tight)
+    monkeypatch.setattr(engine, "run_with_hooks", tight)  # every forward goes through the engine
     got = ev.loglikelihoods(model, reqs, batch_size="auto", progress=False)
     assert max(calls) > 2 and got == pytest.approx(ref, abs=1e-4)
     calls.clear()

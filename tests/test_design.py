@@ -291,3 +291,17 @@ def test_scores_declare_their_needs_and_no_module_special_cases_one():
         ("question", True, True, False, ("zero", "mean"))
     assert question_level(list(SCORES)) == ["atp"] and "atp" not in input_level()
     assert all(not SCORES[s].needs_task and SCORES[s].shardable for s in input_level())
+
+
+def test_every_forward_goes_through_the_engine():
+    """Evaluation, perplexity, the lm-eval adapter, scores, diagnosis, patterns, head means and
+    attribution patching all run ``engine.forward``: only the engine calls ``hooks.run_with_hooks``
+    (where attention backends plug in), and nothing calls the bridge's own forward."""
+    import re
+
+    callers = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "hooks.py"
+                     and re.search(r"\brun_with_hooks\(", p.read_text()))
+    assert callers == ["engine.py"]
+    direct = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "hooks.py"
+                    and re.search(r"\.bridge(\.run_with_hooks)?\(", p.read_text()))
+    assert direct == []

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.errors import LensHeadsError
+from lens_heads.engine import forward
 from lens_heads.hooks import hook_name
 from lens_heads.scores.functions import ScoreFn, register_score
 
@@ -32,12 +33,6 @@ if TYPE_CHECKING:
 
 SCORE_ID = "atp"
 INACTIVE_WHEN = "low"  # |effect|: small means ablating the head changes little
-
-
-def _forward_with_grad(model: LoadedModel, ids: Tensor, hooks):
-    """One bridge forward with hooks and autograd on (the engine's forwards run without)."""
-    with torch.enable_grad():
-        return model.bridge.run_with_hooks(ids.to(model.device), fwd_hooks=hooks)
 
 
 def atp_effects(model: LoadedModel, context_ids: list[int], continuation_ids: list[int], replacement=None) -> Tensor:
@@ -55,7 +50,7 @@ def atp_effects(model: LoadedModel, context_ids: list[int], continuation_ids: li
         return fn
 
     hooks = [(hook_name("z", L), keep(L)) for L in range(g.n_layers)]
-    logits = _forward_with_grad(model, ids, hooks)
+    logits = forward(model, ids, None, hooks, grad=True)  # the engine's forward, with autograd
     n_ctx, n_cont = len(context_ids), len(continuation_ids)
     logp = torch.log_softmax(logits[0, n_ctx - 1:n_ctx - 1 + n_cont].float(), dim=-1)
     ll = logp.gather(1, torch.tensor(continuation_ids, device=logp.device)[:, None]).sum()

@@ -23,7 +23,7 @@ from lens_heads.batching import Batcher, parse_batch_size
 from lens_heads.data import pad_batch, tokenize_texts
 from lens_heads.errors import LensHeadsError
 from lens_heads.hashing import sha256_tokens
-from lens_heads.hooks import run_with_hooks
+from lens_heads.engine import forward
 from lens_heads.heads import Head
 from lens_heads.models.load import model_digest
 from lens_heads.progress import progress_bar
@@ -310,7 +310,7 @@ def score_heads(
 
     def run(idx: Sequence[int]) -> None:
         ids_b, mask = pad_batch([seqs[i] for i in idx], pad, "right")
-        run_with_hooks(model, ids_b, mask, collector.hooks(mask), return_logits=False)
+        forward(model, ids_b, mask, collector.hooks(mask), logits=False)
         for s, v in collector.batch_scores().items():  # after the forward: a retried batch adds nothing twice
             v = v.cpu()
             moments[s].add(v)
