@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from torch import Tensor
+from lens_heads.atomic import atomic_path
 
 
 def cache_dir(sub: str | None = None) -> Path:
@@ -25,7 +26,6 @@ def cached_tensors(path: Path, make: Callable[[], dict[str, Tensor]]) -> dict[st
     """The tensors stored at ``path`` (safetensors), else ``make()``'s, stored there first."""
     from safetensors.torch import load_file, save_file
 
-    from lens_heads.atomic import atomic_path
 
     if path.is_file():
         return load_file(str(path))

@@ -24,6 +24,10 @@ from enum import Enum
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 from lens_heads.hashing import sha256_bytes
+from lens_heads.models.load import model_digest
+from lens_heads.protocol import Protocol
+from lens_heads.provenance import lens_heads_version
+from lens_heads.scores.functions import SCORES, revision_key
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -111,7 +115,6 @@ class RunIdentity:
               seed: int, protocol=None, version: str | None = None) -> "RunIdentity":
         """From the weights' digest and dtype (no loaded model needed), a loaded ``Task`` and the
         run's settings; ``n_shot=None`` is the task's default."""
-        from lens_heads.provenance import lens_heads_version
 
         return cls(model_digest, task_spec, task_fingerprint(task), task.spec.n_shot if n_shot is None else n_shot,
                    limit, seed, str(dtype).removeprefix("torch."),
@@ -122,7 +125,6 @@ class RunIdentity:
     def of(cls, model: LoadedModel, task, task_spec: str, n_shot: int | None, limit: int | None, seed: int,
            protocol=None) -> "RunIdentity":
         """The identity of a run of a loaded model."""
-        from lens_heads.models.load import model_digest
 
         return cls.build(model_digest(model), str(model.dtype), task, task_spec, n_shot, limit, seed, protocol)
 
@@ -167,7 +169,6 @@ class RunIdentity:
         """Whether a stored key's configuration belongs to this run (whatever its kind)."""
         from dataclasses import fields
 
-        from lens_heads.protocol import Protocol
 
         run_fields = {*self.config(), *(f.name for f in fields(Protocol))}
         mine = json.loads(json.dumps(self.config(), default=str))
@@ -175,7 +176,6 @@ class RunIdentity:
 
 
 def _revisions(score_ids: Sequence[str]) -> dict[str, int]:
-    from lens_heads.scores.functions import revision_key
 
     return revision_key(list(score_ids))
 
@@ -189,7 +189,6 @@ def replacement_fields(score_ids: Sequence[str], replacement: str | None) -> dic
     """``{<id>_replacement: replacement}`` for each of ``score_ids`` whose registry entry says
     its values depend on the replacement (``replacement_dependent``); none for zero (None), so
     keys of zero-replacement runs are what they always were."""
-    from lens_heads.scores.functions import SCORES
 
     if not replacement:
         return {}

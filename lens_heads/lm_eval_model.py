@@ -45,6 +45,9 @@ from torch import Tensor
 from lens_heads.engine import Observer, RowKey, encode_pair, forward, loglikelihoods_tokens, max_length, \
     prefix_token_id, tok_encode
 from lens_heads.errors import LensHeadsError
+from lens_heads.ablation import Ablation, NoAblation, RandomAblation, parse_ablation
+from lens_heads.progress import progress_bar
+from lens_heads.provenance import lens_heads_version
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval HFLM's default
 _RAW_ARGS = ("pretrained", "ablation")  # model_args kept as the strings given
@@ -132,7 +135,6 @@ class LensHeadsLM(LM):
                  max_gen_toks: int = DEFAULT_MAX_GEN_TOKS, progress: bool = True, kv_cache: bool = True,
                  max_batch_size: int | None = None):
         super().__init__()
-        from lens_heads.ablation import Ablation, NoAblation, parse_ablation
 
         probe = parse_ablation(ablation, None) if isinstance(ablation, str) else ablation
         if getattr(probe, "needs_task", False):
@@ -232,7 +234,6 @@ class LensHeadsLM(LM):
                                                   continue_final_message=not add_generation_prompt)
 
     def get_model_info(self) -> dict:
-        from lens_heads.provenance import lens_heads_version
 
         return {"model_name": self.model.name, "model_dtype": str(self.model.dtype).replace("torch.", ""),
                 "model_num_parameters": self.model.parameter_count(),  # offloaded too, unread
@@ -342,7 +343,6 @@ class LensHeadsLM(LM):
         """Whether the zeroed heads can change between forwards of one request (score ablations:
         decided from each forward's own scores). None / static / random (one row key per
         request) zero the same heads at every step, so keys/values can be reused."""
-        from lens_heads.ablation import RandomAblation
 
         a = self.ablation
         return not (a is None or a.reuses_prefix or isinstance(a, RandomAblation))
@@ -423,7 +423,6 @@ class LensHeadsLM(LM):
 
         if not requests:
             return []
-        from lens_heads.progress import progress_bar
 
         keys = request_keys(requests)
         eos_text = self.tokenizer.decode([self.eot_token_id], skip_special_tokens=False) \

@@ -40,6 +40,7 @@ from pathlib import Path
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.thresholds import DEFAULT_FRACTIONS, DEFAULT_RULE, check_rule
+from lens_heads.models.zoo import ZOO
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -99,7 +100,6 @@ class Protocol:
 
 def model_id(model: LoadedModel) -> str:
     """The model's hub-style id: the zoo entry's original id, else the name it was loaded by."""
-    from lens_heads.models.zoo import ZOO
 
     name = model.name
     return ZOO[name].hf_id if name in ZOO else str(name)

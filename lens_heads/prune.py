@@ -33,6 +33,12 @@ from typing import TYPE_CHECKING, Sequence
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions import Head
+from lens_heads.hashing import sha256_bytes
+from lens_heads.models.load import boot, model_digest
+from lens_heads.pruned_model import shrink
+from lens_heads.scores import SCORES, resolve_score_ids
+from lens_heads.surgery.export import export_model
+from lens_heads.surgery.targets import TargetSelector, parse_select
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -107,9 +113,6 @@ def plan_config(geometry, layers: list[LayerPlan]) -> dict:
 
 def prune(model: LoadedModel, heads: Sequence[Head], allow_empty_layers: bool = False):
     """A new ``LoadedModel``: ``model`` without ``heads`` (``model`` itself is unchanged)."""
-    from lens_heads.hashing import sha256_bytes
-    from lens_heads.models.load import boot, model_digest
-    from lens_heads.pruned_model import shrink
 
     check_prunable(model.geometry)  # pruned already, or an architecture pruning does not know
     if model.sharded:
@@ -131,7 +134,6 @@ def save_pruned(model: LoadedModel, out_dir: str | os.PathLike, extra_files: dic
     import inspect
 
     import lens_heads.pruned_model as pruned_model
-    from lens_heads.surgery.export import export_model
 
     if not model.geometry.pruned:
         raise LensHeadsError("not a pruned model (lens_heads.prune.prune makes one)")
@@ -161,8 +163,6 @@ class PruneSelection:
 
     @classmethod
     def parse(cls, text: str) -> "PruneSelection":
-        from lens_heads.scores import resolve_score_ids
-        from lens_heads.surgery.targets import parse_select
 
         text = text.strip()
         groups = text.endswith(":groups")
@@ -197,7 +197,6 @@ class PruneSelection:
             return whole_groups(model.geometry, hs.mean[self.score_id], self.score_id, self.fraction)
         if self.fraction is not None:
             return sorted(hs.least_active(self.score_id, round(self.fraction * model.geometry.n_units)))
-        from lens_heads.surgery.targets import TargetSelector
 
         return TargetSelector(select=f"{self.score_id}{self.op}{self.threshold!r}").resolve(model, inputs=inputs)
 
@@ -208,7 +207,6 @@ def whole_groups(geometry, mean, score_id: str, fraction: float) -> list[Head]:
     no layer loses its last group."""
     import math
 
-    from lens_heads.scores import SCORES
 
     sign = 1.0 if SCORES[score_id].inactive_when == "low" else -1.0
     g = geometry.group_size

@@ -27,6 +27,8 @@ from torch import Tensor
 from lens_heads.cache import cache_dir, cached_tensors
 from lens_heads.engine import forward, row_generator
 from lens_heads.errors import LensHeadsError
+from lens_heads.data import load_texts, pad_batch, tokenize_texts
+from lens_heads.hooks import hook_name
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -68,7 +70,6 @@ class Zero(Replacement):
 
 
 def _texts(corpus: str, n: int) -> list[str]:
-    from lens_heads.data import load_texts
 
     texts = load_texts(corpus, n=n)
     if not texts:
@@ -153,7 +154,6 @@ def parse_replacement(text: str) -> Replacement:
 
 def _z_capture(model: LoadedModel, ids: Tensor, mask: Tensor) -> dict[int, Tensor]:
     """Every layer's ``hook_z`` on ``ids`` (no ablation), on the CPU in float32."""
-    from lens_heads.hooks import hook_name
 
     out: dict[int, Tensor] = {}
 
@@ -169,7 +169,6 @@ def _z_capture(model: LoadedModel, ids: Tensor, mask: Tensor) -> dict[int, Tenso
 def head_means(model: LoadedModel, texts: list[str], max_len: int = MAX_LEN, batch_size: int = 8) -> Tensor:
     """[layer, head, d_head] mean ``hook_z`` over every real token position of ``texts``
     (float64 sums, one streaming pass; heads a pruned layer lacks stay NaN)."""
-    from lens_heads.data import pad_batch, tokenize_texts
 
     g = model.geometry
     seqs = tokenize_texts(model.tokenizer, texts, max_len)
@@ -223,7 +222,6 @@ class ResampleValues:
         self.spec, self._source, self._pool = spec, None, None
 
     def prepare(self, model: LoadedModel, mask: Tensor, row_keys) -> "ResampleValues":
-        from lens_heads.data import pad_batch, tokenize_texts
 
         if self.spec.corpus == "self":
             return self

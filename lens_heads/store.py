@@ -27,6 +27,7 @@ from typing import Any, Iterator, Protocol, TypeVar
 from lens_heads.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
 from lens_heads.keys import Kind, StoreKey, config_key
+from lens_heads.atomic import atomic_path
 
 __all__ = ["ResultStore", "Record", "config_key"]
 
@@ -91,7 +92,6 @@ class ResultStore:
         """Store named tensors atomically (safetensors; the key's configuration in its metadata)."""
         from safetensors.torch import save_file
 
-        from lens_heads.atomic import atomic_path
 
         with atomic_path(self.path(key), make_parents=True) as tmp:
             save_file({k: v.contiguous() for k, v in tensors.items()}, str(tmp),

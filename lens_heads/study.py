@@ -17,6 +17,18 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from lens_heads.heads import Head
+from lens_heads.activations import head_patterns
+from lens_heads.data import load_task, load_texts, tokenize_texts
+from lens_heads.diagnose import Diagnosis, diagnose
+from lens_heads.errors import LensHeadsError
+from lens_heads.interventions import parse_heads
+from lens_heads.models.load import dtype_name, model_digest, spec_digest
+from lens_heads.protocol import resolve_protocol
+from lens_heads.provenance import package_versions
+from lens_heads.report import KEY_SCORE, ReportData, ViewGroup, head_titles, pick_views, write_report
+from lens_heads.scores import resolve_score_ids
+from lens_heads.sweep import SweepConfig, SweepResult, run_sweep, tabulate
+from lens_heads.viz import AttentionView
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -49,7 +61,6 @@ class ModelRef:
     @cached_property
     def digest(self) -> str:
         """The weights' digest (``models.load.source_digest``), without loading them."""
-        from lens_heads.models.load import model_digest, spec_digest
 
         if self.loaded is not None:
             return model_digest(self.loaded)
@@ -60,7 +71,6 @@ class ModelRef:
         """The dtype a load gives ("auto" resolved for this device), without loading."""
         if self.loaded is not None:
             return str(self.loaded.dtype).removeprefix("torch.")
-        from lens_heads.models.load import dtype_name
 
         return dtype_name(self.dtype, self.device)
 
@@ -71,7 +81,6 @@ class ModelRef:
     def sweep(self, cfg, out_dir, task, compute: bool = True, partial: bool = False, progress: bool = False):
         """Run (or resume) the sweep when ``compute``; else its tables from the store alone
         (None when it lacks them; ``partial``: what a sweep still running holds), no model loaded."""
-        from lens_heads.sweep import run_sweep, tabulate
 
         if compute:
             return run_sweep(self.model, cfg, out_dir, task=task, progress=progress)
@@ -87,9 +96,6 @@ def attention_heads(model: LoadedModel, text: str, heads: Sequence[Head] | None 
     """``head_patterns`` rendered as a circuitsvis view (``viz.AttentionView``); ``titles`` adds
     text to each head's name ("L3.H1 | ahon_ln 0.41 | BOS-sink"): a mapping from (layer, head),
     or a list parallel to ``heads``."""
-    from lens_heads.activations import head_patterns
-    from lens_heads.errors import LensHeadsError
-    from lens_heads.viz import AttentionView
 
     if titles is not None and not isinstance(titles, Mapping) and heads is not None and len(titles) != len(heads):
         raise LensHeadsError(f"{len(titles)} titles for {len(heads)} heads")  # before the forward
@@ -134,7 +140,6 @@ VERSION_PACKAGES = ("lens_heads", "torch", "transformer_lens", "transformers", "
 
 def check_report_config(cfg: ReportConfig) -> None:
     """Every setting and named file, before any model work."""
-    from lens_heads.errors import LensHeadsError
 
     out = Path(cfg.out)
     if out.is_dir():
@@ -177,7 +182,6 @@ def report_sweep_dir(cfg: ReportConfig) -> Path:
 
 
 def _check_shape(n_layers: int, n_heads: int, geometry, what: str) -> None:
-    from lens_heads.errors import LensHeadsError
 
     if (n_layers, n_heads) != (geometry.n_layers, geometry.n_heads):
         raise LensHeadsError(f"{what} covers {n_layers} layers x {n_heads} heads but the model has "
@@ -193,14 +197,7 @@ def build_report(cfg: ReportConfig, model: LoadedModel=None, texts: list[str] | 
     import time
     from datetime import datetime, timezone
 
-    from lens_heads.data import load_texts, tokenize_texts
-    from lens_heads.diagnose import Diagnosis, diagnose
-    from lens_heads.errors import LensHeadsError
-    from lens_heads.interventions import parse_heads
-    from lens_heads.provenance import package_versions
-    from lens_heads.report import ReportData, ViewGroup, head_titles, pick_views, write_report
     from lens_heads.scores import HeadScores, score_heads
-    from lens_heads.sweep import SweepResult
 
     t0 = time.time()
     check_report_config(cfg)
@@ -232,7 +229,6 @@ def build_report(cfg: ReportConfig, model: LoadedModel=None, texts: list[str] | 
         sweep = _report_sweep(cfg, ref)
         sources["sweep"] = f"computed on {cfg.task}" + (f", {cfg.limit} questions" if cfg.limit else "")
 
-    from lens_heads.report import KEY_SCORE
 
     text = model.tokenizer.decode(inputs[0][: cfg.view_tokens].tolist(), skip_special_tokens=True)
     titles = head_titles(scores, diagnosis, KEY_SCORE)
@@ -262,10 +258,6 @@ def build_report(cfg: ReportConfig, model: LoadedModel=None, texts: list[str] | 
 
 def _report_sweep(cfg: ReportConfig, ref: ModelRef):
     """Run (or resume) the report's sweep into ``report_sweep_dir(cfg)``."""
-    from lens_heads.data import load_task
-    from lens_heads.protocol import resolve_protocol
-    from lens_heads.scores import resolve_score_ids
-    from lens_heads.sweep import SweepConfig
 
     fractions = {} if cfg.sweep_fractions is None else {"fractions": list(cfg.sweep_fractions)}
     scfg = SweepConfig(task=cfg.task, score_ids=resolve_score_ids(cfg.sweep_scores), limit=cfg.limit,

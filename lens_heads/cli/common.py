@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 from typing import TYPE_CHECKING
+from lens_heads.data.corpora import default_corpus
+from lens_heads.errors import LensHeadsError
+from lens_heads.models.load import check_revision, peek_geometry
+from lens_heads.protocol import BOS_CHOICES, resolve_protocol
+from lens_heads.thresholds import THRESHOLD_RULES
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -29,9 +34,7 @@ def placement_from_args(args) -> dict:
     ``--offload-folder`` / ``--revision`` (checked before anything loads)."""
     import json
 
-    from lens_heads.errors import LensHeadsError
 
-    from lens_heads.models.load import check_revision
 
     device_map = getattr(args, "device_map", None)
     out = {"revision": getattr(args, "revision", None)}
@@ -71,7 +74,6 @@ def config_geometry(args):
     """The model's head geometry from its config alone, before any weights load
     (``models.load.peek_geometry``): head ranges are checked against it; None where reading
     it would need the weights (then they are checked once the model is loaded)."""
-    from lens_heads.models.load import peek_geometry
 
     return peek_geometry(args.model, getattr(args, "revision", None))
 
@@ -85,7 +87,6 @@ def model_from_args(args):
 
 def check_positive(args, *names: str, minimum: int = 1) -> None:
     """``--NAME >= minimum`` for each given option that is set (before anything loads)."""
-    from lens_heads.errors import LensHeadsError
 
     for name in names:
         value = getattr(args, name, None)
@@ -95,7 +96,6 @@ def check_positive(args, *names: str, minimum: int = 1) -> None:
 
 def no_texts(spec) -> "LensHeadsError":
     """The one message for data that yields no text."""
-    from lens_heads.errors import LensHeadsError
 
     return LensHeadsError(f"no texts in {spec!r} (empty data: an empty file, or its text field holds no strings)")
 
@@ -121,7 +121,6 @@ def add_data_args(p: argparse.ArgumentParser, default: str | None = "c4", requir
 def parse_batch_size(text: str) -> int | str:
     """``--batch-size``: a positive integer or ``auto`` (checked with the other arguments, before
     anything loads: ``cli.main`` applies it)."""
-    from lens_heads.errors import LensHeadsError
 
     if str(text).strip().lower() == "auto":
         return "auto"
@@ -137,8 +136,6 @@ def parse_batch_size(text: str) -> int | str:
 def add_protocol_args(p: argparse.ArgumentParser, thresholds: bool = True) -> None:
     """lm-eval's prompt settings, the threshold rule and the paper's preset
     (``lens_heads.protocol``); ``thresholds`` adds the authors' thresholds file."""
-    from lens_heads.protocol import BOS_CHOICES
-    from lens_heads.thresholds import THRESHOLD_RULES
 
     g = p.add_argument_group("protocol", "how prompts are built and thresholds taken; lens_heads' default "
                                          "is lm-eval 0.4.13's defaults and the quantile rule")
@@ -169,7 +166,6 @@ def check_protocol_args(args) -> None:
     and is readable."""
     from pathlib import Path
 
-    from lens_heads.errors import LensHeadsError
 
     file, key = getattr(args, "thresholds_file", None), getattr(args, "thresholds_model", None)
     if (file is None) != (key is None):
@@ -186,7 +182,6 @@ def check_protocol_args(args) -> None:
 
 def protocol_from_args(args, model: LoadedModel):
     """The run's ``Protocol``: the paper's preset or the default, overridden by each given option."""
-    from lens_heads.protocol import resolve_protocol
 
     return resolve_protocol(model, paper=args.paper_protocol, add_bos_token=args.add_bos_token,
                             apply_chat_template=args.apply_chat_template,
@@ -201,7 +196,6 @@ def resolve_default_data(args) -> None:
         return
     import sys
 
-    from lens_heads.data.corpora import default_corpus
 
     args.data, note = default_corpus(str(args.data))
     if note:

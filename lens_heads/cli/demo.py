@@ -20,6 +20,12 @@ from importlib.resources import files
 from pathlib import Path
 
 from lens_heads.errors import LensHeadsError
+from lens_heads.atomic import check_output_dir
+from lens_heads.data import load_task, load_texts, tokenize_texts
+from lens_heads.diagnose import diagnose
+from lens_heads.study import ReportConfig, build_report
+from lens_heads.sweep import SweepConfig, run_sweep
+from lens_heads.thresholds import parse_fractions
 
 DEMO_DATA = files("lens_heads") / "demo_data"
 C4_SAMPLE = "c4_validation_sample.jsonl"
@@ -56,14 +62,8 @@ def _stage(n: int, text: str, t0: float) -> None:
 
 
 def run(args) -> int:
-    from lens_heads.data import load_task, load_texts, tokenize_texts
-    from lens_heads.diagnose import diagnose
-    from lens_heads.study import ReportConfig, build_report
     from lens_heads.scores import resolve_score_ids, score_heads
-    from lens_heads.sweep import SweepConfig, run_sweep
-    from lens_heads.thresholds import parse_fractions
 
-    from lens_heads.atomic import check_output_dir
 
     out = check_output_dir(Path(args.out))
     check_positive(args, "n_inputs", "limit")

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from lens_heads.cli.common import add_data_args, add_model_args, check_positive, model_from_args, no_texts
+from lens_heads.atomic import check_output_file
+from lens_heads.data import load_texts, tokenize_texts
+from lens_heads.diagnose import CLASSES, DiagnosisThresholds, SICK, diagnose, format_band
+from lens_heads.errors import LensHeadsError
 
 
 def register(sub) -> None:
@@ -20,11 +24,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from lens_heads.data import load_texts, tokenize_texts
-    from lens_heads.diagnose import CLASSES, SICK, DiagnosisThresholds, diagnose, format_band
-    from lens_heads.errors import LensHeadsError
 
-    from lens_heads.atomic import check_output_file
 
     # everything that can be checked without the model, before it loads
     if not str(args.out).endswith(".csv"):

@@ -11,6 +11,15 @@ from __future__ import annotations
 from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
                                    config_geometry, model_from_args, protocol_from_args)
+from lens_heads.ablation import parse_ablation
+from lens_heads.atomic import check_output_file
+from lens_heads.data import load_task
+from lens_heads.data.lm_eval_tasks import RollingTask
+from lens_heads.errors import LensHeadsError
+from lens_heads.interventions import ScoreFraction, parse_spec, with_replacement
+from lens_heads.replacement import parse_replacement
+from lens_heads.rolling import evaluate_rolling_task
+from lens_heads.scores import resolve_score_ids
 
 
 def register(sub) -> None:
@@ -42,14 +51,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from lens_heads.data import load_task
-    from lens_heads.errors import LensHeadsError
     from lens_heads.evaluate import evaluate_task
-    from lens_heads.scores import resolve_score_ids
-    from lens_heads.interventions import ScoreFraction, parse_spec
 
-    from lens_heads.ablation import parse_ablation
-    from lens_heads.atomic import check_output_file
 
     # everything that can be checked without the model, before it loads
     if args.out is not None:
@@ -63,7 +66,6 @@ def run(args) -> int:
     elif args.ablate is not None:
         parse_ablation(args.ablate, config_geometry(args))  # syntax, score names and head ranges, before loading
     check_protocol_args(args)
-    from lens_heads.replacement import parse_replacement
 
     replacement = parse_replacement(args.ablate_with)
     if args.ablate is None and str(replacement) != "zero":
@@ -72,7 +74,6 @@ def run(args) -> int:
     if args.thresholds_file is not None and percent is None:
         raise LensHeadsError("--thresholds-file gives thresholds for --ablate score:ID@P% only")
     task = load_task(args.task, include_path=args.include_path, rolling=True)  # bad specs fail before the model
-    from lens_heads.data.lm_eval_tasks import RollingTask
 
     if isinstance(task, RollingTask):
         return run_rolling(args, task, percent)
@@ -126,9 +127,6 @@ def show(args, res, head: str, n: int, what: str) -> int:
 
 def run_rolling(args, task, percent) -> int:
     """An lm-eval perplexity task: its lm-eval metrics under a fixed or per-window ablation."""
-    from lens_heads.ablation import parse_ablation
-    from lens_heads.errors import LensHeadsError
-    from lens_heads.rolling import evaluate_rolling_task
 
     if percent is not None:
         raise LensHeadsError(f"{task.name} is a perplexity task: --ablate score:ID@P% calibrates on multiple-choice "
@@ -138,7 +136,6 @@ def run_rolling(args, task, percent) -> int:
     if args.thresholds_file is not None or args.apply_chat_template:
         raise LensHeadsError(f"{task.name} is a perplexity task: --thresholds-file and --apply-chat-template "
                              "do not apply")
-    from lens_heads.interventions import parse_spec, with_replacement
 
     model = model_from_args(args)
     ablation = None if args.ablate is None else \

@@ -4,6 +4,7 @@ dataset-level AWFT score, docs/methods.md §1, averaged over each layer's heads)
 from __future__ import annotations
 
 from lens_heads.cli.common import DATA_HELP, DefaultCorpus, add_model_args, check_positive, model_from_args, no_texts
+from lens_heads.data import load_texts, tokenize_texts
 
 
 def register(sub) -> None:
@@ -17,7 +18,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from lens_heads.data import load_texts, tokenize_texts
     from lens_heads.scores import score_heads
 
     check_positive(args, "n_inputs")

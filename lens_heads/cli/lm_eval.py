@@ -11,6 +11,11 @@ checked before the model loads; nothing is written unless the whole run succeeds
 from __future__ import annotations
 
 from lens_heads.cli.common import add_model_args, check_positive, config_geometry, model_from_args
+from lens_heads.ablation import parse_ablation
+from lens_heads.atomic import atomic_write_all, check_output_dir
+from lens_heads.data.lm_eval_tasks import build_error, check_answers, check_metric_names, check_metrics, lm_eval_silenced, quiet_lm_eval, unknown_task, yaml_relative_files
+from lens_heads.errors import LensHeadsError
+from lens_heads.interventions import parse_spec
 
 
 def register(sub) -> None:
@@ -34,8 +39,6 @@ def register(sub) -> None:
 def _task_manager(include_path):
     from pathlib import Path
 
-    from lens_heads.data.lm_eval_tasks import quiet_lm_eval, yaml_relative_files
-    from lens_heads.errors import LensHeadsError
 
     if include_path is not None and not Path(include_path).is_dir():
         raise LensHeadsError(f"--include-path {include_path}: no such folder")
@@ -55,8 +58,6 @@ def resolve_tasks(manager, spec: str) -> list[str]:
     """The names in ``--tasks``, glob patterns expanded; one error for the first unknown one."""
     from pathlib import Path
 
-    from lens_heads.data.lm_eval_tasks import unknown_task
-    from lens_heads.errors import LensHeadsError
 
     names = [n.strip() for n in spec.split(",") if n.strip()]
     if not names:
@@ -82,8 +83,6 @@ def build_tasks(manager, names: list[str], limit: int | None = None) -> list:
     take fails early."""
     import datasets
 
-    from lens_heads.data.lm_eval_tasks import build_error, check_answers, check_metric_names, check_metrics, \
-        lm_eval_silenced
 
     built = []
     bars = datasets.is_progress_bar_enabled()
@@ -148,10 +147,6 @@ def run(args) -> int:
     import os
     from pathlib import Path
 
-    from lens_heads.ablation import parse_ablation
-    from lens_heads.atomic import atomic_write_all, check_output_dir
-    from lens_heads.errors import LensHeadsError
-    from lens_heads.interventions import parse_spec
 
     # everything that can be checked without the model, before it loads
     check_positive(args, "limit", "batch_size")

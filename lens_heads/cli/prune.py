@@ -5,6 +5,10 @@ from __future__ import annotations
 
 from lens_heads.cli.common import add_data_args, add_model_args, check_positive, config_geometry, model_from_args, \
     no_texts
+from lens_heads.atomic import check_output_dir
+from lens_heads.errors import LensHeadsError
+from lens_heads.interventions import parse_heads
+from lens_heads.prune import PruneSelection, REPORT_FILE, check_prunable, prune, save_pruned
 
 
 def register(sub) -> None:
@@ -31,10 +35,6 @@ def run(args) -> int:
     import json
     import time
 
-    from lens_heads.atomic import check_output_dir
-    from lens_heads.errors import LensHeadsError
-    from lens_heads.interventions import parse_heads
-    from lens_heads.prune import REPORT_FILE, PruneSelection, check_prunable, prune, save_pruned
 
     # every check that needs no model first; nothing is written until they pass
     check_output_dir(args.out)

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from lens_heads.cli.common import add_data_args, add_model_args, add_protocol_args, check_protocol_args
+from lens_heads.atomic import check_output_dir, check_output_file
+from lens_heads.data import load_texts
+from lens_heads.errors import LensHeadsError
+from lens_heads.study import ReportConfig, build_report
 
 
 def register(sub) -> None:
@@ -30,13 +34,9 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from lens_heads.study import ReportConfig, build_report
 
     from pathlib import Path
 
-    from lens_heads.atomic import check_output_dir, check_output_file
-    from lens_heads.data import load_texts
-    from lens_heads.errors import LensHeadsError
 
     # everything that can be checked without the model, before it loads
     check_protocol_args(args)

@@ -11,6 +11,10 @@ from pathlib import Path
 
 from lens_heads.cli.common import add_data_args, add_model_args, check_positive, model_from_args, no_texts
 from lens_heads.scores.functions import question_level
+from lens_heads.atomic import check_output_file
+from lens_heads.data import load_task, load_texts, tokenize_texts
+from lens_heads.errors import LensHeadsError
+from lens_heads.scores import HeadScores, SCORES
 
 
 def register(sub) -> None:
@@ -29,12 +33,8 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from lens_heads.data import load_texts, tokenize_texts
-    from lens_heads.errors import LensHeadsError
     from lens_heads.scores import resolve_score_ids, score_heads
 
-    from lens_heads.atomic import check_output_file
-    from lens_heads.scores import HeadScores
 
     # everything that can be checked without the model, before it loads
     out = Path(args.out)
@@ -66,9 +66,6 @@ def run(args) -> int:
 
 def run_on_task(args, out, ids: list[str]) -> int:
     """A question-level score on a task's questions (its registry entry's ``on_task``)."""
-    from lens_heads.data import load_task
-    from lens_heads.errors import LensHeadsError
-    from lens_heads.scores import SCORES
 
     if len(ids) != 1:
         raise LensHeadsError(f"--scores {args.scores}: a question-level score ({', '.join(question_level(ids))}) "

@@ -14,6 +14,17 @@ import dataclasses
 from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
                                    config_geometry, model_from_args, protocol_from_args)
+from lens_heads.ablation import parse_ablation
+from lens_heads.data import load_task
+from lens_heads.errors import LensHeadsError
+from lens_heads.scores import resolve_score_ids
+from lens_heads.store import ResultStore
+from lens_heads.study import ModelRef
+from lens_heads.sweep import SweepConfig, run_sweep, tabulate
+from lens_heads.sweep.executors import LocalConfig, RayConfig, SlurmConfig, in_process_message, in_process_only
+from lens_heads.sweep.result import check_same_weights
+from lens_heads.sweep.run import check_one_weights
+from lens_heads.thresholds import parse_fractions
 
 
 def register(sub) -> None:
@@ -83,7 +94,6 @@ def register(sub) -> None:
 
 def parse_shard(text: str) -> tuple[int, int]:
     """``I/N`` (0 <= I < N) -> (I, N)."""
-    from lens_heads.errors import LensHeadsError
 
     i, _, n = text.partition("/")
     if not (i.strip().isdigit() and n.strip().isdigit()) or not 0 <= int(i) < int(n):
@@ -98,7 +108,6 @@ def _executor_config(args):
     """(name, config, n_shards) of the executor the arguments ask for; None for a plain local run
     (this process). ``--workers N`` (N > 1) without ``--executor`` is the local executor with N
     worker processes."""
-    from lens_heads.sweep.executors import LocalConfig, RayConfig, SlurmConfig
 
     if args.executor == "local":
         if args.shard is not None:
@@ -119,12 +128,6 @@ def _executor_config(args):
 
 
 def run(args) -> int:
-    from lens_heads.ablation import parse_ablation
-    from lens_heads.data import load_task
-    from lens_heads.errors import LensHeadsError
-    from lens_heads.scores import resolve_score_ids
-    from lens_heads.sweep import SweepConfig, run_sweep
-    from lens_heads.thresholds import parse_fractions
 
     # cheap checks first, then the task, then the model; nothing is written until all pass
     fractions = parse_fractions(args.fractions)
@@ -154,7 +157,6 @@ def run(args) -> int:
     check_positive(args, "slurm_retries", "gpus_per_task", minimum=0)
     if args.gpus_per_worker < 0:
         raise LensHeadsError(f"--gpus-per-worker must be >= 0, got {args.gpus_per_worker}")
-    from lens_heads.sweep.executors import in_process_message, in_process_only
 
     if args.shard is not None and args.executor != "local":
         raise LensHeadsError("--shard is for launching local processes by hand; ray and slurm split the units "
@@ -227,10 +229,6 @@ def check_weights_before_load(args, cfg, task) -> None:
     they load (the launcher does the same; ``run_sweep`` checks again with the loaded model)."""
     from pathlib import Path
 
-    from lens_heads.store import ResultStore
-    from lens_heads.study import ModelRef
-    from lens_heads.sweep.result import check_same_weights
-    from lens_heads.sweep.run import check_one_weights
 
     out = Path(args.out)
     if not out.is_dir() or not any(out.iterdir()):
@@ -247,10 +245,6 @@ def show_status(args, cfg, task) -> int:
     """What ``--out`` holds of this sweep, read from the store alone (whatever executor or
     processes fill it): units and points stored, the complete curves. No weights are loaded
     (but for ``--paper-protocol``, whose settings depend on the model)."""
-    from lens_heads.errors import LensHeadsError
-    from lens_heads.store import ResultStore
-    from lens_heads.study import ModelRef
-    from lens_heads.sweep import tabulate
     from lens_heads.sweep.run import stored_plan
 
     ref = ModelRef(args.model, args.dtype, args.device, revision=args.revision)
@@ -275,7 +269,6 @@ def show_status(args, cfg, task) -> int:
 def run_scaled(args, cfg, scale) -> int:
     """The sweep on an executor (or as one --shard): planned, merged and tabulated here with no
     weights loaded; the workers load the model."""
-    from lens_heads.errors import LensHeadsError
     from lens_heads.sweep.executors import job_for, launch
 
     name, config, n_shards = scale

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from lens_heads.errors import LensHeadsError
 
 DATA_ENV = "LENS_HEADS_DATA"
 
@@ -58,7 +59,6 @@ def hub_offline() -> bool:
 
 def load_hub_dataset(path: str, name: str | None, split: str, *, streaming: bool = False, what: str = ""):
     """``datasets.load_dataset`` with one clear LensHeadsError on failure (offline, typo...)."""
-    from lens_heads.errors import LensHeadsError
 
     label = f"{path}" + (f" ({name})" if name else "") + f" split={split!r}"
     try:

@@ -25,6 +25,9 @@ import torch
 from lens_heads.errors import LensHeadsError
 from lens_heads.models import zoo
 from lens_heads.models.geometry import HeadGeometry
+from lens_heads.data.paths import hub_offline
+from lens_heads.hooks import booting_pruned, bridge_made_parameters, pin_rotary_dtype, probe_shapes
+from lens_heads.models.gguf_size import Truncated, declared_size
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -143,7 +146,6 @@ class LoadedModel:
 
     def parameter_count(self) -> int:
         """The model's own parameters (offloaded ones too), not the copies the bridge makes."""
-        from lens_heads.hooks import bridge_made_parameters
 
         made = bridge_made_parameters(self.bridge)
         return sum(p.numel() for p in self.hf_model.parameters() if id(p) not in made)
@@ -237,7 +239,6 @@ def _quiet():
 
 def _gguf_shortfall(path: Path) -> str | None:
     """A message when the GGUF file is shorter than its header declares (or its header is cut)."""
-    from lens_heads.models.gguf_size import Truncated, declared_size
 
     size = path.stat().st_size
     try:
@@ -430,7 +431,6 @@ def boot(model: PreTrainedModel, tokenizer, source: ModelSource, dtype, device) 
     """Wrap an HF model in a TransformerLens bridge (in place: the bridge owns its modules)."""
     from transformer_lens.model_bridge import TransformerBridge
 
-    from lens_heads.hooks import booting_pruned, pin_rotary_dtype, probe_shapes
 
     geometry = HeadGeometry.from_config(model.config)
     try:
@@ -463,7 +463,6 @@ def resolve_revision(repo_id: str, revision: str | None) -> tuple[str, str | Non
         return folder, Path(folder).name
     except (LocalEntryNotFoundError, FileNotFoundError, OSError, ValueError):
         pass
-    from lens_heads.data.paths import hub_offline
 
     if hub_offline():
         raise LensHeadsError(f"{repo_id}@{revision or 'main'} is not in the local HF cache and HF_HUB_OFFLINE=1: "

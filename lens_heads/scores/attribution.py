@@ -27,6 +27,15 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.engine import forward
 from lens_heads.hooks import hook_name
 from lens_heads.scores.functions import ScoreFn, register_score
+from lens_heads.cache import cache_dir, cached_tensors
+from lens_heads.data import load_task
+from lens_heads.engine import encode_pair
+from lens_heads.hashing import sha256_bytes
+from lens_heads.models.load import model_digest
+from lens_heads.progress import progress_bar
+from lens_heads.replacement import Mean, MeanValues, Zero, parse_replacement
+from lens_heads.scores.dataset import HeadScores
+from lens_heads.task_requests import chat_format, select_records, task_requests
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -69,7 +78,6 @@ def atp_effects(model: LoadedModel, context_ids: list[int], continuation_ids: li
 def _runtime(replacement):
     """The replacement runtime atp's Δz uses: None for zero, a mean's values (computed now);
     a resample source differs per input, so it has no first-order table."""
-    from lens_heads.replacement import Mean, MeanValues, Zero, parse_replacement
 
     if replacement is None or isinstance(replacement, MeanValues):
         return replacement
@@ -88,12 +96,6 @@ def atp_table(model: LoadedModel, task, records, n_shot: int, seed: int, replace
     zeroed or replaced by ``replacement`` (a mean spec or runtime). One forward + backward per
     question, cached on disk per question (``lens_heads.cache``, ``atp/``): the key is the
     weights' digest, the dtype, the exact context and continuation, and the replacement."""
-    from lens_heads.cache import cache_dir, cached_tensors
-    from lens_heads.engine import encode_pair
-    from lens_heads.task_requests import chat_format, task_requests
-    from lens_heads.hashing import sha256_bytes
-    from lens_heads.models.load import model_digest
-    from lens_heads.progress import progress_bar
 
     runtime = _runtime(replacement)
     if runtime is not None:
@@ -122,10 +124,6 @@ def atp_scores(model: LoadedModel, task, n_shot: int | None = None, limit: int |
     """``HeadScores`` of ``atp`` on ``task``'s questions (the gold answer's log-likelihood): per
     input (question, in ``select_records`` order) the score ``|atp|``, dataset-level its mean;
     ``meta["signed_mean"]`` is the mean of the signed estimate."""
-    from lens_heads.data import load_task
-    from lens_heads.task_requests import select_records
-    from lens_heads.models.load import model_digest
-    from lens_heads.scores.dataset import HeadScores
 
     task = load_task(task) if isinstance(task, str) else task
     k = task.spec.n_shot if n_shot is None else n_shot

@@ -12,6 +12,8 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.protocol import Protocol
 from lens_heads.scores.functions import SCORES
 from lens_heads.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fraction
+from lens_heads.batching import parse_batch_size
+from lens_heads.keys import RunIdentity
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -117,7 +119,6 @@ class SweepConfig:
             raise LensHeadsError(f"n_shot must be >= 0, got {self.n_shot}")
         if any(s < 0 for s in self.random_seeds):
             raise LensHeadsError("random seeds must be >= 0")
-        from lens_heads.batching import parse_batch_size
 
         self._set("batch_size", parse_batch_size(self.batch_size))
         if self.chunk_questions is not None and self.chunk_questions < 1:
@@ -165,13 +166,11 @@ class SweepConfig:
 
     def identity(self, model: LoadedModel, task):
         """The ``keys.RunIdentity`` of this sweep on a loaded model."""
-        from lens_heads.keys import RunIdentity
 
         return RunIdentity.of(model, task, self.task, self.n_shot, self.limit, self.seed, self.protocol)
 
     def identity_for(self, model_digest: str, dtype: str, task):
         """The same without a loaded model: from the weights' digest and the dtype."""
-        from lens_heads.keys import RunIdentity
 
         return RunIdentity.build(model_digest, dtype, task, self.task, self.n_shot, self.limit, self.seed,
                                  self.protocol)

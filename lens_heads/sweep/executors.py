@@ -35,6 +35,18 @@ from typing import TYPE_CHECKING, Protocol, Sequence
 from lens_heads.errors import LensHeadsError
 from lens_heads.registry import Registry
 from lens_heads.sweep.units import UnitRef, Worker, SweepJob
+from lens_heads.data import load_task
+from lens_heads.models.load import dtype_name, model_digest, resolve_source, spec_digest
+from lens_heads.progress import progress_bar
+from lens_heads.scores.functions import SCORES
+from lens_heads.store import ResultStore
+from lens_heads.sweep import run
+from lens_heads.sweep.plan import static_key, static_rankings, stored_static
+from lens_heads.sweep.records import PointRecord
+from lens_heads.sweep.result import SweepResult
+from lens_heads.sweep.run import CLAIM_POLL_S, check_sweep
+from lens_heads.sweep.stats import tables
+from lens_heads.sweep.units import merge_score_shards, shard_key
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -233,7 +245,6 @@ class RaySession:
         self.pool = ActorPool(self.actors)
 
     def run(self, refs: Sequence[UnitRef]) -> None:
-        from lens_heads.sweep.run import CLAIM_POLL_S
 
         pending = [str(r) for r in refs]
         while pending:
@@ -384,7 +395,6 @@ def job_for(model: str, dtype: str, device: str, cfg, out_dir, include_path=None
             revision: str | None = None) -> SweepJob:
     """A ``SweepJob`` from a model spec, with the weights' digest, the concrete dtype (``auto``
     resolved here, so every worker loads the same) and a hub id's commit; no model loaded."""
-    from lens_heads.models.load import dtype_name, resolve_source, spec_digest
 
     commit = resolve_source(model, revision).revision if revision is not None else None
     return SweepJob(str(model), dtype_name(dtype, device), device, cfg, str(out_dir), spec_digest(model, revision),
@@ -394,7 +404,6 @@ def job_for(model: str, dtype: str, device: str, cfg, out_dir, include_path=None
 def in_process_only(cfg) -> list[str]:
     """The per-input score ids of ``cfg`` whose scoring pass the executors' shards cannot split
     (the registry's ``shardable``): only one process runs such a sweep."""
-    from lens_heads.scores.functions import SCORES
 
     return [s for s in cfg.score_ids if s in SCORES and not SCORES[s].shardable]
 
@@ -419,8 +428,6 @@ class InProcessSession:
         self.model, self.task, self.job, self.progress = model, task, job, progress
 
     def run(self, refs: Sequence[UnitRef]) -> None:
-        from lens_heads.store import ResultStore
-        from lens_heads.sweep import run
 
         phases = {r.phase for r in refs}
         model, task, cfg, store = self.model, self.task, self.job.cfg, ResultStore(self.job.out_dir)
@@ -442,8 +449,6 @@ def run_sweep(model: LoadedModel, cfg, out_dir, task=None, progress: bool = True
     in-process executor (one driver for every executor) -- its thresholds, every missing unit,
     the two tables (``summary.csv`` and ``within_1pt.csv`` in ``out_dir``). Returns the
     ``SweepResult``."""
-    from lens_heads.models.load import dtype_name, model_digest
-    from lens_heads.sweep.run import check_sweep
 
     task = check_sweep(model, cfg, task)
     job = SweepJob(model.name, dtype_name(model.dtype), str(model.device), cfg, str(out_dir), model_digest(model))
@@ -456,14 +461,7 @@ def launch(job: SweepJob, executor: str = "local", config=None, progress: bool =
     the part units, the points and the tables (``summary.csv``, ``within_1pt.csv``), loading no
     weights in this process (but for ``local``, whose worker is this process, and an
     ``InProcessSession``: ``run_sweep``). ``task``: the loaded task (default: ``job.cfg.task``)."""
-    from lens_heads.data import load_task
-    from lens_heads.store import ResultStore
-    from lens_heads.sweep.plan import static_key, static_rankings, stored_static
-    from lens_heads.sweep.records import PointRecord
-    from lens_heads.sweep.result import SweepResult
     from lens_heads.sweep.run import check_one_weights, merge_point, read_thresholds, stored_plan
-    from lens_heads.sweep.stats import tables
-    from lens_heads.sweep.units import merge_score_shards, shard_key
 
     t0 = time.perf_counter()
     cfg = job.cfg
@@ -541,7 +539,6 @@ class _watch:
                    for i, k in enumerate(self.keys))
 
     def _loop(self):
-        from lens_heads.progress import progress_bar
 
         bar = progress_bar(len(self.keys), self.desc, enabled=True, unit="unit", leave=True)
         try:

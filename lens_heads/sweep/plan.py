@@ -21,6 +21,8 @@ from lens_heads.store import ResultStore
 from lens_heads.sweep.config import BASELINE, RANDOM, SEEDED, STATIC_RANDOM, PointId, SweepConfig, static_name
 from lens_heads.sweep.records import StaticScoresRecord, Thresholds, ThresholdsRecord
 from lens_heads.thresholds import score_ablation_spec
+from lens_heads.scores.dataset import inactive_when, least_active
+from lens_heads.task_requests import select_records
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,6 @@ def static_heads(values, inactive_when: str, fraction: float) -> StaticHeads | N
     """The ``ceil(fraction * n_heads)`` least active heads by ``values`` ([layer][head]; NaN
     -- a head a pruned layer lacks -- last, never chosen); None when that is no head. The sets of
     one ranking are nested: each fraction's contains the smaller fractions' (docs/methods.md §2)."""
-    from lens_heads.scores.dataset import least_active
 
     order = least_active(values, inactive_when)
     defined = [lh for lh in order if math.isfinite(float(values[lh[0]][lh[1]]))]
@@ -66,7 +67,6 @@ def static_heads(values, inactive_when: str, fraction: float) -> StaticHeads | N
 
 
 def _static_points(cfg: SweepConfig, static: StaticScores) -> list[SweepPoint]:
-    from lens_heads.scores.dataset import inactive_when
 
     pts = []
     for sid in cfg.static_ids:
@@ -240,7 +240,6 @@ class SweepPlan:
     @classmethod
     def build(cls, identity: RunIdentity, cfg: SweepConfig, task, thresholds: Thresholds,
               static: StaticScores | None = None) -> "SweepPlan":
-        from lens_heads.task_requests import select_records
 
         points = plan_points(cfg, thresholds, static)
         return cls(identity, cfg, thresholds, points, compute_order(points, cfg.first),

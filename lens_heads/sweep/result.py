@@ -10,6 +10,7 @@ import pandas as pd
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.sweep.records import PointRecord, Thresholds
+from lens_heads.atomic import atomic_write_all
 
 SUMMARY, WITHIN = "summary.csv", "within_1pt.csv"
 SUMMARY_REQUIRED = ("score_fn", "fraction", "pct_zeroed", "accuracy")
@@ -57,7 +58,6 @@ class SweepResult:
 
     def save(self, folder: str | os.PathLike) -> Path:
         """Write ``summary.csv`` and ``within_1pt.csv`` into ``folder``, both or neither."""
-        from lens_heads.atomic import atomic_write_all
 
         out = Path(folder)
         out.mkdir(parents=True, exist_ok=True)

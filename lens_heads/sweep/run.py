@@ -25,6 +25,11 @@ from lens_heads.sweep.plan import PartUnit, StaticScores, SweepPlan, plan_points
 from lens_heads.sweep.records import PointRecord, StaticScoresRecord, Thresholds
 from lens_heads.sweep.result import SweepResult, check_same_weights
 from lens_heads.sweep.stats import point_summary, tables
+from lens_heads.ablation import parse_ablation
+from lens_heads.data import load_task
+from lens_heads.scores.functions import input_level, question_level
+from lens_heads.task_requests import task_inputs
+from lens_heads.thresholds import thresholds_of
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -74,10 +79,7 @@ def scoring_pass(model: LoadedModel, task, cfg: SweepConfig, progress: bool,
     ``n_inputs`` counts them) and each question-level score over the questions' gold requests,
     with the sweep's replacement (docs/methods.md §3); and the dataset-level means of
     ``rankings`` (score ids, ``random@SEED``) that static curves rank heads by."""
-    from lens_heads.task_requests import task_inputs
     from lens_heads.scores import SCORES, score_heads
-    from lens_heads.scores.functions import input_level, question_level
-    from lens_heads.thresholds import thresholds_of
 
     rule = cfg.protocol.threshold_rule
     hook_ids = input_level(cfg.score_ids)
@@ -190,7 +192,6 @@ class Outcome(str, Enum):
 def run_unit(model: LoadedModel, task, plan: SweepPlan, unit: PartUnit, store: ResultStore) -> Outcome:
     """Evaluate one part and store it, unless it (or its point) is stored or another live
     process holds it."""
-    from lens_heads.ablation import parse_ablation
     from lens_heads.evaluate import evaluate_task
 
     if store.has(unit.key) or store.has(unit.point):
@@ -253,8 +254,6 @@ def check_one_weights(store, identity) -> None:
 def check_sweep(model: LoadedModel, cfg: SweepConfig, task):
     """The sweep's task (loaded from ``cfg.task`` unless given), its extra ablations checked
     against the model, before anything is written."""
-    from lens_heads.ablation import parse_ablation
-    from lens_heads.data import load_task
 
     cfg.validate()
     task = task if task is not None else load_task(cfg.task)

@@ -35,6 +35,11 @@ from lens_heads.sweep.config import SweepConfig
 from lens_heads.sweep.plan import SweepPlan, put_thresholds, thresholds_key
 from lens_heads.sweep.records import ThresholdsRecord
 from lens_heads.sweep.run import Outcome
+from lens_heads.scores import SCORES
+from lens_heads.sweep.plan import stored_thresholds
+from lens_heads.sweep.run import CLAIM_POLL_S
+from lens_heads.task_requests import task_inputs
+from lens_heads.thresholds import scoring_shards, thresholds_from_scores
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -73,9 +78,7 @@ def run_score_shard(model: LoadedModel, task, identity: RunIdentity, cfg: SweepC
                     n_shards: int) -> Outcome:
     """Score shard ``index`` of ``n_shards`` and store its per-input scores (with their input
     positions), unless it or the thresholds are stored or another live process holds it."""
-    from lens_heads.task_requests import task_inputs
     from lens_heads.scores import score_heads
-    from lens_heads.thresholds import scoring_shards
 
     key, done = shard_key(identity, cfg, index, n_shards), thresholds_key(identity, cfg)
     if store.has(key) or store.has(done):
@@ -106,9 +109,6 @@ def merge_score_shards(store: ResultStore, identity: RunIdentity, cfg: SweepConf
     pooled exactly as ``compute_thresholds`` pools them."""
     import torch
 
-    from lens_heads.scores import SCORES
-    from lens_heads.sweep.plan import stored_thresholds
-    from lens_heads.thresholds import thresholds_from_scores
 
     rec = stored_thresholds(store, identity, cfg)
     if rec is not None:
@@ -236,7 +236,6 @@ class Worker:
         is stored; the number this worker computed."""
         import time
 
-        from lens_heads.sweep.run import CLAIM_POLL_S
 
         before, pending = self.computed, list(refs)
         while pending:
