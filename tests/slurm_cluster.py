@@ -73,6 +73,7 @@ def single_node_slurm(folder: Path, cpus: int = 2, timeout_s: float = 60.0):
         _wait(node_idle, timeout_s, "slurmd", folder / "slurmd.log")
         yield env
     finally:
+        _cancel_jobs(env if procs else None)  # no job step (srun, slurmstepd) outlives the cluster
         for p in reversed(procs):
             p.terminate()
         for p in procs:
@@ -80,6 +81,21 @@ def single_node_slurm(folder: Path, cpus: int = 2, timeout_s: float = 60.0):
                 p.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 p.kill()
+
+
+def _cancel_jobs(env: dict | None, timeout_s: float = 30.0) -> None:
+    """Cancel every job of this cluster and wait until none is left (before its daemons stop)."""
+    if env is None or shutil.which("scancel") is None:
+        return
+    subprocess.run(["scancel", "--full", "--user", str(os.getuid())], env=env, capture_output=True, timeout=30)
+
+    def none_left() -> bool:
+        out = subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True, timeout=30)
+        return out.returncode != 0 or not out.stdout.strip()
+
+    deadline = time.time() + timeout_s
+    while time.time() < deadline and not none_left():
+        time.sleep(0.5)
 
 
 def _wait(ready, timeout_s: float, what: str, log: Path) -> None:
