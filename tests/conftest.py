@@ -104,7 +104,13 @@ def tiny_model_dir(tmp_path_factory, tiny_tokenizer_dir):
                                                          attn_implementation="eager")
                 _randomise(model)
             folder = tmp_path_factory.mktemp(f"tiny-{arch}")
-            model.save_pretrained(folder)
+            from transformers.utils import logging as hf_logging
+
+            hf_logging.disable_progress_bar()  # built inside whichever test asks first: its stderr stays its own
+            try:
+                model.save_pretrained(folder)
+            finally:
+                hf_logging.enable_progress_bar()
             tok.save_pretrained(folder)
             cache[arch] = folder
         return cache[arch]
