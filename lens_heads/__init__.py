@@ -33,7 +33,7 @@ from lens_heads.activations import HeadPatterns, head_patterns  # noqa: E402
 def __getattr__(name):
     """``lens_heads.LensHeadsLM`` on first use: it needs lm-eval, an optional dependency."""
     if name == "LensHeadsLM":
-        from lens_heads.lm_eval_model import LensHeadsLM
+        from lens_heads.lm_eval_model import LensHeadsLM  # lm-eval is optional: imported when used
 
         return LensHeadsLM
     raise AttributeError(f"module 'lens_heads' has no attribute {name!r}")

@@ -140,7 +140,7 @@ class LensHeadsLM(LM):
         if getattr(probe, "needs_task", False):
             raise LensHeadsError(f"ablation {probe.name}: {NEEDS_TASK}")
         if isinstance(pretrained, (str, os.PathLike)):
-            from lens_heads.models import load_model
+            from lens_heads.models import load_model  # looked up when called: tests replace it to catch the work
 
             pretrained = load_model(pretrained, dtype=dtype or "float32", device=device or "cpu")
         elif not hasattr(pretrained, "bridge") or not hasattr(pretrained, "geometry"):

@@ -190,7 +190,7 @@ class PruneSelection:
 
     def resolve(self, model: LoadedModel, inputs) -> list[Head]:
         """The heads this selection removes from ``model``, scored on ``inputs``."""
-        from lens_heads.scores import score_heads
+        from lens_heads.scores import score_heads  # looked up when called: tests replace it to catch the work
 
         hs = score_heads(model, inputs, [self.score_id], progress=False)
         if self.fraction is not None and self.groups:

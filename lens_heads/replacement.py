@@ -29,6 +29,8 @@ from lens_heads.engine import forward, row_generator
 from lens_heads.errors import LensHeadsError
 from lens_heads.data import load_texts, pad_batch, tokenize_texts
 from lens_heads.hooks import hook_name
+from lens_heads.hashing import sha256_bytes
+from lens_heads.models.load import model_digest
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -195,8 +197,6 @@ class MeanValues:
 
     def means(self, model: LoadedModel) -> Tensor:
         if self._means is None or self._model is not model:
-            from lens_heads.hashing import sha256_bytes
-            from lens_heads.models.load import model_digest
 
             texts = _texts(self.spec.corpus, self.spec.n)
             key = sha256_bytes([json.dumps([model_digest(model), str(model.dtype), texts, MAX_LEN]).encode()])[:32]

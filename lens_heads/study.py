@@ -29,6 +29,7 @@ from lens_heads.report import KEY_SCORE, ReportData, ViewGroup, head_titles, pic
 from lens_heads.scores import resolve_score_ids
 from lens_heads.sweep import SweepConfig, SweepResult, run_sweep, tabulate
 from lens_heads.viz import AttentionView
+from lens_heads.prune import read_prune_report
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -52,7 +53,7 @@ class ModelRef:
     def model(self):
         """The loaded model (loaded on first use)."""
         if self.loaded is None:
-            from lens_heads.models import load_model
+            from lens_heads.models import load_model  # looked up when called: tests replace it to catch the work
 
             self.loaded = load_model(self.spec, dtype=self.dtype, device=self.device, revision=self.revision,
                                      **self.placement)
@@ -158,13 +159,10 @@ def check_report_config(cfg: ReportConfig) -> None:
     if cfg.limit is not None and not cfg.task:
         raise LensHeadsError("--limit needs --task")
     if cfg.task and not cfg.sweep:
-        from lens_heads.data import load_task
-        from lens_heads.scores import resolve_score_ids
 
         resolve_score_ids(cfg.sweep_scores)
         load_task(cfg.task)  # an unknown task fails here, before the model is loaded
     if cfg.prune_run is not None:
-        from lens_heads.prune import read_prune_report
 
         read_prune_report(cfg.prune_run)
     if cfg.sweep is not None:
@@ -197,7 +195,7 @@ def build_report(cfg: ReportConfig, model: LoadedModel=None, texts: list[str] | 
     import time
     from datetime import datetime, timezone
 
-    from lens_heads.scores import HeadScores, score_heads
+    from lens_heads.scores import HeadScores, score_heads  # looked up when called: tests replace it to catch the work
 
     t0 = time.time()
     check_report_config(cfg)
@@ -247,7 +245,6 @@ def build_report(cfg: ReportConfig, model: LoadedModel=None, texts: list[str] | 
     }
     pruning = None
     if cfg.prune_run is not None:
-        from lens_heads.prune import read_prune_report
 
         pruning = read_prune_report(cfg.prune_run)
     data = ReportData(model.name, scores, diagnosis, sweep, views, text,

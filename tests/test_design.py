@@ -305,3 +305,17 @@ def test_every_forward_goes_through_the_engine():
     direct = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "hooks.py"
                     and re.search(r"\.bridge(\.run_with_hooks)?\(", p.read_text()))
     assert direct == []
+
+
+def test_an_import_inside_a_function_says_why():
+    """Project imports sit at the top of their modules; one inside a function carries a comment
+    saying why (lm-eval stays optional, or the name is looked up when called)."""
+    bare = []
+    for p in PACKAGE.rglob("*.py"):
+        lines = p.read_text().splitlines()
+        for f in ast.walk(ast.parse(p.read_text())):
+            if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                bare += [f"{p.relative_to(PACKAGE)}:{n.lineno}" for n in ast.walk(f) if isinstance(n, ast.ImportFrom)
+                         and n.level == 0 and (n.module or "").startswith("lens_heads")
+                         and "#" not in lines[n.end_lineno - 1]]
+    assert bare == []

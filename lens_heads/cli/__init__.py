@@ -11,6 +11,7 @@ import argparse
 import importlib
 import sys
 
+from lens_heads.cli.common import parse_batch_size, placement_from_args, resolve_default_data
 from lens_heads.errors import LensHeadsError
 
 COMMANDS = ["info", "score", "evaluate", "sweep", "diagnose", "repair", "prune", "report", "demo", "lm-eval"]
@@ -45,15 +46,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(join_dash_values(sys.argv[1:] if argv is None else list(argv)))
     try:
         if isinstance(getattr(args, "batch_size", None), str):  # "auto" or a number, before any work
-            from lens_heads.cli.common import parse_batch_size
-
             args.batch_size = parse_batch_size(args.batch_size)
-        from lens_heads.cli.common import resolve_default_data
-
         resolve_default_data(args)  # --data left at c4: the shipped sample when no local copy exists
         if hasattr(args, "device_map"):  # the model's placement flags, checked before any work
-            from lens_heads.cli.common import placement_from_args
-
             placement_from_args(args)
         return int(args.func(args) or 0)
     except LensHeadsError as exc:

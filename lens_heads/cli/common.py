@@ -80,7 +80,7 @@ def config_geometry(args):
 
 def model_from_args(args):
     """The model the arguments name, placed as they say."""
-    from lens_heads.models import load_model
+    from lens_heads.models import load_model  # looked up when called: tests replace it to catch the work
 
     return load_model(args.model, dtype=args.dtype, device=args.device, **placement_from_args(args))
 

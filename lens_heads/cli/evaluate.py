@@ -20,6 +20,9 @@ from lens_heads.interventions import ScoreFraction, parse_spec, with_replacement
 from lens_heads.replacement import parse_replacement
 from lens_heads.rolling import evaluate_rolling_task
 from lens_heads.scores import resolve_score_ids
+from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
+from lens_heads.task_requests import task_inputs
+from lens_heads.thresholds import calibrated_spec, score_ablation_spec
 
 
 def register(sub) -> None:
@@ -51,7 +54,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.evaluate import evaluate_task  # looked up when called: tests replace it to catch the work
 
 
     # everything that can be checked without the model, before it loads
@@ -79,7 +82,6 @@ def run(args) -> int:
         return run_rolling(args, task, percent)
     task.check_fewshot(args.n_shot, args.seed)  # so does a few-shot pool too small for --n-shot
     if args.thresholds_file is not None:
-        from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
 
         table = thresholds_for_sweep(load_authors_thresholds(args.thresholds_file, task.name, args.thresholds_model),
                                      [percent[0]], [percent[1]], args.thresholds_file)
@@ -87,14 +89,11 @@ def run(args) -> int:
     protocol = protocol_from_args(args, model)
     ablation, spec = None, args.ablate
     if percent is not None and args.thresholds_file is not None:
-        from lens_heads.thresholds import score_ablation_spec
 
         tau = table[percent[0]][percent[1]]
         spec = score_ablation_spec(percent[0], tau, protocol.strict)
         print(f"{args.ablate.strip()}: threshold {tau!r} from {args.thresholds_file} ({args.thresholds_model})")
     elif percent is not None:
-        from lens_heads.task_requests import task_inputs
-        from lens_heads.thresholds import calibrated_spec
 
         inputs = task_inputs(model, task, args.n_shot, args.limit, args.seed, protocol)
         spec, tau = calibrated_spec(model, inputs, *percent, progress=not args.quiet,  # batched as a sweep's
@@ -102,7 +101,6 @@ def run(args) -> int:
         print(f"{args.ablate.strip()}: threshold {tau!r} from the unablated scores of the {len(inputs)} "
               f"evaluated inputs" if tau is not None else f"{args.ablate.strip()}: nothing to zero")
     if spec is not None:
-        from lens_heads.interventions import with_replacement
 
         ablation = parse_ablation(str(with_replacement(parse_spec(spec), replacement)), model.geometry)
     res = evaluate_task(model, task, n_shot=args.n_shot, limit=args.limit, seed=args.seed,

@@ -18,7 +18,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from lens_heads.scores import score_heads
+    from lens_heads.scores import score_heads  # looked up when called: tests replace it to catch the work
 
     check_positive(args, "n_inputs")
     check_positive(args, "max_len", minimum=2)

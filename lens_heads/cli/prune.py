@@ -9,6 +9,10 @@ from lens_heads.atomic import check_output_dir
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions import parse_heads
 from lens_heads.prune import PruneSelection, REPORT_FILE, check_prunable, prune, save_pruned
+from lens_heads.curves import bootstrap_indices, paired_difference
+from lens_heads.data import load_task, load_texts, tokenize_texts
+from lens_heads.prune import plan_prune
+from lens_heads.surgery.export import remove_stale_exports
 
 
 def register(sub) -> None:
@@ -41,7 +45,6 @@ def run(args) -> int:
     from pathlib import Path
 
     if Path(args.out).is_dir():
-        from lens_heads.surgery.export import remove_stale_exports
 
         remove_stale_exports(Path(args.out))  # a killed run's staging folder does not block its rerun
         if any(Path(args.out).iterdir()):
@@ -57,7 +60,6 @@ def run(args) -> int:
         raise LensHeadsError("--heads is empty: nothing to prune")
     geometry = config_geometry(args)
     if geometry is not None:
-        from lens_heads.prune import plan_prune
 
         check_prunable(geometry)
         if heads is not None:  # head ranges and emptied layers, from the config, before the weights load
@@ -65,14 +67,12 @@ def run(args) -> int:
     selection = PruneSelection.parse(args.select) if args.select is not None else None
     texts = None
     if selection is not None:
-        from lens_heads.data import load_texts
 
         texts = load_texts(args.data, n=args.n_inputs)
         if not texts:
             raise no_texts(args.data)
     task = None
     if args.eval is not None:
-        from lens_heads.data import load_task
 
         task = load_task(args.eval)
     if args.device_map is not None:
@@ -80,7 +80,6 @@ def run(args) -> int:
     model = model_from_args(args)
     check_prunable(model.geometry, model.hf_model.config)  # before any scoring
     if selection is not None:
-        from lens_heads.data import tokenize_texts
 
         heads = selection.resolve(model, tokenize_texts(model.tokenizer, texts, args.max_len))
         if not heads:
@@ -102,8 +101,7 @@ def run(args) -> int:
           + (f"; {padding} of the removed heads stay as zero-output padding (their KV group keeps its width; "
              f"--select ...:groups removes whole groups)" if padding else ""))
     if task is not None:
-        from lens_heads.curves import bootstrap_indices, paired_difference
-        from lens_heads.evaluate import evaluate_task
+        from lens_heads.evaluate import evaluate_task  # looked up when called: tests replace it to catch the work
 
         a = evaluate_task(model, task, limit=args.limit, progress=False)
         b = evaluate_task(pruned, task, limit=args.limit, progress=False)

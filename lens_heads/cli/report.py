@@ -7,6 +7,7 @@ from lens_heads.atomic import check_output_dir, check_output_file
 from lens_heads.data import load_texts
 from lens_heads.errors import LensHeadsError
 from lens_heads.study import ReportConfig, build_report
+from lens_heads.interventions import parse_heads
 
 
 def register(sub) -> None:
@@ -48,7 +49,6 @@ def run(args) -> int:
         if given is not None and not Path(given).exists():
             raise LensHeadsError(f"--{name} {given}: no such {'folder' if name == 'sweep' else 'file'}")
     if args.heads is not None:
-        from lens_heads.interventions import parse_heads
 
         parse_heads(args.heads)  # syntax now; ranges once the model is loaded
     if args.scores is None or args.diagnosis is None:

@@ -33,7 +33,7 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from lens_heads.scores import resolve_score_ids, score_heads
+    from lens_heads.scores import resolve_score_ids, score_heads  # looked up when called: tests replace it to catch the work
 
 
     # everything that can be checked without the model, before it loads

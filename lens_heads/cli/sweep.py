@@ -25,6 +25,10 @@ from lens_heads.sweep.executors import LocalConfig, RayConfig, SlurmConfig, in_p
 from lens_heads.sweep.result import check_same_weights
 from lens_heads.sweep.run import check_one_weights
 from lens_heads.thresholds import parse_fractions
+from lens_heads.atomic import check_output_dir
+from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
+from lens_heads.replacement import parse_replacement
+from lens_heads.sweep.executors import check_ray_address
 
 
 def register(sub) -> None:
@@ -142,7 +146,6 @@ def run(args) -> int:
                       static_ids=[s.strip() for s in args.static.split(",") if s.strip()])
     cfg.validate()
     if cfg.replacement is not None:
-        from lens_heads.replacement import parse_replacement
 
         parse_replacement(cfg.replacement).check()  # the reference corpus exists and has texts
     check_protocol_args(args)
@@ -184,7 +187,6 @@ def run(args) -> int:
             import ray  # noqa: F401
         except ImportError:
             raise LensHeadsError("--executor ray needs Ray: pip install 'lens_heads[ray]'") from None
-        from lens_heads.sweep.executors import check_ray_address
 
         check_ray_address(args.ray_address)  # an address nobody answers at: now, not after planning
     from pathlib import Path
@@ -195,7 +197,6 @@ def run(args) -> int:
                                  f"{'not a folder' if Path(args.out).exists() else 'no folder'} (give the --out "
                                  f"of the sweep to look at)")
     else:
-        from lens_heads.atomic import check_output_dir
 
         check_output_dir(args.out)
         if Path(args.model).is_dir() and Path(args.out).resolve() == Path(args.model).resolve():
@@ -203,7 +204,6 @@ def run(args) -> int:
     task = load_task(args.task, n_shot=args.n_shot, include_path=args.include_path)
     task.check_fewshot(args.n_shot, args.seed)
     if args.thresholds_file is not None and score_ids:
-        from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
 
         thresholds_for_sweep(load_authors_thresholds(args.thresholds_file, task.name, args.thresholds_model),
                              score_ids, fractions, args.thresholds_file)  # fail before the model loads
@@ -245,7 +245,7 @@ def show_status(args, cfg, task) -> int:
     """What ``--out`` holds of this sweep, read from the store alone (whatever executor or
     processes fill it): units and points stored, the complete curves. No weights are loaded
     (but for ``--paper-protocol``, whose settings depend on the model)."""
-    from lens_heads.sweep.run import stored_plan
+    from lens_heads.sweep.run import stored_plan  # looked up when called: tests replace it to catch the work
 
     ref = ModelRef(args.model, args.dtype, args.device, revision=args.revision)
     cfg = dataclasses.replace(cfg, protocol=protocol_from_args(args, ref.model if args.paper_protocol else None),
@@ -269,7 +269,7 @@ def show_status(args, cfg, task) -> int:
 def run_scaled(args, cfg, scale) -> int:
     """The sweep on an executor (or as one --shard): planned, merged and tabulated here with no
     weights loaded; the workers load the model."""
-    from lens_heads.sweep.executors import job_for, launch
+    from lens_heads.sweep.executors import job_for, launch  # looked up when called: tests replace it to catch the work
 
     name, config, n_shards = scale
     cfg = dataclasses.replace(cfg, protocol=protocol_from_args(args, None))

@@ -28,6 +28,7 @@ from lens_heads.models.geometry import HeadGeometry
 from lens_heads.data.paths import hub_offline
 from lens_heads.hooks import booting_pruned, bridge_made_parameters, pin_rotary_dtype, probe_shapes
 from lens_heads.models.gguf_size import Truncated, declared_size
+from lens_heads.pruned_model import pruned_class, shrink
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -167,7 +168,6 @@ class LoadedModel:
         hf = load_hf(self.source, self.dtype, self.device)[0]
         plan = getattr(self.hf_model.config, "lens_heads_pruned", None)
         if plan and not getattr(hf.config, "lens_heads_pruned", None):
-            from lens_heads.pruned_model import shrink
 
             shrink(hf, plan)
             hf.config.lens_heads_pruned = plan
@@ -394,8 +394,6 @@ def load_hf(source: ModelSource, dtype: torch.dtype, device: str = "cpu", placem
             auto = AutoModelForCausalLM
             if getattr(config, "lens_heads_pruned", None):  # an exported pruned model: shrunk by our code
                 import transformers
-
-                from lens_heads.pruned_model import pruned_class
 
                 auto = pruned_class(getattr(transformers, config.architectures[0].removeprefix("LensHeadsPruned")))
             model = auto.from_pretrained(  # a conversion is kept in float32

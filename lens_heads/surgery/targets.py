@@ -15,6 +15,7 @@ from lens_heads.diagnose import Diagnosis, check_classes, diagnose
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions import Head
 from lens_heads.interventions import parse_heads as _parse_heads
+from lens_heads.scores import resolve_score_ids
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -38,10 +39,6 @@ def parse_select(spec: str) -> tuple[str, str, float]:
         value = float(m.group(3))
     except ValueError:
         raise LensHeadsError(f"bad threshold in --select {spec!r}") from None
-    try:
-        from lens_heads.scores import resolve_score_ids
-    except ImportError:  # scoring not installed: the score is checked when it is computed
-        return m.group(1), m.group(2), value
     resolve_score_ids(m.group(1))  # an unknown score fails here, before any model or diagnosis
     return m.group(1), m.group(2), value
 
@@ -49,7 +46,7 @@ def parse_select(spec: str) -> tuple[str, str, float]:
 def score_values(model: LoadedModel, inputs, score_id: str):
     """Dataset-level value (mean over inputs) of one registered score: [layer, head]."""
     try:
-        from lens_heads.scores import resolve_score_ids, score_heads
+        from lens_heads.scores import resolve_score_ids, score_heads  # looked up when called: tests replace it to catch the work
     except ImportError:
         raise LensHeadsError("selecting heads by score needs lens_heads.scores, which is not available") from None
     ids = resolve_score_ids(score_id)

@@ -14,6 +14,7 @@ from lens_heads.scores.functions import SCORES
 from lens_heads.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fraction
 from lens_heads.batching import parse_batch_size
 from lens_heads.keys import RunIdentity
+from lens_heads.replacement import Zero, parse_replacement
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -128,7 +129,6 @@ class SweepConfig:
         if (self.thresholds_file is None) != (self.thresholds_model is None):
             raise LensHeadsError("thresholds_file and thresholds_model go together (the file's model key)")
         if self.replacement is not None:
-            from lens_heads.replacement import Zero, parse_replacement
 
             rep = parse_replacement(self.replacement)
             for sid in (*self.score_ids, *self.static_ids):

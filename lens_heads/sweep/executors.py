@@ -461,7 +461,7 @@ def launch(job: SweepJob, executor: str = "local", config=None, progress: bool =
     the part units, the points and the tables (``summary.csv``, ``within_1pt.csv``), loading no
     weights in this process (but for ``local``, whose worker is this process, and an
     ``InProcessSession``: ``run_sweep``). ``task``: the loaded task (default: ``job.cfg.task``)."""
-    from lens_heads.sweep.run import check_one_weights, merge_point, read_thresholds, stored_plan
+    from lens_heads.sweep.run import check_one_weights, merge_point, read_thresholds, stored_plan  # looked up when called: tests replace it to catch the work
 
     t0 = time.perf_counter()
     cfg = job.cfg

@@ -23,6 +23,7 @@ from lens_heads.sweep.records import StaticScoresRecord, Thresholds, ThresholdsR
 from lens_heads.thresholds import score_ablation_spec
 from lens_heads.scores.dataset import inactive_when, least_active
 from lens_heads.task_requests import select_records
+from lens_heads.interventions import parse_spec, with_replacement
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,6 @@ def plan_points(cfg: SweepConfig, thresholds: Thresholds, static: StaticScores |
     if cfg.replacement:  # every ablated point replaces its heads instead of zeroing them (its own keys)
         from dataclasses import replace
 
-        from lens_heads.interventions import parse_spec, with_replacement
 
         pts = [p if p.spec == "none" else replace(p, spec=str(with_replacement(parse_spec(p.spec), cfg.replacement)))
                for p in pts]

@@ -79,7 +79,7 @@ def scoring_pass(model: LoadedModel, task, cfg: SweepConfig, progress: bool,
     ``n_inputs`` counts them) and each question-level score over the questions' gold requests,
     with the sweep's replacement (docs/methods.md §3); and the dataset-level means of
     ``rankings`` (score ids, ``random@SEED``) that static curves rank heads by."""
-    from lens_heads.scores import SCORES, score_heads
+    from lens_heads.scores import SCORES, score_heads  # looked up when called: tests replace it to catch the work
 
     rule = cfg.protocol.threshold_rule
     hook_ids = input_level(cfg.score_ids)
@@ -192,7 +192,7 @@ class Outcome(str, Enum):
 def run_unit(model: LoadedModel, task, plan: SweepPlan, unit: PartUnit, store: ResultStore) -> Outcome:
     """Evaluate one part and store it, unless it (or its point) is stored or another live
     process holds it."""
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.evaluate import evaluate_task  # looked up when called: tests replace it to catch the work
 
     if store.has(unit.key) or store.has(unit.point):
         return Outcome.STORED

@@ -40,6 +40,10 @@ from lens_heads.sweep.plan import stored_thresholds
 from lens_heads.sweep.run import CLAIM_POLL_S
 from lens_heads.task_requests import task_inputs
 from lens_heads.thresholds import scoring_shards, thresholds_from_scores
+from lens_heads.data import load_task
+from lens_heads.models.load import model_digest
+from lens_heads.sweep.plan import stored_static
+from lens_heads.sweep.run import read_thresholds
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -78,7 +82,7 @@ def run_score_shard(model: LoadedModel, task, identity: RunIdentity, cfg: SweepC
                     n_shards: int) -> Outcome:
     """Score shard ``index`` of ``n_shards`` and store its per-input scores (with their input
     positions), unless it or the thresholds are stored or another live process holds it."""
-    from lens_heads.scores import score_heads
+    from lens_heads.scores import score_heads  # looked up when called: tests replace it to catch the work
 
     key, done = shard_key(identity, cfg, index, n_shards), thresholds_key(identity, cfg)
     if store.has(key) or store.has(done):
@@ -168,9 +172,7 @@ class Worker:
 
     def _setup(self):
         if self._model is None:
-            from lens_heads.data import load_task
-            from lens_heads.models import load_model
-            from lens_heads.models.load import model_digest
+            from lens_heads.models import load_model  # looked up when called: tests replace it to catch the work
 
             if self.job.threads:
                 import torch
@@ -196,8 +198,6 @@ class Worker:
 
     def plan(self) -> SweepPlan:
         if self._plan is None:
-            from lens_heads.sweep.plan import stored_static
-            from lens_heads.sweep.run import read_thresholds
 
             model, task = self._setup()
             store, cfg = ResultStore(self.job.out_dir), self.job.cfg
@@ -213,7 +213,7 @@ class Worker:
 
     def run(self, ref: UnitRef) -> Outcome:
         """Run one unit (skipped when stored; left alone when another live process holds it)."""
-        from lens_heads.sweep.run import run_static_unit, run_unit
+        from lens_heads.sweep.run import run_static_unit, run_unit  # looked up when called: tests replace it to catch the work
 
         model, task = self._setup()
         store = ResultStore(self.job.out_dir)

@@ -20,6 +20,7 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.head_classes import CLASSES
 from lens_heads.head_classes import canonical as canonical_class
 from lens_heads.head_classes import label as class_label
+from lens_heads.scores.functions import SCORES  # the registry's definitions, read only
 
 DIAGNOSIS_COLOURS: dict[str, str] = {"dead": "#1f1f1f", "bos_sink": "#d62728", "low_entropy": "#ff7f0e",
                                      "local": "#9467bd", "healthy": "#2ca02c"}  # per head_classes.CLASSES
@@ -39,10 +40,6 @@ def _require(frame: pd.DataFrame, columns: Sequence[str], what: str) -> None:
 
 def inactive_when(score_fn: str) -> str | None:
     """"high"/"low" from the score registry, or None when the registry does not know it."""
-    try:
-        from lens_heads.scores.functions import SCORES  # the registry's definitions, read only
-    except ImportError:
-        return None
     fn = SCORES.get(score_fn)
     return getattr(fn, "inactive_when", None)
 
