@@ -127,7 +127,7 @@ def parse_args(argv):
     first = SweepConfig(task="", score_ids=args.score_ids, fractions=args.fractions, random_seeds=list(range(args.seeds)),
                         first=[f.strip() for f in args.first.split(",") if f.strip()])
     first.validate()  # a bad --first label fails here, before any model, store or scoring pass
-    args.first = first.first
+    args.first = [str(p) for p in first.first]  # canonical labels
     resolve_score_ids(args.static_score)
     return args
 

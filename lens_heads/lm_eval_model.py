@@ -48,6 +48,7 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.ablation import Ablation, NoAblation, RandomAblation, parse_ablation
 from lens_heads.progress import progress_bar
 from lens_heads.provenance import lens_heads_version
+from lens_heads import models
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval HFLM's default
 _RAW_ARGS = ("pretrained", "ablation")  # model_args kept as the strings given
@@ -140,9 +141,7 @@ class LensHeadsLM(LM):
         if getattr(probe, "needs_task", False):
             raise LensHeadsError(f"ablation {probe.name}: {NEEDS_TASK}")
         if isinstance(pretrained, (str, os.PathLike)):
-            from lens_heads.models import load_model  # looked up when called: tests replace it to catch the work
-
-            pretrained = load_model(pretrained, dtype=dtype or "float32", device=device or "cpu")
+            pretrained = models.load_model(pretrained, dtype=dtype or "float32", device=device or "cpu")
         elif not hasattr(pretrained, "bridge") or not hasattr(pretrained, "geometry"):
             raise LensHeadsError(f"pretrained must be a LoadedModel or a model spec, got {type(pretrained).__name__}")
         self.model = pretrained

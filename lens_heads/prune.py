@@ -25,6 +25,7 @@ plan (``lens_heads_pruned``) and whose remote code (``modeling_lens_heads_pruned
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from dataclasses import dataclass
@@ -35,10 +36,12 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.interventions import Head
 from lens_heads.hashing import sha256_bytes
 from lens_heads.models.load import boot, model_digest
+from lens_heads import pruned_model
 from lens_heads.pruned_model import shrink
 from lens_heads.scores import SCORES, resolve_score_ids
 from lens_heads.surgery.export import export_model
 from lens_heads.surgery.targets import TargetSelector, parse_select
+from lens_heads import scores as scoring
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -131,10 +134,6 @@ def prune(model: LoadedModel, heads: Sequence[Head], allow_empty_layers: bool = 
 def save_pruned(model: LoadedModel, out_dir: str | os.PathLike, extra_files: dict[str, str] | None = None) -> Path:
     """Export a pruned model: weights, config with the plan, tokenizer and the remote code (and
     ``extra_files``, name -> text, written with them)."""
-    import inspect
-
-    import lens_heads.pruned_model as pruned_model
-
     if not model.geometry.pruned:
         raise LensHeadsError("not a pruned model (lens_heads.prune.prune makes one)")
     hf = model.load_hf_model()  # a plain (unbridged) copy, pruned as the model is
@@ -190,9 +189,7 @@ class PruneSelection:
 
     def resolve(self, model: LoadedModel, inputs) -> list[Head]:
         """The heads this selection removes from ``model``, scored on ``inputs``."""
-        from lens_heads.scores import score_heads  # looked up when called: tests replace it to catch the work
-
-        hs = score_heads(model, inputs, [self.score_id], progress=False)
+        hs = scoring.score_heads(model, inputs, [self.score_id], progress=False)
         if self.fraction is not None and self.groups:
             return whole_groups(model.geometry, hs.mean[self.score_id], self.score_id, self.fraction)
         if self.fraction is not None:

@@ -30,6 +30,9 @@ from lens_heads.scores import resolve_score_ids
 from lens_heads.sweep import SweepConfig, SweepResult, run_sweep, tabulate
 from lens_heads.viz import AttentionView
 from lens_heads.prune import read_prune_report
+from lens_heads import models
+from lens_heads import scores as scoring
+from lens_heads.scores import HeadScores
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -53,9 +56,7 @@ class ModelRef:
     def model(self):
         """The loaded model (loaded on first use)."""
         if self.loaded is None:
-            from lens_heads.models import load_model  # looked up when called: tests replace it to catch the work
-
-            self.loaded = load_model(self.spec, dtype=self.dtype, device=self.device, revision=self.revision,
+            self.loaded = models.load_model(self.spec, dtype=self.dtype, device=self.device, revision=self.revision,
                                      **self.placement)
         return self.loaded
 
@@ -107,8 +108,11 @@ def attention_heads(model: LoadedModel, text: str, heads: Sequence[Head] | None 
 # The report: gather (read or compute) the results, then render them
 
 
-@dataclass
+@dataclass(frozen=True)
 class ReportConfig:
+    """What ``build_report`` gathers and shows; its values are checked at construction (the
+    files it names, before any model work, by ``check_report_config``)."""
+
     model: str
     out: str = "report.html"
     data: str = "c4"
@@ -134,6 +138,17 @@ class ReportConfig:
     protocol: dict = field(default_factory=dict)  # resolve_protocol settings for that sweep (paper=..., ...)
     prune_run: str | None = None  # a 'lens-heads prune' --out folder: the report's pruning section
 
+    def __post_init__(self) -> None:
+        for name in ("top_k", "n_inputs", "max_len", "batch_size", "view_tokens"):
+            if isinstance(getattr(self, name), int) and getattr(self, name) < 1:  # ("auto" batch sizes pass)
+                raise LensHeadsError(f"{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.max_sink_views < 0:
+            raise LensHeadsError(f"max-sink-views must be >= 0, got {self.max_sink_views}")
+        if self.limit is not None and self.limit < 1:
+            raise LensHeadsError(f"limit must be >= 1, got {self.limit}")
+        if self.limit is not None and not self.task:
+            raise LensHeadsError("--limit needs --task")
+
 
 VERSION_PACKAGES = ("lens_heads", "torch", "transformer_lens", "transformers", "circuitsvis", "matplotlib",
                     "pandas", "numpy")
@@ -149,21 +164,10 @@ def check_report_config(cfg: ReportConfig) -> None:
         raise LensHeadsError(f"cannot write {out}: folder {out.parent} does not exist")
     if out.suffix.lower() not in (".html", ".htm"):
         raise LensHeadsError(f"--out must end in .html, got {out.name!r}")
-    for name in ("top_k", "n_inputs", "max_len", "batch_size", "view_tokens"):
-        if isinstance(getattr(cfg, name), int) and getattr(cfg, name) < 1:  # ("auto" batch sizes pass)
-            raise LensHeadsError(f"{name.replace('_', '-')} must be >= 1, got {getattr(cfg, name)}")
-    if cfg.max_sink_views < 0:
-        raise LensHeadsError(f"max-sink-views must be >= 0, got {cfg.max_sink_views}")
-    if cfg.limit is not None and cfg.limit < 1:
-        raise LensHeadsError(f"limit must be >= 1, got {cfg.limit}")
-    if cfg.limit is not None and not cfg.task:
-        raise LensHeadsError("--limit needs --task")
     if cfg.task and not cfg.sweep:
-
         resolve_score_ids(cfg.sweep_scores)
         load_task(cfg.task)  # an unknown task fails here, before the model is loaded
     if cfg.prune_run is not None:
-
         read_prune_report(cfg.prune_run)
     if cfg.sweep is not None:
         sweep = Path(cfg.sweep)
@@ -195,8 +199,6 @@ def build_report(cfg: ReportConfig, model: LoadedModel=None, texts: list[str] | 
     import time
     from datetime import datetime, timezone
 
-    from lens_heads.scores import HeadScores, score_heads  # looked up when called: tests replace it to catch the work
-
     t0 = time.time()
     check_report_config(cfg)
     saved_scores = HeadScores.load(cfg.scores) if cfg.scores else None  # a bad file fails before the model loads
@@ -214,7 +216,7 @@ def build_report(cfg: ReportConfig, model: LoadedModel=None, texts: list[str] | 
     computed = f"computed on {len(inputs)} {cfg.data} inputs"
     sources: dict[str, str] = {}
 
-    scores = saved_scores or score_heads(model, inputs, "all", batch_size=cfg.batch_size, progress=cfg.progress)
+    scores = saved_scores or scoring.score_heads(model, inputs, "all", batch_size=cfg.batch_size, progress=cfg.progress)
     sources["scores"] = f"file {cfg.scores}" if saved_scores else computed
     _check_shape(scores.n_layers, scores.n_heads, g, "the scores table")
     diagnosis = saved_diag or diagnose(model, inputs, batch_size=cfg.batch_size)

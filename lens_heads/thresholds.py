@@ -42,6 +42,7 @@ from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions import ScoreThreshold
+from lens_heads import scores as scoring
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -141,14 +142,12 @@ def compute_thresholds(model: LoadedModel, inputs: list[Tensor], score_ids: Sequ
                        batch_size: int = SCORING_BATCH, *, progress: bool = True,
                        rule: str = DEFAULT_RULE) -> dict[str, dict[float, float | None]]:
     """Score ``inputs`` (unablated) and return thresholds per score id and target fraction."""
-    from lens_heads.scores import score_heads  # looked up when called: tests replace it to catch the work
-
     check_rule(rule)
     for p in fractions:
         check_fraction(p)
     if not inputs:
         raise LensHeadsError("no inputs to compute score thresholds from")
-    hs = score_heads(model, inputs, scores=list(score_ids), batch_size=batch_size, keep_per_input=True,
+    hs = scoring.score_heads(model, inputs, scores=list(score_ids), batch_size=batch_size, keep_per_input=True,
                      progress=progress)
     return thresholds_of(hs, score_ids, fractions, rule)
 

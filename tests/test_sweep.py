@@ -22,7 +22,7 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.atomic import atomic_write_text
 from lens_heads.keys import Kind, StoreKey
 from lens_heads.store import ResultStore, config_key
-from lens_heads.sweep import plan_points, SweepConfig, SweepPoint, tables
+from lens_heads.sweep import plan_points, PointId, SweepConfig, SweepPoint, tables
 from lens_heads.thresholds import parse_fractions, threshold_for, thresholds_from_scores
 
 # --- within 1 point: last crossing on the interpolated curve ------------------------------
@@ -431,13 +431,36 @@ def test_compute_order_puts_the_reference_first_and_curves_whole():
         "score:awft@0.3", "score:awft@0.4", "score:aeqd@0.5", "score:aeqd@0.6", "static:0.1"]
 
 
+def test_sweep_config_holds_typed_values_parsed_once():
+    """Text in, typed values out (one parser each), checked at construction; the config is frozen."""
+    import dataclasses
+
+    from lens_heads.interventions import AblationSpec
+    from lens_heads.replacement import Mean, Replacement
+
+    cfg = SweepConfig(task="piqa", score_ids=["ahon_ln"], replacement="mean:c4-sample",
+                      extra_ablations=["static:3.1,0.2", "random:0.1@0"], first=["ahon_ln@0.1"])
+    assert isinstance(cfg.replacement, Mean) and str(cfg.replacement) == "mean:c4-sample"
+    assert all(isinstance(e, AblationSpec) for e in cfg.extra_ablations)
+    assert cfg.extra_labels == ["static:0.2,3.1", "random:0.1@0"]  # canonical: heads sorted
+    assert cfg.first == (PointId("ahon_ln", 0.1),)
+    assert SweepConfig(task="piqa", score_ids=[], replacement="zero").replacement is None
+    again = SweepConfig(task="piqa", score_ids=["ahon_ln"], replacement=cfg.replacement, first=cfg.first)
+    assert isinstance(again.replacement, Replacement) and again.first == cfg.first  # typed values pass through
+    with pytest.raises(LensHeadsError, match="unknown ablation kind"):
+        SweepConfig(task="piqa", score_ids=[], extra_ablations=["nonsense:1"])
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        cfg.limit = 5  # type: ignore[misc]
+
+
 def test_first_points_come_right_after_the_baseline():
     from lens_heads.sweep import compute_order
 
     cfg = SweepConfig(task="piqa", score_ids=["awft", "aeqd"], fractions=[0.0, 0.1, 0.2], random_seeds=[0, 1],
                       extra_ablations=["static:0.1"], first=["aeqd@0.20", "random@.1@1", "static:0.1", "aeqd@0.2"])
     cfg.validate()
-    assert cfg.first == ["aeqd@0.2", "random@0.1@1", "static:0.1"]  # canonical labels, duplicates dropped
+    assert [str(p) for p in cfg.first] == ["aeqd@0.2", "random@0.1@1", "static:0.1"]  # canonical, no duplicates
+    assert all(isinstance(p, PointId) for p in cfg.first)  # typed values, one parser
     th = {"awft": {0.0: None, 0.1: 0.3, 0.2: 0.4}, "aeqd": {0.0: None, 0.1: 0.5, 0.2: 0.6}}
     assert compute_order(plan_points(cfg, th), cfg.first) == [
         "none", "score:aeqd@0.6", "random:0.1@1", "static:0.1", "random:0.1@0", "random:0.2@0", "random:0.2@1",

@@ -9,6 +9,7 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.models.load import check_revision, peek_geometry
 from lens_heads.protocol import BOS_CHOICES, resolve_protocol
 from lens_heads.thresholds import THRESHOLD_RULES
+from lens_heads import models
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -80,9 +81,7 @@ def config_geometry(args):
 
 def model_from_args(args):
     """The model the arguments name, placed as they say."""
-    from lens_heads.models import load_model  # looked up when called: tests replace it to catch the work
-
-    return load_model(args.model, dtype=args.dtype, device=args.device, **placement_from_args(args))
+    return models.load_model(args.model, dtype=args.dtype, device=args.device, **placement_from_args(args))
 
 
 def check_positive(args, *names: str, minimum: int = 1) -> None:

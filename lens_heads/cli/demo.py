@@ -26,6 +26,8 @@ from lens_heads.diagnose import diagnose
 from lens_heads.study import ReportConfig, build_report
 from lens_heads.sweep import SweepConfig, run_sweep
 from lens_heads.thresholds import parse_fractions
+from lens_heads import scores as scoring
+from lens_heads.scores import resolve_score_ids
 
 DEMO_DATA = files("lens_heads") / "demo_data"
 C4_SAMPLE = "c4_validation_sample.jsonl"
@@ -62,8 +64,6 @@ def _stage(n: int, text: str, t0: float) -> None:
 
 
 def run(args) -> int:
-    from lens_heads.scores import resolve_score_ids, score_heads  # looked up when called: tests replace it to catch the work
-
 
     out = check_output_dir(Path(args.out))
     check_positive(args, "n_inputs", "limit")
@@ -95,7 +95,7 @@ def run(args) -> int:
     inputs = tokenize_texts(model.tokenizer, texts, args.max_len)
 
     _stage(2, f"scoring {g.n_layers * g.n_heads} heads on {len(inputs)} C4 texts x <= {args.max_len} tokens", t0)
-    scores = score_heads(model, inputs, "all", max_len=args.max_len, data="demo c4 sample")
+    scores = scoring.score_heads(model, inputs, "all", max_len=args.max_len, data="demo c4 sample")
     scores.save(out / "scores.csv")
     quiet = scores.to_frame().query("score_fn == 'ahon_ln'").nsmallest(5, "value")
     print("        quietest heads by ahon_ln: "

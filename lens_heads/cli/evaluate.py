@@ -23,6 +23,7 @@ from lens_heads.scores import resolve_score_ids
 from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
 from lens_heads.task_requests import task_inputs
 from lens_heads.thresholds import calibrated_spec, score_ablation_spec
+from lens_heads import evaluate as evaluation
 
 
 def register(sub) -> None:
@@ -54,8 +55,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from lens_heads.evaluate import evaluate_task  # looked up when called: tests replace it to catch the work
-
 
     # everything that can be checked without the model, before it loads
     if args.out is not None:
@@ -103,7 +102,7 @@ def run(args) -> int:
     if spec is not None:
 
         ablation = parse_ablation(str(with_replacement(parse_spec(spec), replacement)), model.geometry)
-    res = evaluate_task(model, task, n_shot=args.n_shot, limit=args.limit, seed=args.seed,
+    res = evaluation.evaluate_task(model, task, n_shot=args.n_shot, limit=args.limit, seed=args.seed,
                         ablation=ablation, batch_size=args.batch_size, progress=not args.quiet,
                         protocol=protocol)
     if protocol.key():

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from lens_heads.cli.common import DATA_HELP, DefaultCorpus, add_model_args, check_positive, model_from_args, no_texts
 from lens_heads.data import load_texts, tokenize_texts
+from lens_heads import scores as scoring
 
 
 def register(sub) -> None:
@@ -18,8 +19,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from lens_heads.scores import score_heads  # looked up when called: tests replace it to catch the work
-
     check_positive(args, "n_inputs")
     check_positive(args, "max_len", minimum=2)
     texts = load_texts(args.data, n=args.n_inputs)  # before the model: a bad --data fails at once
@@ -41,7 +40,7 @@ def run(args) -> int:
                   + " ".join(f"{s:.4g}" for s in g.alibi_slopes(L).tolist()))
     inputs = tokenize_texts(model.tokenizer, texts, args.max_len)
     # mean attention on the first token = the dataset-level AWFT score (one pattern statistic, one place)
-    per_layer = score_heads(model, inputs, "awft", progress=False).mean["awft"]
+    per_layer = scoring.score_heads(model, inputs, "awft", progress=False).mean["awft"]
     print(f"mean attention on the first token, {len(inputs)} {args.data} texts x <= {args.max_len} tokens:")
     for layer, row in enumerate(per_layer):
         value = row[:g.heads_in(layer)].mean().item()  # a pruned layer: its own heads only

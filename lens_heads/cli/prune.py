@@ -13,6 +13,7 @@ from lens_heads.curves import bootstrap_indices, paired_difference
 from lens_heads.data import load_task, load_texts, tokenize_texts
 from lens_heads.prune import plan_prune
 from lens_heads.surgery.export import remove_stale_exports
+from lens_heads import evaluate as evaluation
 
 
 def register(sub) -> None:
@@ -101,10 +102,8 @@ def run(args) -> int:
           + (f"; {padding} of the removed heads stay as zero-output padding (their KV group keeps its width; "
              f"--select ...:groups removes whole groups)" if padding else ""))
     if task is not None:
-        from lens_heads.evaluate import evaluate_task  # looked up when called: tests replace it to catch the work
-
-        a = evaluate_task(model, task, limit=args.limit, progress=False)
-        b = evaluate_task(pruned, task, limit=args.limit, progress=False)
+        a = evaluation.evaluate_task(model, task, limit=args.limit, progress=False)
+        b = evaluation.evaluate_task(pruned, task, limit=args.limit, progress=False)
         d = paired_difference([q.correct for q in b.questions], [q.correct for q in a.questions],
                               bootstrap_indices(len(a.questions), args.n_boot or 1000))
         record["eval"] = {"task": task.name, "n_questions": len(a.questions), "acc_before": a.metrics["acc"],

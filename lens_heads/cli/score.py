@@ -15,6 +15,8 @@ from lens_heads.atomic import check_output_file
 from lens_heads.data import load_task, load_texts, tokenize_texts
 from lens_heads.errors import LensHeadsError
 from lens_heads.scores import HeadScores, SCORES
+from lens_heads import scores as scoring
+from lens_heads.scores import resolve_score_ids
 
 
 def register(sub) -> None:
@@ -33,8 +35,6 @@ def register(sub) -> None:
 
 
 def run(args) -> int:
-    from lens_heads.scores import resolve_score_ids, score_heads  # looked up when called: tests replace it to catch the work
-
 
     # everything that can be checked without the model, before it loads
     out = Path(args.out)
@@ -56,7 +56,7 @@ def run(args) -> int:
         raise no_texts(args.data)
     model = model_from_args(args)
     seqs = tokenize_texts(model.tokenizer, texts, args.max_len, mode="documents")
-    scores = score_heads(model, seqs, scores=ids, batch_size=args.batch_size, max_len=args.max_len,
+    scores = scoring.score_heads(model, seqs, scores=ids, batch_size=args.batch_size, max_len=args.max_len,
                          keep_per_input=args.per_input, progress=not args.quiet, data=args.data)
     scores.save(out)
     print(f"wrote {out} ({len(ids)} score functions x {scores.n_layers * scores.n_heads} heads, "

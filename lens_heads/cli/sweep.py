@@ -27,8 +27,10 @@ from lens_heads.sweep.run import check_one_weights
 from lens_heads.thresholds import parse_fractions
 from lens_heads.atomic import check_output_dir
 from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
-from lens_heads.replacement import parse_replacement
 from lens_heads.sweep.executors import check_ray_address
+from lens_heads.sweep import run as sweep_run
+from lens_heads.sweep import executors
+from lens_heads.sweep.executors import job_for
 
 
 def register(sub) -> None:
@@ -146,15 +148,14 @@ def run(args) -> int:
                       static_ids=[s.strip() for s in args.static.split(",") if s.strip()])
     cfg.validate()
     if cfg.replacement is not None:
-
-        parse_replacement(cfg.replacement).check()  # the reference corpus exists and has texts
+        cfg.replacement.check()  # the reference corpus exists and has texts
     check_protocol_args(args)
     if args.n_boot < 1:
         raise LensHeadsError(f"--n-boot must be >= 1, got {args.n_boot}")
     if not score_ids and not cfg.random_seeds and not cfg.extra_ablations and not cfg.static_ids:
         raise LensHeadsError("nothing to sweep: give --scores, --static, --random-seeds > 0 or --ablate")
     geometry = config_geometry(args) if cfg.extra_ablations else None
-    for spec in cfg.extra_ablations:
+    for spec in cfg.extra_labels:
         parse_ablation(spec, geometry)  # syntax, score names and head ranges (from the config), before loading
     check_positive(args, "workers", "cpus_per_worker", "slurm_time", "array_parallelism", "score_shards")
     check_positive(args, "slurm_retries", "gpus_per_task", minimum=0)
@@ -213,7 +214,7 @@ def run(args) -> int:
         return show_status(args, cfg, task)
     check_weights_before_load(args, cfg, task)
     model = model_from_args(args)
-    for spec in cfg.extra_ablations:
+    for spec in cfg.extra_labels:
         parse_ablation(spec, model.geometry)
     cfg = dataclasses.replace(cfg, protocol=protocol_from_args(args, model), thresholds_file=args.thresholds_file,
                               thresholds_model=args.thresholds_model)
@@ -245,8 +246,6 @@ def show_status(args, cfg, task) -> int:
     """What ``--out`` holds of this sweep, read from the store alone (whatever executor or
     processes fill it): units and points stored, the complete curves. No weights are loaded
     (but for ``--paper-protocol``, whose settings depend on the model)."""
-    from lens_heads.sweep.run import stored_plan  # looked up when called: tests replace it to catch the work
-
     ref = ModelRef(args.model, args.dtype, args.device, revision=args.revision)
     cfg = dataclasses.replace(cfg, protocol=protocol_from_args(args, ref.model if args.paper_protocol else None),
                               thresholds_file=args.thresholds_file, thresholds_model=args.thresholds_model)
@@ -255,7 +254,7 @@ def show_status(args, cfg, task) -> int:
     if result is None:
         raise LensHeadsError(f"{args.out} holds no baseline (or no thresholds) of this sweep yet: "
                              "nothing to show (same model, task and settings as the run?)")
-    plan = stored_plan(ResultStore(args.out), identity, cfg, task)  # the plan the launch built its units from
+    plan = sweep_run.stored_plan(ResultStore(args.out), identity, cfg, task)  # the plan the launch built its units from
     store = ResultStore(args.out)
     done = [store.has(u.key) or store.has(u.point) for u in plan.all_units]
     print(f"{sum(done)} of {len(done)} units and {result.n_stored} of {result.n_points} points stored")
@@ -269,15 +268,13 @@ def show_status(args, cfg, task) -> int:
 def run_scaled(args, cfg, scale) -> int:
     """The sweep on an executor (or as one --shard): planned, merged and tabulated here with no
     weights loaded; the workers load the model."""
-    from lens_heads.sweep.executors import job_for, launch  # looked up when called: tests replace it to catch the work
-
     name, config, n_shards = scale
     cfg = dataclasses.replace(cfg, protocol=protocol_from_args(args, None))
     if args.device_map is not None:
         raise LensHeadsError("--device-map with --executor / --shard: give each worker its devices instead "
                              "(--gpus-per-worker, CUDA_VISIBLE_DEVICES)")
     job = job_for(args.model, args.dtype, args.device, cfg, args.out, args.include_path, n_shards, args.revision)
-    out = launch(job, name, config, progress=not args.no_progress)
+    out = executors.launch(job, name, config, progress=not args.no_progress)
     computed = getattr(out.session, "computed", None)
     by_pid = getattr(out.session, "by_pid", None)
     print(f"{out.n_units} part units ({out.n_stored_before} stored before this launch)"

@@ -36,8 +36,10 @@ if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
 
 
-@dataclass
+@dataclass(frozen=True)
 class RepairConfig:
+    """The repair protocol's settings (docs/methods.md), checked at construction."""
+
     passes: int = 2
     init: str = "xavier_uniform"
     gqa_policy: str = "q_only"
@@ -46,6 +48,12 @@ class RepairConfig:
     seed: int = 0
     thresholds: DiagnosisThresholds = field(default_factory=DiagnosisThresholds)
     train: TrainConfig = field(default_factory=TrainConfig)
+
+    def __post_init__(self) -> None:
+        if self.passes < 1:
+            raise LensHeadsError(f"passes must be >= 1, got {self.passes}")
+        if self.chunk_len < 2 or self.eval_len < 2:
+            raise LensHeadsError(f"chunk and held-out lengths must be >= 2 tokens, got {self.chunk_len} / {self.eval_len}")
 
 
 def _tokens_digest(*groups) -> str:
@@ -78,8 +86,6 @@ def repair(model: LoadedModel, selector: TargetSelector, train_texts: list[str],
     if model.geometry.pruned:
         raise LensHeadsError("repair of a pruned model is not supported: repair the original, then prune it")
     out = check_out_dir(out_dir, model.source)
-    if config.passes < 1:
-        raise LensHeadsError(f"passes must be >= 1, got {config.passes}")
     g, tok = model.geometry, model.tokenizer
     pad = tok.pad_token_id or 0
     chunks, eval_inputs = prepare_data(tok, train_texts, eval_texts, config)

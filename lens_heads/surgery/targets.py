@@ -16,6 +16,7 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.interventions import Head
 from lens_heads.interventions import parse_heads as _parse_heads
 from lens_heads.scores import resolve_score_ids
+from lens_heads import scores as scoring
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -45,12 +46,8 @@ def parse_select(spec: str) -> tuple[str, str, float]:
 
 def score_values(model: LoadedModel, inputs, score_id: str):
     """Dataset-level value (mean over inputs) of one registered score: [layer, head]."""
-    try:
-        from lens_heads.scores import resolve_score_ids, score_heads  # looked up when called: tests replace it to catch the work
-    except ImportError:
-        raise LensHeadsError("selecting heads by score needs lens_heads.scores, which is not available") from None
     ids = resolve_score_ids(score_id)
-    hs = score_heads(model, inputs, scores=ids, keep_per_input=True)
+    hs = scoring.score_heads(model, inputs, scores=ids, keep_per_input=True)
     return hs.per_input[ids[0]].double().mean(0)
 
 

@@ -33,8 +33,10 @@ from lens_heads.surgery.masks import freeze_and_mask
 from lens_heads.surgery.reinit import SurgeryPlan
 
 
-@dataclass
+@dataclass(frozen=True)
 class TrainConfig:
+    """Masked training's settings (docs/methods.md), checked at construction."""
+
     lr: float = 5e-5
     weight_decay: float = 0.0
     betas: tuple[float, float] = (0.9, 0.999)
@@ -51,6 +53,9 @@ class TrainConfig:
     keep_best: bool = True
     eval_batch_size: int = 4
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.check()
 
     def check(self) -> None:
         if self.lr <= 0 or self.micro_batch < 1 or self.grad_accum < 1 or self.epochs < 1:

@@ -14,7 +14,8 @@ from lens_heads.scores.functions import SCORES
 from lens_heads.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fraction
 from lens_heads.batching import parse_batch_size
 from lens_heads.keys import RunIdentity
-from lens_heads.replacement import Zero, parse_replacement
+from lens_heads.interventions import AblationSpec, parse_spec
+from lens_heads.replacement import Replacement, Zero, parse_replacement
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -71,8 +72,9 @@ class PointId:
 class SweepConfig:
     """What a sweep measures, checked and normalised at construction (frozen: a changed setting
     is a new config, ``dataclasses.replace``): fractions sorted, unique and with 0 (the
-    baseline), ids and seeds without repeats, ``replacement`` canonical (None for zero),
-    ``first`` points checked against the plan."""
+    baseline), ids and seeds without repeats; the typed fields take their text form too and hold
+    the parsed value: ``replacement`` a ``Replacement`` (None for zero), ``extra_ablations``
+    ``AblationSpec``s, ``first`` ``PointId``s checked against the plan."""
 
     task: str  # a task name ("mmlu", "piqa", "winogrande") or "file:..." spec
     score_ids: list[str]
@@ -82,17 +84,17 @@ class SweepConfig:
     limit: int | None = None
     seed: int = DEFAULT_SEED  # few-shot sampling seed (lm-eval's default)
     batch_size: int | str = 16  # rows per forward, or "auto" (lens_heads.batching); not in the key
-    extra_ablations: list[str] = field(default_factory=list)
+    extra_ablations: tuple[AblationSpec, ...] = ()  # (or their specs' text) fixed ablations beside the curves
     n_boot: int = 1000
     boot_seed: int = 0
     tol: float = 0.01  # one accuracy point
     threshold_batch_size: int = SCORING_BATCH
     chunk_questions: int | None = 250  # questions per stored part of a point (None: one part); not in the key
-    first: list[str] = field(default_factory=list)  # point labels evaluated right after the baseline; not in the key
+    first: tuple[PointId, ...] = ()  # (or their labels) points evaluated right after the baseline; not in the key
     protocol: Protocol = field(default_factory=Protocol)  # BOS, chat template, threshold rule
     thresholds_file: str | None = None  # the authors' thresholds.json instead of a scoring pass
     thresholds_model: str | None = None  # its model key (hub id), with thresholds_file
-    replacement: str | None = None  # what ablated heads become (lens_heads.replacement): None/"zero", "mean:c4", ...
+    replacement: Replacement | None = None  # what ablated heads become (or its text: "zero", "mean:c4", ...); None: zero
     static_ids: list[str] = field(default_factory=list)  # static curves: score ids or "random" (seeds: random_seeds)
 
     @property
@@ -112,7 +114,8 @@ class SweepConfig:
         self._set("random_seeds", list(dict.fromkeys(int(s) for s in self.random_seeds)))
         self._set("score_ids", list(dict.fromkeys(self.score_ids)))
         self._set("static_ids", list(dict.fromkeys(self.static_ids)))
-        self._set("extra_ablations", list(self.extra_ablations))
+        self._set("extra_ablations", tuple(dict.fromkeys(
+            e if isinstance(e, AblationSpec) else parse_spec(e) for e in self.extra_ablations)))
         self._check_static_ids()
         if self.limit is not None and self.limit < 1:
             raise LensHeadsError(f"limit must be >= 1, got {self.limit}")
@@ -129,16 +132,26 @@ class SweepConfig:
         if (self.thresholds_file is None) != (self.thresholds_model is None):
             raise LensHeadsError("thresholds_file and thresholds_model go together (the file's model key)")
         if self.replacement is not None:
-
-            rep = parse_replacement(self.replacement)
+            rep = self.replacement if isinstance(self.replacement, Replacement) else parse_replacement(self.replacement)
             for sid in (*self.score_ids, *self.static_ids):
                 takes = SCORES[sid].replacements if sid in SCORES else None
                 if takes is not None and rep.kind not in takes:
                     raise LensHeadsError(f"{sid} takes {' or '.join(takes)} replacements, not {rep} "
                                          f"({SCORES[sid].description})")
-            self._set("replacement", None if isinstance(rep, Zero) else str(rep))
-        self._set("first", list(dict.fromkeys(str(self._check_first(PointId.parse(f, self.extra_ablations)))
-                                              for f in self.first)))
+            self._set("replacement", None if isinstance(rep, Zero) else rep)
+        extras = self.extra_labels
+        self._set("first", tuple(dict.fromkeys(
+            self._check_first(f if isinstance(f, PointId) else PointId.parse(f, extras)) for f in self.first)))
+
+    @property
+    def extra_labels(self) -> list[str]:
+        """The extra ablations' specs as text (their point labels and plan specs)."""
+        return [str(e) for e in self.extra_ablations]
+
+    @property
+    def replacement_text(self) -> str | None:
+        """``replacement`` as the store keys write it (None: zero)."""
+        return None if self.replacement is None else str(self.replacement)
 
     def _check_static_ids(self) -> None:
         bad = [s for s in self.static_ids if s not in SCORES and s != RANDOM]

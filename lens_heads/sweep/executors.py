@@ -47,6 +47,7 @@ from lens_heads.sweep.result import SweepResult
 from lens_heads.sweep.run import CLAIM_POLL_S, check_sweep
 from lens_heads.sweep.stats import tables
 from lens_heads.sweep.units import merge_score_shards, shard_key
+from lens_heads.sweep.run import check_one_weights, merge_point, read_thresholds
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -461,8 +462,6 @@ def launch(job: SweepJob, executor: str = "local", config=None, progress: bool =
     the part units, the points and the tables (``summary.csv``, ``within_1pt.csv``), loading no
     weights in this process (but for ``local``, whose worker is this process, and an
     ``InProcessSession``: ``run_sweep``). ``task``: the loaded task (default: ``job.cfg.task``)."""
-    from lens_heads.sweep.run import check_one_weights, merge_point, read_thresholds, stored_plan  # looked up when called: tests replace it to catch the work
-
     t0 = time.perf_counter()
     cfg = job.cfg
     cfg.validate()
@@ -501,7 +500,7 @@ def launch(job: SweepJob, executor: str = "local", config=None, progress: bool =
                 static = stored_static(store, identity, cfg)
             if static is None:
                 raise LensHeadsError(f"{job.out_dir}: the static curves' scores are missing after the executor finished")
-        plan = stored_plan(store, identity, cfg, task)  # the plan tabulate and --status read, from the store
+        plan = run.stored_plan(store, identity, cfg, task)  # the plan tabulate and --status read, from the store
         if plan is None:
             raise LensHeadsError(f"{job.out_dir}: the sweep's thresholds are missing after the executor finished")
         units = plan.all_units

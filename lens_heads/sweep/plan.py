@@ -98,24 +98,22 @@ def plan_points(cfg: SweepConfig, thresholds: Thresholds, static: StaticScores |
         pts.extend(_static_points(cfg, static))
     if not pts:  # extra ablations only (or nothing): still measure the baseline they are compared with
         pts.append(SweepPoint(BASELINE, 0.0, "none"))
-    for spec in cfg.extra_ablations:
+    for spec in cfg.extra_labels:
         pts.append(SweepPoint(spec, math.nan, spec))
     if cfg.replacement:  # every ablated point replaces its heads instead of zeroing them (its own keys)
-        from dataclasses import replace
-
-
         pts = [p if p.spec == "none" else replace(p, spec=str(with_replacement(parse_spec(p.spec), cfg.replacement)))
                for p in pts]
     return pts
 
 
-def compute_order(points: Sequence[SweepPoint], first: Sequence[str] = ()) -> list[str]:
+def compute_order(points: Sequence[SweepPoint], first: Sequence[PointId | str] = ()) -> list[str]:
     """Distinct specs in the order they are evaluated: the baseline (every curve's origin), the
     points named in ``first`` (``PointId`` strings, in that order), the random-heads curves,
     per input then static (what every function is compared with), then each function's curve
     whole before the next one (per input, then static), then the extra ablations. A sweep stopped part-way thus holds its reference and
     complete curves, which ``tabulate(..., partial=True)`` can show."""
     by_label = {point_label(p): p for p in points if p.spec != "none"}
+    first = [str(f) for f in first]
     unknown = [f for f in first if f not in by_label]
     if unknown:
         raise LensHeadsError(f"first: {unknown[0]!r} is no point of this sweep; its points are "
@@ -141,7 +139,7 @@ def partial_config(cfg: SweepConfig, points: Sequence[SweepPoint], stored: set[s
         static.append(RANDOM)
     return replace(cfg, score_ids=[sid for sid in cfg.score_ids if whole(lambda p: p.score_fn == sid)],
                    random_seeds=seeds, static_ids=[s for s in cfg.static_ids if s in static],
-                   extra_ablations=[e for e in cfg.extra_ablations if e in stored])
+                   extra_ablations=[e for e in cfg.extra_ablations if str(e) in stored])
 
 
 # -----------------------------------------------------------------------------
@@ -149,7 +147,7 @@ def partial_config(cfg: SweepConfig, points: Sequence[SweepPoint], stored: set[s
 
 
 def thresholds_key(identity: RunIdentity, cfg: SweepConfig) -> StoreKey:
-    return identity.thresholds(cfg.score_ids, cfg.fractions, cfg.replacement)
+    return identity.thresholds(cfg.score_ids, cfg.fractions, cfg.replacement_text)
 
 
 def stored_thresholds(store: ResultStore, identity: RunIdentity, cfg: SweepConfig) -> ThresholdsRecord | None:
@@ -189,7 +187,7 @@ def stored_thresholds(store: ResultStore, identity: RunIdentity, cfg: SweepConfi
 
 def static_key(identity: RunIdentity, cfg: SweepConfig, ranking: str) -> StoreKey:
     """Where the dataset-level values of one of ``static_rankings(cfg)`` are stored."""
-    return identity.static_scores(ranking, cfg.replacement)
+    return identity.static_scores(ranking, cfg.replacement_text)
 
 
 def stored_static(store: ResultStore, identity: RunIdentity, cfg: SweepConfig) -> StaticScores | None:

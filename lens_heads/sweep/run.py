@@ -30,6 +30,9 @@ from lens_heads.data import load_task
 from lens_heads.scores.functions import input_level, question_level
 from lens_heads.task_requests import task_inputs
 from lens_heads.thresholds import thresholds_of
+from lens_heads import scores as scoring
+from lens_heads import evaluate as evaluation
+from lens_heads.scores import SCORES
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -79,8 +82,6 @@ def scoring_pass(model: LoadedModel, task, cfg: SweepConfig, progress: bool,
     ``n_inputs`` counts them) and each question-level score over the questions' gold requests,
     with the sweep's replacement (docs/methods.md §3); and the dataset-level means of
     ``rankings`` (score ids, ``random@SEED``) that static curves rank heads by."""
-    from lens_heads.scores import SCORES, score_heads  # looked up when called: tests replace it to catch the work
-
     rule = cfg.protocol.threshold_rule
     hook_ids = input_level(cfg.score_ids)
     hook_static = input_level([r for r in rankings if not r.startswith(f"{RANDOM}@")])
@@ -89,7 +90,7 @@ def scoring_pass(model: LoadedModel, task, cfg: SweepConfig, progress: bool,
     n_inputs = 0
     if hook_ids or hook_static:
         inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.protocol)
-        hs = score_heads(model, inputs, scores=list(dict.fromkeys([*hook_ids, *hook_static])),
+        hs = scoring.score_heads(model, inputs, scores=list(dict.fromkeys([*hook_ids, *hook_static])),
                          batch_size=cfg.threshold_batch_size, keep_per_input=bool(hook_ids), progress=progress)
         computed.update(thresholds_of(hs, hook_ids, cfg.fractions, rule) if hook_ids else {})
         static.update({r: hs.mean[r].tolist() for r in hook_static})
@@ -192,8 +193,6 @@ class Outcome(str, Enum):
 def run_unit(model: LoadedModel, task, plan: SweepPlan, unit: PartUnit, store: ResultStore) -> Outcome:
     """Evaluate one part and store it, unless it (or its point) is stored or another live
     process holds it."""
-    from lens_heads.evaluate import evaluate_task  # looked up when called: tests replace it to catch the work
-
     if store.has(unit.key) or store.has(unit.point):
         return Outcome.STORED
     cfg = plan.cfg
@@ -202,7 +201,7 @@ def run_unit(model: LoadedModel, task, plan: SweepPlan, unit: PartUnit, store: R
             return Outcome.HELD
         if store.has(unit.key) or store.has(unit.point):  # done meanwhile by another process
             return Outcome.STORED
-        result = evaluate_task(model, task, n_shot=cfg.n_shot, seed=cfg.seed,
+        result = evaluation.evaluate_task(model, task, n_shot=cfg.n_shot, seed=cfg.seed,
                                ablation=parse_ablation(unit.spec, model.geometry), batch_size=cfg.batch_size,
                                progress=False, doc_ids=list(unit.doc_ids), protocol=cfg.protocol)
         store.save(unit.key, PointRecord.from_result(result))
@@ -257,7 +256,7 @@ def check_sweep(model: LoadedModel, cfg: SweepConfig, task):
 
     cfg.validate()
     task = task if task is not None else load_task(cfg.task)
-    for s in cfg.extra_ablations:  # validate before writing
+    for s in cfg.extra_labels:  # head ranges checked against the model, before writing
         parse_ablation(s, model.geometry if model is not None else None)
     return task
 

@@ -44,6 +44,10 @@ from lens_heads.data import load_task
 from lens_heads.models.load import model_digest
 from lens_heads.sweep.plan import stored_static
 from lens_heads.sweep.run import read_thresholds
+from lens_heads import scores as scoring
+from lens_heads import models
+from lens_heads.sweep import run as sweep_run
+from lens_heads.sweep.run import run_static_unit
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -82,8 +86,6 @@ def run_score_shard(model: LoadedModel, task, identity: RunIdentity, cfg: SweepC
                     n_shards: int) -> Outcome:
     """Score shard ``index`` of ``n_shards`` and store its per-input scores (with their input
     positions), unless it or the thresholds are stored or another live process holds it."""
-    from lens_heads.scores import score_heads  # looked up when called: tests replace it to catch the work
-
     key, done = shard_key(identity, cfg, index, n_shards), thresholds_key(identity, cfg)
     if store.has(key) or store.has(done):
         return Outcome.STORED
@@ -99,7 +101,7 @@ def run_score_shard(model: LoadedModel, task, identity: RunIdentity, cfg: SweepC
         tensors = {"input_index": torch.tensor(idx, dtype=torch.long),
                    "n_inputs": torch.tensor([len(inputs)], dtype=torch.long)}
         if idx:
-            hs = score_heads(model, [inputs[i] for i in idx], scores=list(cfg.score_ids),
+            hs = scoring.score_heads(model, [inputs[i] for i in idx], scores=list(cfg.score_ids),
                              batch_size=cfg.threshold_batch_size, keep_per_input=True, progress=False)
             tensors.update({f"score.{sid}": hs.per_input[sid] for sid in cfg.score_ids})
         store.put_tensors(key, tensors)
@@ -172,14 +174,12 @@ class Worker:
 
     def _setup(self):
         if self._model is None:
-            from lens_heads.models import load_model  # looked up when called: tests replace it to catch the work
-
             if self.job.threads:
                 import torch
 
                 torch.set_num_threads(self.job.threads)
             self._task = load_task(self.job.cfg.task, n_shot=self.job.cfg.n_shot, include_path=self.job.include_path)
-            model = load_model(self.job.model, dtype=self.job.dtype, device=self.job.device,
+            model = models.load_model(self.job.model, dtype=self.job.dtype, device=self.job.device,
                                revision=self.job.revision)
             self.loads += 1
             if model_digest(model) != self.job.digest:
@@ -213,8 +213,6 @@ class Worker:
 
     def run(self, ref: UnitRef) -> Outcome:
         """Run one unit (skipped when stored; left alone when another live process holds it)."""
-        from lens_heads.sweep.run import run_static_unit, run_unit  # looked up when called: tests replace it to catch the work
-
         model, task = self._setup()
         store = ResultStore(self.job.out_dir)
         if ref.phase == "score":
@@ -227,7 +225,7 @@ class Worker:
             plan = self.plan()
             if not 0 <= ref.index < len(plan.all_units):
                 raise LensHeadsError(f"unit {ref}: the sweep has {len(plan.all_units)} part units")
-            out = run_unit(model, task, plan, plan.all_units[ref.index], store)
+            out = sweep_run.run_unit(model, task, plan, plan.all_units[ref.index], store)
         self.computed += out is Outcome.COMPUTED
         return out
 
