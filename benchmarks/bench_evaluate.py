@@ -13,7 +13,11 @@ batch size 16, its logits cache on) and of lens_heads (evaluate_task), whether t
 per-question predictions are identical, the max |Δ log-likelihood|; and the cost of MMLU
 5-shot relative to 0-shot in lens_heads, on a stratified sample (few questions per
 subject) and on ``--subjects`` subjects with many questions each (how a full MMLU run looks:
-~246 questions per subject). Writes benchmarks/results/bench_evaluate.md.
+~246 questions per subject). lens_heads runs under each attention backend (docs/methods.md §9):
+``auto`` (the fused kernel) and ``eager`` (TransformerLens' attention), timed back to back, with
+their predictions compared; and one per-input sweep point (``score:ahon_ln`` at its 10 %
+threshold) on MMLU 5-shot, fused and eager, against the unablated fused evaluation without
+prefix reuse (what a per-input point must compute). Writes benchmarks/results/bench_evaluate.md.
 """
 
 from __future__ import annotations
@@ -78,6 +82,42 @@ def gemm_roof(shapes, dtype, rows: int = 512, repeats: int = 5) -> float:
     return rows / best
 
 
+def per_input_point(model, task, recs, batch_size, lines, max_tokens: int) -> None:
+    """One per-input sweep point (``score:ahon_ln`` at the threshold that zeroes 10 % of the
+    heads over these questions' 5-shot inputs) fused and eager, against the unablated fused
+    evaluation without prefix reuse (a per-input point cannot reuse one)."""
+    from lens_heads.ablation import parse_ablation
+    from lens_heads.evaluate import evaluate_task
+    from lens_heads.task_requests import task_inputs
+    from lens_heads.thresholds import compute_thresholds
+
+    ids = [r.doc_id for r in recs]
+    # the threshold from a stratified sample of the same size (as a sweep takes it from its own run's inputs)
+    inputs = [x for x in task_inputs(model, task, 5, limit=len(recs)) if len(x) <= max_tokens]
+    tau = compute_thresholds(model, inputs, ["ahon_ln"], [0.1], progress=False)["ahon_ln"][0.1]
+    spec = f"score:ahon_ln@{tau!r}"
+    times, results = {}, {}
+    for name, attn, abl, reuse in (("unablated, fused, no prefix reuse", "auto", None, False),
+                                   ("score:ahon_ln@10 %, fused", "auto", spec, True),
+                                   ("score:ahon_ln@10 %, eager", "eager", spec, True)):
+        model.attention = attn
+        t0 = time.perf_counter()
+        results[name] = evaluate_task(model, task, n_shot=5, doc_ids=ids, batch_size=batch_size, progress=False,
+                                      ablation=None if abl is None else parse_ablation(abl, model.geometry),
+                                      reuse_prefix=reuse)
+        times[name] = time.perf_counter() - t0
+    model.attention = "auto"
+    (base, t_base), (fused, t_fused), (eager, t_eager) = ((k, times[k]) for k in times)
+    same = sum(a.pred == b.pred for a, b in zip(results[fused].questions, results[eager].questions))
+    lines += ["", f"Per-input sweep point on MMLU 5-shot ({len(recs)} questions; {spec}, zeroing "
+              f"{100 * results[fused].zeroed_fraction:.1f} % of heads):", "",
+              "| run | s | vs unablated fused |", "|---|---|---|"]
+    lines += [f"| {k} | {t:.1f} | {t / t_base:.2f}x |" for k, t in times.items()]
+    lines += ["", f"Fused per-input point {t_eager / t_fused:.2f}x faster than eager; identical predictions "
+              f"{same}/{len(recs)}."]
+    print("\n".join(lines[-8:]), flush=True)
+
+
 def argmax(xs):
     return max(range(len(xs)), key=lambda j: (xs[j], -j))
 
@@ -119,8 +159,9 @@ def main() -> int:
               f"(bf16/fp32 {roofs['bfloat16'] / roofs['float32']:.2f}x); this run's dtype: {model.dtype}.", ""]
     lines += ["| task | n | lm-eval s | lens_heads s | speed-up | LensHeadsLM s | its speed-up | identical preds "
               "(evaluate / LensHeadsLM) | max abs dll | positions computed (lm-eval / lens_heads) | "
-              "lens_heads positions/s | of the roof |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "lens_heads positions/s | of the roof | eager attention s | fused / eager speed-up | "
+              "eager of the roof | identical preds fused / eager |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def compare(name, task, recs, k):
         reqs, spans = [], []
@@ -142,13 +183,22 @@ def main() -> int:
         t0 = time.perf_counter()
         via_lm = lm_eval_lls(ours_lm, reqs)
         t_ours_lm = time.perf_counter() - t0
+        model.attention = "eager"
+        t0 = time.perf_counter()
+        eager = evaluate_task(model, task, n_shot=k, doc_ids=[r.doc_id for r in recs],
+                              batch_size=args.batch_size, progress=False)
+        t_eager = time.perf_counter() - t0
+        model.attention = "auto"
+        same_eager = sum(a.pred == b.pred for a, b in zip(res.questions, eager.questions))
         same = sum(argmax(theirs[a:b]) == q.pred for q, (a, b) in zip(res.questions, spans))
         same_lm = sum(argmax(theirs[a:b]) == argmax(via_lm[a:b]) for a, b in spans)
         dll = max(abs(x - y) for q, (a, b) in zip(res.questions, spans) for x, y in zip(q.lls, theirs[a:b]))
         dll = max(dll, max(abs(x - y) for x, y in zip(via_lm, theirs)))
         row = (f"| {name} | {len(recs)} | {t_lm:.1f} | {t_us:.1f} | {t_lm / t_us:.2f}x | {t_ours_lm:.1f} | "
                f"{t_lm / t_ours_lm:.2f}x | {same}/{len(recs)} / {same_lm}/{len(recs)} | {dll:.2e} | "
-               f"{n_theirs} / {n_ours} | {n_ours / t_us:.0f} | {100 * n_ours / t_us / roof:.0f} % |")
+               f"{n_theirs} / {n_ours} | {n_ours / t_us:.0f} | {100 * n_ours / t_us / roof:.0f} % | "
+               f"{t_eager:.1f} | {t_eager / t_us:.2f}x | {100 * n_ours / t_eager / roof:.0f} % | "
+               f"{same_eager}/{len(recs)} |")
         print(row, flush=True)
         lines.append(row)
         return t_us
@@ -161,6 +211,7 @@ def main() -> int:
     mmlu_recs = sorted(random.Random(0).sample(short, min(args.mmlu, len(short))), key=lambda r: r.doc_id)
     compare(f"MMLU 5-shot (stratified, {len({r.subject for r in mmlu_recs})} subjects)", mmlu, mmlu_recs, 5)
     compare("PIQA 0-shot", piqa, piqa.records[:args.piqa], 0)
+    per_input_point(model, mmlu, mmlu_recs, args.batch_size, lines, args.max_prompt_tokens)
 
     # 5-shot vs 0-shot cost in lens_heads
     lines += ["", "| MMLU sample | n | 0-shot s | 5-shot s | 5-shot / 0-shot |", "|---|---|---|---|---|"]

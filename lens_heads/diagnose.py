@@ -90,19 +90,17 @@ class DiagnosisThresholds:
 def _local_mass(acts: Acts) -> Float[Tensor, "batch head"]:
     """Mean over real rows t >= first + 3 of A[t, t-2] + A[t, t-1] + A[t, t] (float32; NaN when
     no row counts). The first real token of each row is where its mask first equals 1."""
-    A = acts.x.float()
-    T = A.shape[-1]
-    # window mass A[t,t] + A[t,t-1] + A[t,t-2] from the diagonals, for rows t >= 2
-    local = A.diagonal(0, -2, -1)[..., 2:] + A.diagonal(-1, -2, -1)[..., 1:] + A.diagonal(-2, -2, -1)
-    pos = torch.arange(T, device=A.device)
+    local = acts.local_mass()  # [b, h, T]: A[t,t] + A[t,t-1] + A[t,t-2]
+    T = local.shape[-1]
+    pos = torch.arange(T, device=local.device)
     rows = acts.batch.maskf * (pos[None, :] >= acts.batch.first[:, None] + LOCAL_WINDOW).float()  # [b, T]
-    n_local = rows[:, 2:].sum(-1)[:, None]
-    return (local * rows[:, None, 2:]).sum(-1) / n_local  # 0/0 = NaN when no row counts
+    n_local = rows.sum(-1)[:, None]
+    return (local * rows[:, None, :]).sum(-1) / n_local  # 0/0 = NaN when no row counts
 
 
 # Not a registry score (it would join every ``score_heads(..., "all")``): the collector computes
 # it as an ``extra`` statistic beside awft / aeqd.
-LOCAL_MASS = ScoreFn("local_mass", ("pattern",), "high",
+LOCAL_MASS = ScoreFn("local_mass", ("rows",), "high",
                      "mass on the last 3 positions <= t, over rows t >= first + 3 (collapse diagnosis)",
                      compute=_local_mass)
 # (bos_mass, entropy, local_mass): BOS mass and entropy are the head scores awft / aeqd (one

@@ -5,6 +5,10 @@ Hook points read and written by lens_heads (TransformerBridge, TL >= 4.3):
 - ``blocks.{L}.attn.hook_pattern``  Float[Tensor, "batch head q k"]    attention probabilities
 - ``blocks.{L}.attn.hook_v``        Float[Tensor, "batch pos kv_head d_head"]  values (KV heads)
 - ``blocks.{L}.attn.hook_z``        Float[Tensor, "batch pos head d_head"]  head outputs before W_O
+- ``blocks.{L}.attn.hook_rows``     ``attention.RowStats`` per query row (A[t, first], entropy,
+  local mass): lens_heads' own point, not TransformerLens'. Its hook is an
+  ``attention.RowRequest``; a fused layer's kernel serves it without a pattern, an eager layer
+  from ``hook_pattern``. Scores read it, so they never need the pattern itself.
 
 Within one layer they fire in that order (pattern and v, then z), so a hook on ``hook_z``
 can use statistics gathered at ``hook_pattern``/``hook_v`` of the same layer in the same
@@ -20,12 +24,15 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
+from lens_heads import attention
+
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
 
-HookKind = Literal["pattern", "v", "z"]
+HookKind = Literal["pattern", "rows", "v", "z"]
 HOOK_POINTS: dict[str, str] = {
     "pattern": "blocks.{layer}.attn.hook_pattern",
+    "rows": "blocks.{layer}.attn.hook_rows",
     "v": "blocks.{layer}.attn.hook_v",
     "z": "blocks.{layer}.attn.hook_z",
 }
@@ -134,10 +141,31 @@ def run_with_hooks(
             kwargs["past_key_values"] = past_key_values
     if return_cache:
         kwargs["return_type"] = "logits_and_cache"
+    fwd_hooks, rows = _split_rows(fwd_hooks)
     with (torch.enable_grad() if grad else torch.inference_mode()), \
-            _kv_cache_compat(bridge, past_key_values is not None or return_cache):
-        out = bridge.run_with_hooks(input_ids.to(model.device), fwd_hooks=list(fwd_hooks), **kwargs)
+            attention.backend(model, [name for name, _ in fwd_hooks], rows) as fused, \
+            _kv_cache_compat(bridge, past_key_values is not None or return_cache, fused):
+        fwd_hooks += [(hook_name("pattern", L), _rows_from_pattern(r)) for L, r in rows.items() if not fused[L]]
+        out = bridge.run_with_hooks(input_ids.to(model.device), fwd_hooks=fwd_hooks, **kwargs)
     return out if return_logits else None
+
+
+def _split_rows(fwd_hooks: Iterable[tuple[str, Any]]) -> tuple[list[tuple[str, HookFn]], dict[int, Any]]:
+    """TransformerLens hooks, and the row-statistics requests (``hook_rows``) by layer."""
+    plain, rows = [], {}
+    for name, fn in fwd_hooks:
+        if name.endswith(HOOK_POINTS["rows"].rsplit("}", 1)[1]):  # blocks.{L}.attn.hook_rows
+            rows[int(name.split(".")[1])] = fn
+        else:
+            plain.append((name, fn))
+    return plain, rows
+
+
+def _rows_from_pattern(request) -> HookFn:
+    """An eager layer serves a row-statistics request from its pattern."""
+    def hook(pattern: Tensor, hook=None) -> None:
+        request.fn(attention.RowStats.from_pattern(pattern, request.first.to(pattern.device)))
+    return hook
 
 
 def _takes_cache_kwarg(hf_model) -> bool:
@@ -154,11 +182,12 @@ def _takes_cache_kwarg(hf_model) -> bool:
 
 
 @contextlib.contextmanager
-def _kv_cache_compat(bridge, active: bool) -> Iterator[None]:
+def _kv_cache_compat(bridge, active: bool, fused: list[bool]) -> Iterator[None]:
     """TransformerLens 4.3's attention bridges look for ``past_key_values`` / ``layer_past``
     among the kwargs of the attention call; transformers >= 5.2x passes the cache as
     ``cache``, so the bridge silently skips the cache update (measured: logits off by 0.5 on
-    Llama, exact on BLOOM). Copy it under the name the bridge reads, for this call only."""
+    Llama, exact on BLOOM). Copy it under the name the bridge reads, for this call only, in the
+    layers that run eager (a fused layer is the model's own attention, which reads ``cache``)."""
     if not active:
         yield
         return
@@ -170,7 +199,7 @@ def _kv_cache_compat(bridge, active: bool) -> Iterator[None]:
         return None
 
     handles = [blk.attn.register_forward_pre_hook(pre_hook, with_kwargs=True)
-               for blk in getattr(bridge, "blocks", [])]
+               for blk, is_fused in zip(getattr(bridge, "blocks", []), fused) if not is_fused]
     try:
         yield
     finally:

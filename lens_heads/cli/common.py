@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 from lens_heads.data.corpora import default_corpus
+from lens_heads import attention
 from lens_heads.errors import LensHeadsError
 from lens_heads.models.load import check_revision, peek_geometry
 from lens_heads.protocol import BOS_CHOICES, resolve_protocol
@@ -28,14 +29,16 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "{module: device} (devices: 0, 1, cuda:0, cpu, disk)")
     p.add_argument("--max-memory", default=None, help="with --device-map: per device, e.g. 0=20GiB,1=20GiB,cpu=60GiB")
     p.add_argument("--offload-folder", default=None, help="with --device-map: where disk-offloaded weights go")
+    p.add_argument("--attention", default="auto", choices=attention.CHOICES,
+                   help="attention backend: auto (default: a fused kernel in every layer whose pattern nothing "
+                        "reads, where the architecture allows it), fused, or eager (TransformerLens' own, "
+                        "materialising the pattern); results agree to float rounding")
 
 
 def placement_from_args(args) -> dict:
     """``load_model``'s placement keywords from ``--device-map`` / ``--max-memory`` /
     ``--offload-folder`` / ``--revision`` (checked before anything loads)."""
     import json
-
-
 
     device_map = getattr(args, "device_map", None)
     out = {"revision": getattr(args, "revision", None)}
@@ -81,7 +84,8 @@ def config_geometry(args):
 
 def model_from_args(args):
     """The model the arguments name, placed as they say."""
-    return models.load_model(args.model, dtype=args.dtype, device=args.device, **placement_from_args(args))
+    return models.load_model(args.model, dtype=args.dtype, device=args.device,
+                             attention=getattr(args, "attention", "auto"), **placement_from_args(args))
 
 
 def check_positive(args, *names: str, minimum: int = 1) -> None:

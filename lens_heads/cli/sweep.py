@@ -273,7 +273,8 @@ def run_scaled(args, cfg, scale) -> int:
     if args.device_map is not None:
         raise LensHeadsError("--device-map with --executor / --shard: give each worker its devices instead "
                              "(--gpus-per-worker, CUDA_VISIBLE_DEVICES)")
-    job = job_for(args.model, args.dtype, args.device, cfg, args.out, args.include_path, n_shards, args.revision)
+    job = job_for(args.model, args.dtype, args.device, cfg, args.out, args.include_path, n_shards, args.revision,
+                  args.attention)
     out = executors.launch(job, name, config, progress=not args.no_progress)
     computed = getattr(out.session, "computed", None)
     by_pid = getattr(out.session, "by_pid", None)

@@ -29,6 +29,7 @@ from lens_heads.data.paths import hub_offline
 from lens_heads.hooks import booting_pruned, bridge_made_parameters, pin_rotary_dtype, probe_shapes
 from lens_heads.models.gguf_size import Truncated, declared_size
 from lens_heads.pruned_model import pruned_class, shrink
+from lens_heads.attention import check_choice, check_model
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -135,6 +136,7 @@ class LoadedModel:
     device: str
     prepends_bos: bool = field(default=False)
     weights_digest: str | None = field(default=None, repr=False)  # model_digest of a folder, once computed
+    attention: str = field(default="auto")  # the attention backend: auto / fused / eager (lens_heads.attention)
 
     @property
     def hf_model(self):
@@ -510,13 +512,17 @@ def dtype_name(dtype: str | torch.dtype, device: str = "cpu") -> str:
 
 def load_model(spec, dtype: str | torch.dtype = "float32", device: str = "cpu", *,
                device_map: str | dict | None = None, max_memory: dict | None = None,
-               offload_folder: str | os.PathLike | None = None, revision: str | None = None) -> LoadedModel:
+               offload_folder: str | os.PathLike | None = None, revision: str | None = None,
+               attention: str = "auto") -> LoadedModel:
     """Load ``spec`` (zoo name, .gguf, HF directory or hub id) onto the TransformerLens bridge.
 
     ``device_map`` (with ``max_memory``, ``offload_folder``) places the layers with accelerate
     instead of moving the whole model to ``device``: across GPUs, or partly in CPU RAM or on
     disk; everything but surgery runs unchanged on such a model. ``revision`` pins a hub id
-    (branch, tag or commit; resolved to its commit, recorded in the model's digest)."""
+    (branch, tag or commit; resolved to its commit, recorded in the model's digest).
+    ``attention``: the attention backend (``lens_heads.attention``: auto, fused, eager); the
+    model's ``attention`` attribute, which can be changed later."""
+    check_choice(attention)
     device = check_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     source = resolve_source(spec, revision)
@@ -524,7 +530,10 @@ def load_model(spec, dtype: str | torch.dtype = "float32", device: str = "cpu", 
     model, tokenizer = load_hf(source, torch_dtype, device, placement)
     if device_map is not None:
         device = _embedding_device(model)
-    return boot(model, tokenizer, source, torch_dtype, device)
+    loaded = boot(model, tokenizer, source, torch_dtype, device)
+    loaded.attention = attention
+    check_model(loaded, attention)  # 'fused' on a model that cannot run it: one message, before any work
+    return loaded
 
 
 def _embedding_device(model: PreTrainedModel) -> str:

@@ -18,6 +18,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lens_heads.attention import RowRequest
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import HookFn, HookKind, hook_name, w_o
 from lens_heads.scores.functions import SCORES, Acts, BatchGeometry, ScoreFn, _closure, resolve_score_ids
@@ -47,7 +48,7 @@ class ScoreCollector:
         plan = [SCORES[s] for s in _closure(self.score_ids)] + self.extra
         self._base: dict[HookKind, list[ScoreFn]] = {
             k: [fn for fn in plan if fn.compute is not None and fn.reads == (k,)]
-            for k in ("pattern", "v", "z")}
+            for k in ("pattern", "rows", "v", "z")}
         self._derived = [fn for fn in plan if fn.combine is not None]
         self._out_ids = self.score_ids + [fn.id for fn in self.extra]
         self._grams: dict[int, Tensor] = {}
@@ -69,6 +70,8 @@ class ScoreCollector:
                         for s in self._out_ids}
         out: list[tuple[str, HookFn]] = []
         for L in range(g.n_layers):
+            if self._base["rows"]:  # what the scores read of the pattern, per query row (no pattern when fused)
+                out.append((hook_name("rows", L), RowRequest(batch.first, self._reduce_hook("rows", L, batch))))
             for kind in ("pattern", "v"):
                 if self._base[kind]:
                     out.append((hook_name(kind, L), self._reduce_hook(kind, L, batch)))

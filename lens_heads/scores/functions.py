@@ -16,6 +16,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
+from lens_heads.attention import RowStats
 from lens_heads.errors import LensHeadsError
 from lens_heads.hooks import HookKind
 from lens_heads.registry import Registry
@@ -42,9 +43,11 @@ class Acts:
             self._memo[key] = make()
         return self._memo[key]
 
-    # --- pattern [batch, head, q, k] ----------------------------------------------------
+    # --- row statistics (``attention.RowStats``) or a pattern [batch, head, q, k] --------
     def attn_on_first(self) -> Float[Tensor, "batch head q"]:
         """A[t, first] for every query row t (float32)."""
+        if self.kind == "rows":
+            return self.x.first_weight
         b, h, q, _ = self.x.shape
         if self.batch.first_is_zero:
             return self._cached("first", lambda: self.x[..., 0].float())
@@ -53,9 +56,18 @@ class Acts:
 
     def row_entropy(self) -> Float[Tensor, "batch head q"]:
         """-sum_j A[t, j] ln A[t, j] per query row, in float32, one batch row at a time."""
+        if self.kind == "rows":
+            return self.x.entropy
+
         def make() -> Tensor:
             return torch.stack([torch.special.entr(row.float()).sum(-1) for row in self.x])
         return self._cached("entropy", make)
+
+    def local_mass(self) -> Float[Tensor, "batch head q"]:
+        """sum_{j=t-2..t} A[t, j] for every query row t (float32)."""
+        if self.kind == "rows":
+            return self.x.local_mass
+        return self._cached("local", lambda: RowStats.from_pattern(self.x, self.batch.first).local_mass)
 
     # --- v [batch, pos, kv_head, d_head] and z [batch, pos, head, d_head] --------------
     def norms(self) -> Float[Tensor, "batch pos unit"]:
@@ -204,7 +216,7 @@ def base(id: str, reads: HookKind, inactive_when: str, description: str,
 def derived(id: str, needs: Sequence[str], combine: Callable[[dict[str, Tensor]], Tensor],
             description: str, inactive_when: str | None = None, revision: int = 1) -> ScoreFn:
     deps = [SCORES[d] for d in needs]
-    reads = tuple(k for k in ("pattern", "v", "z") if any(k in d.reads for d in deps))
+    reads = tuple(k for k in ("pattern", "rows", "v", "z") if any(k in d.reads for d in deps))
     return register_score(ScoreFn(id, reads, inactive_when or deps[0].inactive_when, description,
                                   needs=tuple(needs), combine=combine, revision=revision))
 
@@ -219,9 +231,9 @@ def layer_normalised(base_id: str) -> ScoreFn:
                    f"{base_id} / mean of {base_id} over the layer's heads")
 
 
-base("awft", "pattern", "high", "avg attention weight on the first token",
+base("awft", "rows", "high", "avg attention weight on the first token",
      lambda a: a.mean_over_queries(a.attn_on_first()))
-base("aeqd", "pattern", "low", "avg entropy of the query distributions",
+base("aeqd", "rows", "low", "avg entropy of the query distributions",
      lambda a: a.mean_over_queries(a.row_entropy()))
 base("ftvvn", "v", "low", "first-token value vector norm",
      lambda a: a.to_query_heads(a.at_first(a.norms())))

@@ -393,13 +393,13 @@ class Launch:
 
 
 def job_for(model: str, dtype: str, device: str, cfg, out_dir, include_path=None, n_shards: int = 1,
-            revision: str | None = None) -> SweepJob:
+            revision: str | None = None, attention: str = "auto") -> SweepJob:
     """A ``SweepJob`` from a model spec, with the weights' digest, the concrete dtype (``auto``
     resolved here, so every worker loads the same) and a hub id's commit; no model loaded."""
 
     commit = resolve_source(model, revision).revision if revision is not None else None
     return SweepJob(str(model), dtype_name(dtype, device), device, cfg, str(out_dir), spec_digest(model, revision),
-                    include_path, n_shards, revision=commit)
+                    include_path, n_shards, revision=commit, attention=attention)
 
 
 def in_process_only(cfg) -> list[str]:

@@ -27,6 +27,8 @@ import socket
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
+import torch
+
 from lens_heads.claims import claim
 from lens_heads.errors import LensHeadsError
 from lens_heads.keys import RunIdentity, StoreKey
@@ -159,6 +161,7 @@ class SweepJob:
     n_shards: int = 1  # shards of the scoring pass
     threads: int | None = None  # torch threads per worker (None: torch's default)
     revision: str | None = None  # a hub id's commit: every worker loads the same weights
+    attention: str = "auto"  # the attention backend each worker runs (lens_heads.attention)
 
 
 @dataclass
@@ -175,12 +178,10 @@ class Worker:
     def _setup(self):
         if self._model is None:
             if self.job.threads:
-                import torch
-
                 torch.set_num_threads(self.job.threads)
             self._task = load_task(self.job.cfg.task, n_shot=self.job.cfg.n_shot, include_path=self.job.include_path)
             model = models.load_model(self.job.model, dtype=self.job.dtype, device=self.job.device,
-                               revision=self.job.revision)
+                                      revision=self.job.revision, attention=self.job.attention)
             self.loads += 1
             if model_digest(model) != self.job.digest:
                 raise LensHeadsError(

@@ -1,0 +1,345 @@
+"""Attention backends: how an attention layer turns queries, keys and values into head outputs
+(docs/methods.md §9). The one module that knows them; ``hooks.run_with_hooks`` enters
+``backend(model, hook_names)`` around every forward.
+
+- ``eager``: TransformerLens' rebuilt attention (the bridge's own forward). The pattern
+  [batch, head, q, k] is materialised (softmax in float32, K/V repeated for grouped-query
+  heads) and every hook point of the layer fires: ``hook_pattern``, ``hook_attn_scores``,
+  ``hook_rot_q`` / ``hook_rot_k``, ...
+- ``fused``: the model's own attention module runs, with a fused kernel registered in
+  transformers' ``AttentionInterface`` (``FUSED``: torch's ``scaled_dot_product_attention``,
+  grouped-query heads read in place, no [q, k] tensor kept). The module's projections are the
+  bridge's, so ``hook_q`` / ``hook_k`` / ``hook_v`` and ``hook_z`` fire as in eager (ablation,
+  replacement and every score that reads values or head outputs work unchanged); the points
+  inside the attention computation do not.
+- ``auto`` (the default): fused in every layer whose points inside the attention computation
+  no hook of this forward (nor any hook left on the model) reads; eager in the others.
+
+A layer runs fused only where its module allows it (``fused_blocker``): the model's attention
+dispatches through transformers' ``AttentionInterface`` and its q / k / v / o projections are
+the bridge's (Llama, Qwen2/3, OLMo-2, Gemma 3, ...). Elsewhere (GPT-2, BLOOM's ALiBi, GPT-NeoX's
+and Phi-3's fused projections, softcapping, attention sinks) it runs eager, and asking for
+``fused`` there is refused with the reason.
+
+How the switch is made: the bridge's attention component delegates to the wrapped module
+(``AttentionBridge.forward``, TransformerLens' own pass-through) and the model's config names
+``FUSED`` as its attention implementation -- both for one forward, restored afterwards, also on
+error. TransformerLens offers no per-call switch between its rebuilt attention and the native
+one (``maintain_native_attention`` is stored, not read, in 4.3); with one, the instance-level
+``forward`` set here would go.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Iterable, Iterator
+
+import torch
+import torch.nn.functional as F
+from jaxtyping import Float, Int
+from torch import Tensor
+
+from lens_heads.errors import LensHeadsError
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
+
+CHOICES = ("auto", "fused", "eager")
+DEFAULT = "auto"
+FUSED = "lens_heads_fused"  # the name of the fused kernel in transformers' AttentionInterface
+_BOUNDARY = ("hook_in", "hook_out")  # the attention component's own points that fire either way
+
+
+def check_choice(choice: str) -> str:
+    if choice not in CHOICES:
+        raise LensHeadsError(f"attention {choice!r}: choose one of {', '.join(CHOICES)}")
+    return choice
+
+
+# -----------------------------------------------------------------------------
+# What a score reads of a pattern, per query row: computed from the pattern (eager) or by the
+# fused kernel from its log-sum-exp, without a [q, k] tensor (docs/methods.md §9)
+
+LOCAL_WINDOW = 3  # keys t-2 .. t: the collapse diagnosis' local mass (docs/methods.md §6)
+
+
+@dataclass
+class RowStats:
+    """Per query row t of every head (float32): A[t, first] (``first``: the row's first real
+    token), the entropy -sum_j A[t, j] ln A[t, j], and the local mass sum_{j=t-2..t} A[t, j]."""
+
+    first_weight: Float[Tensor, "batch head q"]
+    entropy: Float[Tensor, "batch head q"]
+    local_mass: Float[Tensor, "batch head q"]
+
+    @property
+    def device(self) -> torch.device:
+        return self.first_weight.device
+
+    @classmethod
+    def from_pattern(cls, A: Float[Tensor, "batch head q k"], first: Int[Tensor, " batch"]) -> "RowStats":
+        """The statistics of a materialised pattern (the eager path)."""
+        b, h, q, _ = A.shape
+        first_weight = A.gather(-1, first.view(b, 1, 1, 1).expand(b, h, q, 1))[..., 0].float()
+        entropy = torch.stack([torch.special.entr(row.float()).sum(-1) for row in A])
+        local = A.diagonal(0, -2, -1).float().clone()
+        for d in range(1, LOCAL_WINDOW):
+            local[..., d:] += A.diagonal(-d, -2, -1).float()
+        return cls(first_weight, entropy, local)
+
+
+@dataclass
+class RowRequest:
+    """A request for ``RowStats`` of one layer in one forward (the row-statistics hook):
+    ``first`` [batch] positions, ``fn`` called with the statistics before the layer's head
+    outputs (``hook_z``) are formed."""
+
+    first: Int[Tensor, " batch"]
+    fn: Callable[[RowStats], None]
+
+
+def _kernel_row_stats(query: Tensor, key: Tensor, mask: Tensor | None, causal: bool, scaling: float,
+                      first: Tensor) -> RowStats:
+    """``RowStats`` from queries [b, h, q, d] and keys [b, h, k, d] (K/V heads already repeated
+    for the query heads) without the pattern: log-sum-exp from the fused kernel, then
+    A[t, j] = exp(s_tj - lse_t) for the few keys needed (first, t-2..t), and the entropy
+    lse_t - E_A[s_t], where E_A[s_t] = scaling * q_t . (sum_j A_tj k_j) is the same kernel with
+    K as the values. ``mask``: boolean [b, 1, q, k] (True: attend), or None: causal
+    (``causal``) or every key."""
+    b, h, q, _ = query.shape
+    k_len = key.shape[2]
+    offset = k_len - q  # the queries are the last q positions (a cached prefix before them)
+    qf, kf = query.float(), key.float()
+    rows = torch.arange(q, device=query.device) + offset
+    lse, mean_key = _lse_and_mean(qf, kf, mask, causal and offset == 0, scaling)  # [b, h, q], [b, h, q, d]
+    if mask is None and causal and offset:  # a causal mask with a prefix: build it (no [q, k] kernel for it)
+        mask = (rows[:, None] >= torch.arange(k_len, device=query.device))[None, None]
+        lse, mean_key = _lse_and_mean(qf, kf, mask, False, scaling)
+    expected = scaling * (qf * mean_key).sum(-1)
+
+    def weight_at(pos: Tensor) -> Tensor:  # pos [b, q] key positions -> A[t, pos_t] [b, h, q]
+        safe = pos.clamp(0, k_len - 1)
+        k_at = kf.gather(2, safe[:, None, :, None].expand(b, h, q, kf.shape[-1]))
+        if mask is not None:
+            ok = mask.expand(b, 1, q, k_len).gather(-1, safe[:, None, :, None])[..., 0]
+        else:
+            ok = (safe <= rows[None, :])[:, None, :] if causal else torch.ones_like(safe, dtype=torch.bool)[:, None]
+        ok = ok & (pos >= 0)[:, None, :]
+        w = torch.exp(scaling * (qf * k_at).sum(-1) - lse)
+        return torch.where(ok, w, torch.zeros_like(w))
+
+    first_weight = weight_at(first[:, None].expand(b, q))
+    local = sum(weight_at((rows - d)[None, :].expand(b, q)) for d in range(LOCAL_WINDOW))
+    return RowStats(first_weight, lse - expected, local)
+
+
+def _lse_and_mean(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool, scaling: float) -> tuple[Tensor, Tensor]:
+    """The log-sum-exp of each query row's scores and sum_j A_tj k_j: from CPU's fused kernel
+    (it returns the log-sum-exp), elsewhere in blocks of query rows (memory linear in length)."""
+    bias = None if mask is None else torch.zeros(mask.shape, dtype=q.dtype, device=q.device).masked_fill_(
+        ~mask, float("-inf"))
+    if q.device.type == "cpu":
+        op = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
+        mean_key, lse = op(q, k, k, 0.0, is_causal, attn_mask=bias, scale=scaling)
+        return lse, mean_key
+    lses, means = [], []
+    for i in range(0, q.shape[2], 256):
+        s = torch.matmul(q[:, :, i:i + 256], k.transpose(-1, -2)) * scaling
+        if bias is not None:
+            s = s + bias[:, :, i:i + 256]
+        elif is_causal:
+            s = s.masked_fill(torch.arange(i, i + s.shape[2], device=q.device)[:, None]
+                              < torch.arange(k.shape[2], device=q.device), float("-inf"))
+        lse = torch.logsumexp(s, -1)
+        lses.append(lse)
+        means.append(torch.matmul(torch.exp(s - lse[..., None]), k))
+    return torch.cat(lses, 2), torch.cat(means, 2)
+
+
+_requests: dict[int, RowRequest] = {}  # id(attention module) -> this forward's request (set by ``backend``)
+
+
+# -----------------------------------------------------------------------------
+# The fused kernel, registered in transformers' attention and mask registries
+
+
+def fused_attention(module, query: Tensor, key: Tensor, value: Tensor, attention_mask: Tensor | None,
+                    dropout: float = 0.0, scaling: float | None = None, is_causal: bool | None = None,
+                    **kwargs) -> tuple[Tensor, None]:
+    """transformers' attention-function signature: query [batch, head, q, d], key / value
+    [batch, kv_head, k, d], a boolean mask [batch, 1, q, k] (True: attend) or None for plain
+    causal attention. Returns the head outputs [batch, q, head, d] and no pattern."""
+    if kwargs.get("softcap") is not None:
+        raise LensHeadsError("softcapped attention cannot run fused (fused_blocker should have kept it eager)")
+    groups = query.shape[1] // key.shape[1]
+    causal = attention_mask is None and query.shape[2] > 1 and (
+        is_causal if is_causal is not None else getattr(module, "is_causal", True))
+    scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    request = _requests.get(id(module))
+    if request is not None:  # row statistics for a score: the same scores, reduced per row
+        k_rep = key.repeat_interleave(groups, dim=1) if groups > 1 else key  # [b, kv_head, k, d] -> per head
+        causal_rows = attention_mask is None and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
+        request.fn(_kernel_row_stats(query, k_rep, attention_mask, causal_rows and query.shape[2] > 1, scaling,
+                                     request.first.to(query.device)))
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
+                                         is_causal=causal, enable_gqa=groups > 1)  # [batch, head, q, d]
+    return out.transpose(1, 2).contiguous(), None
+
+
+def fused_mask(*args, attention_mask: Tensor | None = None, **kwargs):
+    """transformers' sdpa mask, told that a right-padded batch has no padding: under causal
+    attention no real token sees a later pad, and a pad's own output is never read, so the
+    kernel runs plain causal attention (no [q, k] mask tensor) where transformers would build one."""
+    from transformers.masking_utils import sdpa_mask
+
+    if attention_mask is not None and attention_mask.dim() == 2 and _right_padded(attention_mask):
+        attention_mask = None
+    return sdpa_mask(*args, attention_mask=attention_mask, **kwargs)
+
+
+def _right_padded(mask: Tensor) -> bool:
+    """Whether each row's real tokens come first (ones, then zeros)."""
+    m = mask.to(torch.int8)
+    return bool((m[:, 1:] <= m[:, :-1]).all())
+
+
+_registered = False
+
+
+def _register() -> None:
+    global _registered
+    if not _registered:
+        from transformers import AttentionInterface
+        from transformers.masking_utils import AttentionMaskInterface
+
+        AttentionInterface.register(FUSED, fused_attention)
+        AttentionMaskInterface.register(FUSED, fused_mask)
+        _registered = True
+
+
+# -----------------------------------------------------------------------------
+# Which layers can run fused, and which this forward runs fused
+
+
+def _attention_components(model: LoadedModel) -> list:
+    return [getattr(b, "attn", None) for b in getattr(model.bridge, "blocks", [])]
+
+
+def fused_blocker(attn) -> str | None:
+    """Why the attention component ``attn`` cannot run fused (None: it can)."""
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+
+    if not isinstance(attn, AttentionBridge) or attn.original_component is None:
+        return "its attention is not a TransformerLens attention component"
+    hf = attn.original_component
+    for proj, part in (("q_proj", "q"), ("k_proj", "k"), ("v_proj", "v"), ("o_proj", "o")):
+        if getattr(hf, proj, None) is None or getattr(hf, proj) is not getattr(attn, part, None):
+            return "its q / k / v / o projections are not separate modules the bridge hooks"
+    config = getattr(hf, "config", None)
+    if getattr(hf, "sinks", None) is not None or getattr(config, "attn_logit_softcapping", None) is not None:
+        return "it uses attention sinks or softcapping, which the fused kernel does not compute"
+    source = inspect.getsource(sys.modules[type(hf).__module__])
+    if "ALL_ATTENTION_FUNCTIONS" not in source:
+        return "its attention does not dispatch through transformers' AttentionInterface"
+    return None
+
+
+def blockers(model: LoadedModel) -> list[str | None]:
+    """``fused_blocker`` of every layer, computed once per model."""
+    cached = model.__dict__.get("_fused_blockers")
+    if cached is None:
+        cached = [fused_blocker(a) for a in _attention_components(model)]
+        model.__dict__["_fused_blockers"] = cached
+    return cached
+
+
+def _inner_points(attn) -> dict[int, str]:
+    """ids of the hook points inside ``attn``'s attention computation (pattern, scores, rotated
+    q / k, normed q / k, ...): the component's own points but its input and output. The
+    projections' points (``hook_q`` / ``hook_k`` / ``hook_v``, ``hook_z``) live in their
+    modules and fire either way."""
+    from transformer_lens.hook_points import HookPoint
+
+    return {id(c): n for n, c in attn.named_children() if isinstance(c, HookPoint) and n not in _BOUNDARY}
+
+
+def _reads_inner(attn, hooked: set[int]) -> bool:
+    """Whether this forward's hooks, or hooks left on the model (but permanent ones that only
+    adjust eager attention's dtypes), read a point inside ``attn``."""
+    for pid, name in _inner_points(attn).items():
+        if pid in hooked:
+            return True
+        point = getattr(attn, name)
+        if any(not getattr(h, "is_permanent", False) for h in getattr(point, "fwd_hooks", [])):
+            return True
+    return False
+
+
+def fused_layers(model: LoadedModel, hook_names: Iterable[str], choice: str | None = None) -> list[bool]:
+    """Which layers this forward runs fused: ``choice`` (default: the model's ``attention``)
+    applied layer by layer (``auto``: fused where the module allows it and nothing reads inside
+    the attention computation). ``fused`` with a layer that cannot run fused, or with a hook
+    inside the attention computation, is refused with the reason."""
+    choice = check_choice(choice or getattr(model, "attention", DEFAULT))
+    if choice == "eager":
+        return [False] * len(_attention_components(model))
+    points = getattr(model.bridge, "hook_dict", {})
+    hooked = {id(points[n]) for n in hook_names if n in points}
+    out = []
+    for layer, (attn, blocker) in enumerate(zip(_attention_components(model), blockers(model))):
+        reads = blocker is None and _reads_inner(attn, hooked)
+        if choice == "fused" and blocker is not None:
+            raise LensHeadsError(f"attention 'fused' is not available for this model (layer {layer}: {blocker}); "
+                                 f"use --attention auto or eager")
+        if choice == "fused" and reads:
+            raise LensHeadsError(f"this forward reads the attention pattern of layer {layer}, which attention "
+                                 f"'fused' does not compute; use --attention auto (eager where a pattern is "
+                                 f"read) or eager")
+        out.append(blocker is None and not reads)
+    return out
+
+
+def check_model(model: LoadedModel, choice: str) -> None:
+    """``choice`` for ``model``, checked before any forward (``fused`` on a model that cannot)."""
+    if check_choice(choice) == "fused":
+        fused_layers(model, [], "fused")
+
+
+@contextlib.contextmanager
+def backend(model: LoadedModel, hook_names: Iterable[str],
+            rows: dict[int, RowRequest] | None = None) -> Iterator[list[bool]]:
+    """For one forward: the layers ``fused_layers`` picks run the model's own attention with
+    the fused kernel, the others TransformerLens' eager attention; ``rows`` (layer -> request)
+    are served by the kernel in fused layers (the caller serves the others from their pattern).
+    Yields which layers run fused; everything is restored afterwards, also on error."""
+    layers = fused_layers(model, hook_names)
+    if not any(layers):
+        yield layers
+        return
+    from transformer_lens.model_bridge.generalized_components.attention import AttentionBridge
+
+    _register()
+    attns = [a for a, fused in zip(_attention_components(model), layers) if fused]
+    configs = {id(a.original_component.config): a.original_component.config for a in attns}
+    hf_config = model.hf_model.config
+    configs.setdefault(id(hf_config), hf_config)  # the model builds its masks from its own config
+    before = {k: c._attn_implementation for k, c in configs.items()}
+    comps = _attention_components(model)
+    served = {id(comps[L].original_component): r for L, r in (rows or {}).items() if layers[L]}
+    try:
+        _requests.update(served)
+        for c in configs.values():
+            c._attn_implementation = FUSED
+        for a in attns:  # the instance's forward is TransformerLens' own pass-through to the wrapped module
+            object.__setattr__(a, "forward", AttentionBridge.forward.__get__(a))
+        yield layers
+    finally:
+        for k in served:
+            _requests.pop(k, None)
+        for a in attns:
+            a.__dict__.pop("forward", None)
+        for k, c in configs.items():
+            c._attn_implementation = before[k]

@@ -1,0 +1,244 @@
+"""The attention backends (docs/methods.md §9): the fused path against TransformerLens' eager
+attention on tiny models of every architecture, and the switch around them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lens_heads import attention
+from lens_heads.ablation import parse_ablation
+from lens_heads.data import load_task
+from lens_heads.engine import forward
+from lens_heads.errors import LensHeadsError
+from lens_heads.evaluate import evaluate_task
+from lens_heads.hooks import hook_name
+from lens_heads.scores import score_heads
+from lens_heads.task_requests import select_records
+
+FUSABLE = ["llama", "qwen2", "olmo2", "gemma3", "qwen3"]  # separate q/k/v/o, transformers' AttentionInterface
+EAGER_ONLY = ["gpt2", "bloom", "phi3", "gpt_neox"]  # fused QKV projections (BLOOM: ALiBi in its own attention)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def as_set(tiny_model):
+    """arch, choice -> the tiny model with that attention setting (set back afterwards)."""
+    touched = []
+
+    def get(arch, choice):
+        model = tiny_model(arch)
+        touched.append((model, model.attention))
+        model.attention = choice
+        return model
+
+    yield get
+    for model, before in reversed(touched):
+        model.attention = before
+
+
+def _batch(n_rows=3, T=20, left=False):
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 200, (n_rows, T), generator=g)
+    mask = torch.ones(n_rows, T, dtype=torch.long)
+    if left:
+        mask[1, :5] = 0
+    else:
+        mask[1, 15:] = 0
+        mask[2, 8:] = 0
+    return ids, mask
+
+
+def _run(model, ids, mask, names=()):
+    """Logits and the named hook points' activations of one forward."""
+    seen = {}
+
+    def grab(x, hook):
+        seen[hook.name] = x.detach().clone()
+
+    logits = forward(model, ids, mask, [(n, grab) for n in names])
+    return logits, seen
+
+
+@pytest.mark.parametrize("arch", FUSABLE + EAGER_ONLY)
+def test_which_layers_can_run_fused(arch, tiny_model):
+    blockers = attention.blockers(tiny_model(arch))
+    assert len(blockers) == tiny_model(arch).geometry.n_layers
+    if arch in FUSABLE:
+        assert blockers == [None] * len(blockers)
+    else:
+        assert all(b for b in blockers)  # each with its reason
+
+
+@pytest.mark.parametrize("left", [False, True], ids=["right-padded", "left-padded"])
+@pytest.mark.parametrize("arch", FUSABLE)
+def test_fused_forward_equals_eager(arch, left, as_set):
+    """Logits, head outputs (hook_z) and values (hook_v) agree to float rounding; GQA (llama,
+    qwen2, qwen3: 2 KV heads; gemma3: 1) and Gemma 3's sliding window (8 < 20 tokens) included."""
+    ids, mask = _batch(left=left)
+    names = [hook_name("z", 0), hook_name("v", 1), hook_name("z", 1)]
+    e_logits, e_acts = _run(as_set(arch, "eager"), ids, mask, names)
+    f_logits, f_acts = _run(as_set(arch, "fused"), ids, mask, names)
+    real = mask.bool()
+    assert torch.isfinite(f_logits[real]).all()
+    assert (f_logits - e_logits)[real].abs().max() <= 1e-4
+    assert set(f_acts) == set(e_acts) and len(f_acts) == 3  # the projections' points fire fused too
+    for n in f_acts:
+        assert (f_acts[n] - e_acts[n])[real].abs().max() <= 1e-5
+
+
+def test_the_eager_path_is_what_fused_replaces(tiny_model, as_set):
+    """A guard on the comparison above: eager really is TransformerLens' attention (its pattern
+    fires) and fused really is not (no [q, k] pattern; the kernel ran)."""
+    ids, mask = _batch()
+    calls = []
+    model = as_set("llama", "eager")
+    forward(model, ids, mask, [(hook_name("pattern", 0), lambda x, hook: calls.append(x.shape))])
+    assert calls == [torch.Size([3, 4, 20, 20])]
+    with attention.backend(as_set("llama", "fused"), []) as fused:
+        assert fused == [True, True]
+        attn = model.bridge.blocks[0].attn
+        assert "forward" in attn.__dict__ and model.hf_model.config._attn_implementation == attention.FUSED
+    assert "forward" not in attn.__dict__ and model.hf_model.config._attn_implementation != attention.FUSED
+
+
+def test_auto_runs_eager_only_where_a_pattern_is_read(as_set):
+    ids, mask = _batch()
+    model = as_set("qwen2", "auto")
+    names = [hook_name("pattern", 1)]
+    assert attention.fused_layers(model, names) == [True, False]
+    assert attention.fused_layers(model, []) == [True, True]
+    seen = []
+    logits = forward(model, ids, mask, [(names[0], lambda x, hook: seen.append(x.shape))])
+    assert seen == [torch.Size([3, 4, 20, 20])]  # the pattern was computed where it was read
+    eager = forward(as_set("qwen2", "eager"), ids, mask, [])
+    assert (logits - eager)[mask.bool()].abs().max() <= 1e-4
+    # a hook a user leaves on the model counts too
+    point = model.bridge.hook_dict[hook_name("pattern", 0)]
+    point.add_hook(lambda x, hook: None)
+    try:
+        assert attention.fused_layers(as_set("qwen2", "auto"), []) == [False, True]
+    finally:
+        point.remove_hooks()
+    assert attention.fused_layers(model, []) == [True, True]
+
+
+def test_fused_refuses_what_it_cannot_compute(as_set):
+    with pytest.raises(LensHeadsError, match="reads the attention pattern of layer 0"):
+        attention.fused_layers(as_set("llama", "fused"), [hook_name("pattern", 0)])
+    with pytest.raises(LensHeadsError, match="not available for this model .*projections"):
+        attention.fused_layers(as_set("gpt2", "fused"), [])
+    assert attention.fused_layers(as_set("gpt2", "auto"), []) == [False, False]  # auto: eager there
+    with pytest.raises(LensHeadsError, match="choose one of auto, fused, eager"):
+        attention.check_choice("flash")
+
+
+def test_everything_is_restored_when_the_forward_fails(as_set):
+    model = as_set("gemma3", "fused")
+    before = model.hf_model.config._attn_implementation
+
+    def boom(x, hook):
+        raise RuntimeError("boom")
+
+    ids, mask = _batch()
+    with pytest.raises(RuntimeError, match="boom"):
+        forward(model, ids, mask, [(hook_name("z", 1), boom)])
+    assert model.hf_model.config._attn_implementation == before
+    assert all("forward" not in b.attn.__dict__ for b in model.bridge.blocks)
+
+
+def _small_piqa(n):
+    piqa = load_task("piqa")
+    recs = [r for r in piqa.records if len(r.question) + max(map(len, r.choices)) < 120][:n]
+    return piqa, [r.doc_id for r in recs]
+
+
+SPECS = ["none", "static:0.1,1.2", "score:ahon_ln@1.0", "score:lthon_ln@0.9", "random:0.3@7",
+         "static:0.1,1.2|mean:c4-sample"]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_evaluation_fused_equals_eager_under_every_ablation(arch, spec, as_set, shared_data):
+    """PIQA (0-shot) and MMLU (5-shot: prefix reuse where the ablation allows it) under no,
+    static, per-input, random and mean-replaced ablation: log-likelihoods within 1e-4, the
+    same predictions and the same realised share of heads zeroed."""
+    piqa, ids = _small_piqa(6)
+    mmlu = load_task("mmlu")
+    mids = [r.doc_id for r in select_records(mmlu, 4, seed=3)]
+    for task, doc_ids, k in ((piqa, ids, 0), (mmlu, mids, 5)):
+        out = {}
+        for choice in ("eager", "fused"):
+            model = as_set(arch, choice)
+            abl = None if spec == "none" else parse_ablation(spec, model.geometry)
+            out[choice] = evaluate_task(model, task, n_shot=k, doc_ids=doc_ids, ablation=abl, progress=False,
+                                        batch_size=4)
+        e, f = out["eager"], out["fused"]
+        for qe, qf in zip(e.questions, f.questions):
+            assert qf.lls == pytest.approx(qe.lls, abs=1e-4)
+            assert qf.pred == qe.pred
+        assert f.zeroed_fraction == e.zeroed_fraction
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "olmo2"])
+def test_value_and_output_scores_fused_equal_eager(arch, as_set):
+    """Every score that reads values or head outputs, per input, within 1e-4 relative."""
+    ids, mask = _batch(4, 24)
+    inputs = [row[m.bool()] for row, m in zip(ids, mask)]
+    ids_v = [s for s in ("ftvvn", "avvn", "lthon", "ahon", "fhon", "ahon_ln", "lthon_ln", "avvn_ln", "ftvvn_ln")]
+    e = score_heads(as_set(arch, "eager"), inputs, ids_v, keep_per_input=True, progress=False)
+    f = score_heads(as_set(arch, "fused"), inputs, ids_v, keep_per_input=True, progress=False)
+    for s in ids_v:
+        assert torch.allclose(f.per_input[s], e.per_input[s], rtol=1e-4, atol=1e-6), s
+
+
+@pytest.mark.parametrize("left", [False, True], ids=["right-padded", "left-padded"])
+@pytest.mark.parametrize("arch", FUSABLE)
+def test_pattern_scores_fused_equal_eager_without_a_pattern(arch, left, as_set):
+    """awft, aeqd (and their layer-normalised forms) and the diagnosis' local mass, per input,
+    from the fused kernel's per-row statistics (log-sum-exp; no [q, k] tensor), within 1e-4
+    relative of the eager pattern's -- Gemma 3's sliding window and left padding included."""
+    from lens_heads.diagnose import LOCAL_MASS
+    from lens_heads.scores.collector import ScoreCollector
+
+    ids, mask = _batch(4, 24, left=left)
+    out = {}
+    for choice in ("eager", "fused"):
+        model = as_set(arch, choice)
+        col = ScoreCollector(model, ["awft", "aeqd", "awft_ln", "aeqd_ln"], extra=[LOCAL_MASS])
+        seen = []
+        hooks = col.hooks(mask) + [(hook_name("pattern", 0), lambda x, hook: seen.append(1))] * (choice == "eager")
+        forward(model, ids, mask, hooks, logits=False)
+        assert len(seen) == (choice == "eager")  # fused: refused if a pattern were read, so none was
+        out[choice] = col.batch_scores()
+    for s, e in out["eager"].items():
+        assert torch.allclose(out["fused"][s], e, rtol=1e-4, atol=1e-6, equal_nan=True), s
+    assert torch.isfinite(out["fused"]["awft"]).all()
+
+
+def test_per_input_pattern_ablation_runs_fused(as_set, shared_data):
+    """A per-input sweep point by awft on MMLU 5-shot: fused (no pattern) equals eager."""
+    mmlu = load_task("mmlu")
+    ids = [r.doc_id for r in select_records(mmlu, 4, seed=3)]
+    from lens_heads.task_requests import task_inputs
+    from lens_heads.thresholds import compute_thresholds
+
+    model = as_set("qwen2", "eager")
+    tau = compute_thresholds(model, task_inputs(model, mmlu, 5, limit=4, seed=3), ["awft"], [0.3],
+                             progress=False)["awft"][0.3]
+    res = {}
+    for choice in ("eager", "fused"):
+        model = as_set("qwen2", choice)
+        res[choice] = evaluate_task(model, mmlu, n_shot=5, doc_ids=ids, progress=False, batch_size=4,
+                                    ablation=parse_ablation(f"score:awft@{tau!r}", model.geometry))
+    assert 0 < res["fused"].zeroed_fraction < 1
+    assert res["fused"].zeroed_fraction == res["eager"].zeroed_fraction
+    for qe, qf in zip(res["eager"].questions, res["fused"].questions):
+        assert qf.lls == pytest.approx(qe.lls, abs=1e-4) and qf.pred == qe.pred
