@@ -13,7 +13,7 @@ batch size 16, its logits cache on) and of lens_heads (evaluate_task), whether t
 per-question predictions are identical, the max |Δ log-likelihood|; and the cost of MMLU
 5-shot relative to 0-shot in lens_heads, on a stratified sample (few questions per
 subject) and on ``--subjects`` subjects with many questions each (how a full MMLU run looks:
-~246 questions per subject). lens_heads runs under each attention backend (docs/methods.md §9):
+~246 questions per subject). lens_heads runs under each attention backend (docs/methods.md §10):
 ``auto`` (the fused kernel) and ``eager`` (TransformerLens' attention), timed back to back, with
 their predictions compared; and one per-input sweep point (``score:ahon_ln`` at its 10 %
 threshold) on MMLU 5-shot, fused and eager, against the unablated fused evaluation without

@@ -1,5 +1,5 @@
 """Attention backends: how an attention layer turns queries, keys and values into head outputs
-(docs/methods.md §9). The one module that knows them; ``hooks.run_with_hooks`` enters
+(docs/methods.md §10). The one module that knows them; ``hooks.run_with_hooks`` enters
 ``backend(model, hook_names)`` around every forward.
 
 - ``eager``: TransformerLens' rebuilt attention (the bridge's own forward). The pattern
@@ -61,7 +61,7 @@ def check_choice(choice: str) -> str:
 
 # -----------------------------------------------------------------------------
 # What a score reads of a pattern, per query row: computed from the pattern (eager) or by the
-# fused kernel from its log-sum-exp, without a [q, k] tensor (docs/methods.md §9)
+# fused kernel from its log-sum-exp, without a [q, k] tensor (docs/methods.md §10)
 
 LOCAL_WINDOW = 3  # keys t-2 .. t: the collapse diagnosis' local mass (docs/methods.md §6)
 

@@ -1,4 +1,4 @@
-"""The attention backends (docs/methods.md §9): the fused path against TransformerLens' eager
+"""The attention backends (docs/methods.md §10): the fused path against TransformerLens' eager
 attention on tiny models of every architecture, and the switch around them."""
 
 from __future__ import annotations
