@@ -202,7 +202,7 @@ def test_value_and_output_scores_fused_equal_eager(arch, as_set):
 @pytest.mark.parametrize("left", [False, True], ids=["right-padded", "left-padded"])
 @pytest.mark.parametrize("arch", FUSABLE)
 def test_pattern_scores_fused_equal_eager_without_a_pattern(arch, left, as_set):
-    """awft, aeqd (and their layer-normalised forms) and the diagnosis' local mass, per input,
+    """With --attention fused: awft, aeqd (and their layer-normalised forms) and the diagnosis' local mass, per input,
     from the fused kernel's per-row statistics (log-sum-exp; no [q, k] tensor), within 1e-4
     relative of the eager pattern's -- Gemma 3's sliding window and left padding included."""
     from lens_heads.diagnose import LOCAL_MASS

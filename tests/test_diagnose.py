@@ -165,12 +165,19 @@ def test_diagnose_is_bitwise_the_hook_loop(arch, tiny_model):
     model = tiny_model(arch)
     texts = SAMPLE_TEXTS + ["A B C", "x", "Hello world, this is a much longer text " * 5, "ab"]
     for batch_size in (3, 8, 16):
-        diag = diagnose(model, texts, batch_size=batch_size)
         want = _hook_loop_diagnosis(model, texts, batch_size)
-        for name, got, w in zip(("bos_mass", "entropy", "local_mass"),
-                                (diag.bos_mass, diag.entropy, diag.local_mass), want):
+        model.attention = "eager"  # bitwise: the same pattern, reduced by the collector
+        try:
+            diag = diagnose(model, texts, batch_size=batch_size)
+        finally:
+            model.attention = "auto"
+        fused = diagnose(model, texts, batch_size=batch_size)  # from the fused kernel's row statistics
+        for name, got, w, f in zip(("bos_mass", "entropy", "local_mass"),
+                                   (diag.bos_mass, diag.entropy, diag.local_mass), want,
+                                   (fused.bos_mass, fused.entropy, fused.local_mass)):
             assert not got.isnan().any(), name
             assert torch.equal(got, w), f"{arch} batch {batch_size} {name}: max diff {(got - w).abs().max()}"
+            assert torch.allclose(f, w, rtol=1e-4, atol=1e-6), f"{arch} fused {name}: {(f - w).abs().max()}"
 
 
 def test_band_counts_and_csv_round_trip(tmp_path):
