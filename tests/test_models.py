@@ -283,8 +283,6 @@ def test_kv_cache_continuation_without_deprecated_keyword(arch, tiny_model):
     deprecated keyword gave, and the logits of the whole sequence run at once."""
     import warnings
 
-    from lens_heads.hooks import _kv_cache_compat
-
     model = tiny_model(arch)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(4, len(model.tokenizer), (2, 12), generator=g)
@@ -295,12 +293,29 @@ def test_kv_cache_continuation_without_deprecated_keyword(arch, tiny_model):
         return z
 
     hooks = [(hook_name("z", L), zero_head) for L in range(model.geometry.n_layers)]
+    model.attention = "eager"  # bitwise against TransformerLens' own call below
+    try:
+        _continue_from_cache(model, ids, mask, hooks)
+    finally:
+        model.attention = "auto"
+    with warnings.catch_warnings():  # and fused (the default), to float rounding
+        warnings.simplefilter("error", FutureWarning)
+        _, cache = run_with_hooks(model, ids[:, :8], mask[:, :8], hooks, return_cache=True)
+        new = run_with_hooks(model, ids[:, 8:], mask, hooks, past_key_values=cache)
+    torch.testing.assert_close(new, run_with_hooks(model, ids, mask, hooks)[:, 8:], rtol=1e-5, atol=1e-5)
+
+
+def _continue_from_cache(model, ids, mask, hooks):
+    import warnings
+
+    from lens_heads.hooks import _kv_cache_compat
+
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
         _, cache = run_with_hooks(model, ids[:, :8], mask[:, :8], hooks, return_cache=True)
         new = run_with_hooks(model, ids[:, 8:], mask, hooks, past_key_values=cache)
     _, cache = run_with_hooks(model, ids[:, :8], mask[:, :8], hooks, return_cache=True)
-    with warnings.catch_warnings(), torch.inference_mode(), _kv_cache_compat(model.bridge, True):
+    with warnings.catch_warnings(), torch.inference_mode(), _kv_cache_compat(model.bridge, True, [False] * model.geometry.n_layers):
         warnings.simplefilter("ignore", FutureWarning)
         old = model.bridge.run_with_hooks(ids[:, 8:], fwd_hooks=hooks, attention_mask=mask, past_key_values=cache)
     assert torch.equal(new, old)

@@ -309,10 +309,10 @@ def test_olmo2_runs_in_bf16_as_transformers_does(tiny_model_dir, tmp_path):
     from lens_heads import load_model
     from lens_heads.prune import prune, save_pruned
 
-    model = load_model(str(tiny_model_dir("olmo2")), dtype="bfloat16")
+    model = load_model(str(tiny_model_dir("olmo2")), dtype="bfloat16", attention="eager")  # bitwise: TransformerLens' attention
     out = save_pruned(prune(model, [(0, 0), (0, 1), (1, 3)]), tmp_path / "p")
     for folder, kw in ((tiny_model_dir("olmo2"), {}), (out, {"trust_remote_code": True})):
-        m = load_model(str(folder), dtype="bfloat16")
+        m = load_model(str(folder), dtype="bfloat16", attention="eager")
         ids, mask = _ids(m)
         got = run_with_hooks(m, ids, mask, [])
         hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16, attn_implementation="eager", **kw).eval()

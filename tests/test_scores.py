@@ -320,7 +320,7 @@ def test_registry_and_resolution():
     assert {SCORES[s].inactive_when for s in ("awft", "awft_ln")} == {"high"}
     assert all(SCORES[s].inactive_when == "low" for s in SCORES if not s.startswith("awft"))
     assert SCORES["fhon"].reads == ("z",) and SCORES["ftvvn_ln"].reads == ("v",)
-    assert SCORES["awft"].reads == ("pattern",)
+    assert SCORES["awft"].reads == ("rows",)  # row statistics: from the pattern (eager) or the fused kernel
     assert resolve_score_ids("ahon_ln, awft") == ["ahon_ln", "awft"]
     assert resolve_score_ids("all") == ALL
     assert len(resolve_score_ids("paper")) == 12
