@@ -2,8 +2,10 @@
 
 On a CUDA device it runs the suite's ``gpu`` tests with ``--device cuda``, compares a bf16
 forward of SmolLM2 with fp32 on 64 PIQA prompts (max |d log p|, argmax agreement, the accuracy
-both give), and times a 500-question MMLU 5-shot point (batch size ``auto``), then writes
-``benchmarks/results/gpu_check.md``. Without one it says so and exits 0, writing nothing.
+both give), times a 500-question MMLU 5-shot point (batch size ``auto``), and checks the fused
+attention path (docs/methods.md §10): fused vs eager log-likelihoods and predictions on 100
+MMLU 5-shot questions and tokens/s of both, and peak GPU memory of one forward of 512 ... 8,192
+tokens under each backend; then writes ``benchmarks/results/gpu_check.md``. Without one it says so and exits 0, writing nothing.
 """
 
 from __future__ import annotations
@@ -67,12 +69,56 @@ def main() -> int:
         torch.cuda.synchronize()
         lines += [f"- MMLU 5-shot, 500 questions, {name}, batch auto: acc {res.metrics['acc']:.4f}, "
                   f"{time.perf_counter() - t:.1f} s"]
+    lines += fused_check(bf16, mmlu)
     out = ROOT / "benchmarks" / "results" / "gpu_check.md"
     from lens_heads.atomic import atomic_write_text
 
     atomic_write_text(out, "\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0 if tests.returncode in (0, 5) else 1
+
+
+def fused_check(model, mmlu) -> list[str]:
+    """Fused vs eager attention on the GPU: equality on MMLU 5-shot, speed, peak memory by length."""
+    import torch
+
+    from lens_heads.evaluate import evaluate_task
+    from lens_heads.engine import forward
+
+    out, res, times = [], {}, {}
+    for backend in ("fused", "eager"):
+        model.attention = backend
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        res[backend] = evaluate_task(model, mmlu, n_shot=5, limit=100, batch_size=8, progress=False)
+        torch.cuda.synchronize()
+        times[backend] = time.perf_counter() - t
+    f, e = res["fused"], res["eager"]
+    dll = max(abs(a - b) for qf, qe in zip(f.questions, e.questions) for a, b in zip(qf.lls, qe.lls))
+    same = sum(qf.pred == qe.pred for qf, qe in zip(f.questions, e.questions))
+    out.append(f"- fused vs eager attention, MMLU 5-shot 100 q ({model.dtype}): max |d ll| {dll:.2e}, identical "
+               f"predictions {same}/100; fused {times['fused']:.1f} s, eager {times['eager']:.1f} s "
+               f"({times['eager'] / times['fused']:.2f}x)")
+    ids = torch.randint(10, 1000, (1, 8192))
+    for T in (512, 1024, 2048, 4096, 8192):
+        row = []
+        for backend in ("fused", "eager"):
+            model.attention = backend
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            try:
+                forward(model, ids[:, :T], torch.ones(1, T, dtype=torch.long), [], keep=torch.tensor([T - 1]))
+                torch.cuda.synchronize()
+                row.append(f"{backend} {(torch.cuda.max_memory_allocated() - base) / 2**20:.0f} MB, "
+                           f"{T / (time.perf_counter() - t):.0f} tokens/s")
+            except torch.cuda.OutOfMemoryError:
+                row.append(f"{backend} out of memory")
+        out.append(f"- one forward of {T} tokens: " + "; ".join(row))
+    model.attention = "auto"
+    return out
 
 
 if __name__ == "__main__":

@@ -67,3 +67,22 @@ def test_bf16_forward_is_close_to_fp32(device):
     b = run_with_hooks(bf16, ids, None, []).float().log_softmax(-1)
     agree = (a.argmax(-1) == b.argmax(-1)).float().mean().item()
     assert agree >= 0.9 and (a - b).abs().max().item() < 1.0
+
+
+def test_fused_attention_equals_eager_on_the_gpu(on_gpu):
+    """The fused path on CUDA (SDPA's kernels; row statistics in blocks): logits and the
+    pattern-free scores against eager on the same device."""
+    from lens_heads.hooks import run_with_hooks
+    from lens_heads.scores import score_heads
+
+    ids = torch.tensor([on_gpu.tokenizer(TEXTS[0])["input_ids"]])
+    out = {}
+    for backend in ("eager", "fused"):
+        on_gpu.attention = backend
+        out[backend] = (run_with_hooks(on_gpu, ids, None, []).cpu(),
+                        score_heads(on_gpu, TEXTS, "all", progress=False))
+    on_gpu.attention = "auto"
+    assert (out["eager"][0] - out["fused"][0]).abs().max() < 1e-4
+    for sid in out["eager"][1].score_ids:
+        torch.testing.assert_close(out["fused"][1].mean[sid], out["eager"][1].mean[sid], atol=1e-5, rtol=1e-4,
+                                   equal_nan=True, msg=sid)
