@@ -142,6 +142,8 @@ NOT_RUN = {
     "CUDA_VISIBLE_DEVICES=$i": "needs two CUDA devices (--device cuda); tests/test_scaleout.py runs --shard on CPU",
     "--out runs/qwen-mmlu --status": "reads the sweep the cluster commands above fill (tests/test_sweep.py "
                                      "covers --status)",
+    "lens-heads explore": "a server that runs until stopped, on files made elsewhere (tests/test_explore.py "
+                          "serves the same app and drives the page in a browser)",
 }
 # the only changes besides the model, for speed on a tiny model (each must match its command)
 SPEED = {

@@ -1,0 +1,266 @@
+"""The explorer's local web server (Starlette + uvicorn; docs/methods.md §11).
+
+One loaded model, kept in memory; requests are served one at a time (a lock around every
+computation), so two browser tabs get the answers one tab would. Endpoints:
+
+- ``GET /``: the page (``page.html``); ``GET /circuitsvis.js``: circuitsvis' bundle, served from
+  the installed package (no CDN).
+- ``GET /api/info``: the model's geometry, the scores, dataset-level scores (``--scores``), the
+  sweep's points (``--sweep``), the tasks the page may pick questions from.
+- ``POST /api/run``: ``{prompt | task+index, ablation, replacement}`` -> tokens, per-input
+  scores and classes, next-token top-k (or a question's log-likelihoods), unablated and ablated.
+- ``POST /api/head``: ``{prompt | task+index, layer, head}`` -> that head's pattern and norms.
+
+Bad input (an empty or too long prompt, a malformed spec, an unknown head or task) gets a 4xx
+with one message; no endpoint reads a path that was not given on the command line.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from lens_heads.data import load_task
+from lens_heads.errors import LensHeadsError
+from lens_heads.explore import session
+from lens_heads.scores import HeadScores
+from lens_heads.viz.patterns import bundle_js
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
+
+PAGE = Path(__file__).with_name("page.html")
+BUILTIN_TASKS = ("piqa", "mmlu", "winogrande")
+
+
+@dataclass
+class Explorer:
+    """What the server holds: the model, what was passed on the command line, and the lock."""
+
+    model: LoadedModel
+    sweep: object = None  # a pandas frame of the sweep's summary.csv
+    scores: object = None  # HeadScores of --scores
+    tasks: list[str] = field(default_factory=list)  # task specs the page may pick questions from
+    max_tokens: int = session.MAX_TOKENS
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    _loaded_tasks: dict = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, model: LoadedModel, sweep: str | None = None, scores: str | None = None,
+             tasks: list[str] | None = None, max_tokens: int = session.MAX_TOKENS) -> "Explorer":
+        """Read what the command line names (before the server starts: a bad path fails here)."""
+        frame = hs = None
+        if sweep is not None:
+            import pandas as pd
+
+            path = Path(sweep)
+            summary = path / "summary.csv" if path.is_dir() else path
+            if not summary.is_file():
+                raise LensHeadsError(f"--sweep {sweep}: no summary.csv there (a 'lens-heads sweep' --out folder)")
+            frame = pd.read_csv(summary)
+        if scores is not None:
+            hs = HeadScores.load(scores)
+        return cls(model, frame, hs, list(dict.fromkeys([*BUILTIN_TASKS, *(tasks or [])])), max_tokens)
+
+    # --- request bodies ---------------------------------------------------------------------
+    def info(self) -> dict:
+        g = self.model.geometry
+        out = {"model": self.model.name, "n_layers": g.n_layers, "n_heads": g.n_heads, "n_kv_heads": g.n_kv_heads,
+               "group_size": [g.group_size_of(L) for L in range(g.n_layers)],
+               "heads_in": [g.heads_in(L) for L in range(g.n_layers)] if g.pruned else None,
+               "scores": session.describe_scores(), "tasks": self.tasks, "max_tokens": self.max_tokens,
+               "attention": self.model.attention, "dataset_scores": None, "sweep": None}
+        if self.scores is not None:
+            out["dataset_scores"] = {s: session._rows(self.scores.mean[s]) for s in self.scores.score_ids}
+        if self.sweep is not None:
+            cols = [c for c in ("score_fn", "fraction", "seed", "spec", "pct_zeroed", "accuracy", "ci_low",
+                                "ci_high") if c in self.sweep.columns]
+            out["sweep"] = [{c: _json_value(r[c]) for c in cols} for _, r in self.sweep.iterrows()]
+        return out
+
+    def run(self, body: dict) -> dict:
+        with self.lock:
+            abl = session.ablation_of(self.model, body.get("ablation"), body.get("replacement"))
+            task, doc_id, text = self._input(body)
+            ids = session.tokenize(self.model, text, self.max_tokens)
+            out = {"input": text, **session.input_scores(self.model, ids)}
+            if task is not None:
+                out["question"] = session.question(self.model, task, doc_id, ablation=abl)
+                out["question"]["choices"] = list(self._record(task, doc_id).choices)
+            else:
+                out["next"] = session.next_token(self.model, ids, abl)
+            out["code"] = _code(self.model, body, task is not None)
+            return out
+
+    def head(self, body: dict) -> dict:
+        with self.lock:
+            _, _, text = self._input(body)
+            ids = session.tokenize(self.model, text, self.max_tokens)
+            try:
+                layer, head = int(body.get("layer")), int(body.get("head"))
+            except (TypeError, ValueError):
+                raise LensHeadsError("layer and head must be integers") from None
+            return session.head_view(self.model, ids, layer, head)
+
+    def question_text(self, task_name: str, index: int) -> dict:
+        with self.lock:
+            task = self._task(task_name)
+            if not 0 <= index < len(task.records):
+                raise LensHeadsError(f"{task_name} has questions 0..{len(task.records) - 1}, not {index}")
+            rec = task.records[index]
+            context = task.build(rec, task.spec.n_shot)[0][0]
+            return {"task": task_name, "index": index, "doc_id": rec.doc_id, "question": rec.question,
+                    "choices": list(rec.choices), "gold": rec.gold, "context": context}
+
+    # --- helpers ----------------------------------------------------------------------------
+    def _input(self, body: dict):
+        """(task, doc_id, the text the model reads) of a request: a prompt, or a task question
+        (its context as the model reads it, shots included)."""
+        if body.get("task"):
+            task = self._task(str(body["task"]))
+            try:
+                index = int(body.get("index", 0))
+            except (TypeError, ValueError):
+                raise LensHeadsError("index must be an integer") from None
+            if not 0 <= index < len(task.records):
+                raise LensHeadsError(f"{body['task']} has questions 0..{len(task.records) - 1}, not {index}")
+            rec = task.records[index]
+            return task, rec.doc_id, task.build(rec, task.spec.n_shot)[0][0]
+        prompt = body.get("prompt")
+        if not isinstance(prompt, str):
+            raise LensHeadsError("give a prompt (text) or a task question")
+        return None, None, prompt
+
+    def _task(self, name: str):
+        if name not in self.tasks:
+            raise LensHeadsError(f"unknown task {name!r}: this explorer serves {', '.join(self.tasks)} "
+                                 f"(more with --task on the command line)")
+        if name not in self._loaded_tasks:
+            self._loaded_tasks[name] = load_task(name)
+        return self._loaded_tasks[name]
+
+    def _record(self, task, doc_id: int):
+        return next(r for r in task.records if r.doc_id == doc_id)
+
+
+def _json_value(v):
+    if isinstance(v, float) and math.isnan(v):
+        return None
+    return v.item() if hasattr(v, "item") else v
+
+
+def _code(model: LoadedModel, body: dict, is_question: bool) -> dict:
+    """The command line and the Python call that reproduce a view."""
+    spec = (body.get("ablation") or "").strip()
+    rep = (body.get("replacement") or "").strip()
+    full = spec if not rep or rep == "zero" or not spec else f"{spec}|{rep}"
+    if is_question:
+        cli = f"lens-heads evaluate {model.name} --task {body['task']}" + (f" --ablate '{full}'" if full else "")
+        py = (f"lh.evaluate_task(model, {body['task']!r}, doc_ids=[DOC_ID]"
+              + (f", ablation=lh.parse_ablation({full!r}, model.geometry)" if full else "") + ")")
+    else:
+        cli = f"lens-heads explore {model.name}"
+        py = ("from lens_heads.explore import session; "
+              f"session.next_token(model, session.tokenize(model, PROMPT), "
+              f"session.ablation_of(model, {spec!r}, {rep!r}))" if spec else
+              "from lens_heads.explore import session; session.next_token(model, session.tokenize(model, PROMPT))")
+    return {"cli": cli, "python": f"import lens_heads as lh; model = lh.load_model({model.name!r}); {py}"}
+
+
+# -----------------------------------------------------------------------------
+# The app
+
+
+def app(explorer: Explorer):
+    """The Starlette application serving ``explorer``."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import HTMLResponse, JSONResponse, Response
+    from starlette.routing import Route
+
+    page = PAGE.read_text(encoding="utf-8")
+    bundle = bundle_js()
+
+    async def index(request: Request):
+        return HTMLResponse(page)
+
+    async def circuitsvis(request: Request):
+        return Response(bundle, media_type="application/javascript")
+
+    def guarded(fn):
+        async def endpoint(request: Request):
+            try:
+                body = await request.json() if request.method == "POST" else dict(request.query_params)
+            except ValueError:
+                return JSONResponse({"error": "the request body must be JSON"}, status_code=400)
+            if not isinstance(body, dict):
+                return JSONResponse({"error": "the request body must be a JSON object"}, status_code=400)
+            try:
+                from starlette.concurrency import run_in_threadpool
+
+                return JSONResponse(await run_in_threadpool(fn, body))
+            except session.TooLong as e:
+                return JSONResponse({"error": str(e)}, status_code=413)
+            except LensHeadsError as e:
+                return JSONResponse({"error": str(e)}, status_code=400)
+            except Exception as e:  # noqa: BLE001 -- the page shows it; the server stays up
+                return JSONResponse({"error": f"{type(e).__name__}: {e}"}, status_code=500)
+        return endpoint
+
+    def question(body: dict) -> dict:
+        try:
+            index = int(body.get("index", 0))
+        except (TypeError, ValueError):
+            raise LensHeadsError("index must be an integer") from None
+        return explorer.question_text(str(body.get("task", "")), index)
+
+    routes = [Route("/", index), Route("/circuitsvis.js", circuitsvis),
+              Route("/api/info", guarded(lambda body: explorer.info())),
+              Route("/api/question", guarded(question)),
+              Route("/api/run", guarded(explorer.run), methods=["POST"]),
+              Route("/api/head", guarded(explorer.head), methods=["POST"])]
+    return Starlette(routes=routes)
+
+
+class Server:
+    """uvicorn serving the app in a background thread (``start`` returns once it listens)."""
+
+    def __init__(self, explorer: Explorer, host: str = "127.0.0.1", port: int = 8765):
+        import uvicorn
+
+        self.config = uvicorn.Config(app(explorer), host=host, port=port, log_level="warning", access_log=False)
+        self.server = uvicorn.Server(self.config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host = self.config.host if self.config.host not in ("0.0.0.0", "::") else "127.0.0.1"
+        return f"http://{host}:{self.port}/"
+
+    @property
+    def port(self) -> int:
+        servers = getattr(self.server, "servers", None) or []
+        for s in servers:
+            for sock in s.sockets:
+                return sock.getsockname()[1]
+        return self.config.port
+
+    def start(self, timeout: float = 30.0) -> "Server":
+        import time
+
+        self.thread.start()
+        t0 = time.monotonic()
+        while not self.server.started:
+            if not self.thread.is_alive():
+                raise LensHeadsError(f"the explorer could not listen on {self.config.host}:{self.config.port}")
+            if time.monotonic() - t0 > timeout:
+                raise LensHeadsError("the explorer did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
