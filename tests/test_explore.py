@@ -20,10 +20,25 @@ from lens_heads.explore import Explorer, Server, session
 ROOT = Path(__file__).resolve().parents[1]
 
 
+SWEEP = """score_fn,fraction,seed,threshold,spec,pct_zeroed,accuracy,ci_low,ci_high
+ahon_ln,0.0,,,none,0.0,0.60,0.50,0.70
+ahon_ln,0.25,,1.0,score:ahon_ln@1.0,25.0,0.55,0.45,0.65
+random,0.25,0,,random:0.25@0,25.0,0.50,0.40,0.60
+"""
+
+
 @pytest.fixture(scope="module")
-def served(tiny_model, shared_data):
+def served(tiny_model, shared_data, tmp_path_factory):
+    from lens_heads.scores import score_heads
+
     model = tiny_model("llama")
-    server = Server(Explorer.open(model, max_tokens=200), "127.0.0.1", 0).start()
+    folder = tmp_path_factory.mktemp("explore")
+    (folder / "sweep").mkdir()
+    (folder / "sweep" / "summary.csv").write_text(SWEEP)
+    score_heads(model, ["The capital of France is Paris.", "Heads that do nothing"], "all",
+                progress=False).save(folder / "scores.csv")
+    server = Server(Explorer.open(model, sweep=str(folder / "sweep"), scores=str(folder / "scores.csv"),
+                                  max_tokens=200), "127.0.0.1", 0).start()
     yield model, server.url
     server.stop()
 
@@ -38,6 +53,8 @@ def test_info_describes_the_model(served):
     assert (info["n_layers"], info["n_heads"], info["n_kv_heads"]) == (2, 4, 2)
     assert info["group_size"] == [2, 2] and "ahon_ln" in {s["id"] for s in info["scores"]}
     assert {"piqa", "mmlu", "winogrande"} <= set(info["tasks"])
+    assert [p["spec"] for p in info["sweep"]] == ["none", "score:ahon_ln@1.0", "random:0.25@0"]
+    assert len(info["dataset_scores"]["ahon_ln"]) == 2 and len(info["dataset_scores"]["ahon_ln"][0]) == 4
 
 
 def test_a_prompt_gets_its_scores_and_next_tokens(served):
@@ -116,6 +133,20 @@ def test_bad_requests_get_one_message_and_the_server_stays_up(served, path, body
     r = post(url, path, body)
     assert r.status_code == status and message in r.json()["error"], r.text
     assert httpx.get(url + "api/info", timeout=30).status_code == 200
+
+
+def test_a_toggle_on_the_same_input_reuses_its_unablated_results(served, monkeypatch):
+    """After the first run of an input, a new ablation costs one forward (its scores and the
+    unablated answer are kept), and the answers are those of a fresh run."""
+    model, url = served
+    body = {"prompt": "Toggle me: the capital of Italy is", "ablation": "static:0.0"}
+    first = post(url, "api/run", body).json()
+    calls = []
+    real = session.input_scores
+    monkeypatch.setattr(session, "input_scores", lambda *a, **k: calls.append(1) or real(*a, **k))
+    again = post(url, "api/run", {**body, "ablation": "static:1.3"}).json()
+    assert calls == [] and again["scores"] == first["scores"] and again["next"]["base"] == first["next"]["base"]
+    assert again["next"]["zeroed"] == [[1, 3]]
 
 
 def test_two_tabs_at_once_get_consistent_answers(served):
@@ -207,6 +238,9 @@ def test_the_page_in_a_browser(served, tmp_path):
                              ablation=parse_ablation("static:0.1,1.2", model.geometry)).questions[0].lls
         assert shown == pytest.approx(want, abs=1e-4)  # shown to 4 decimals
         assert driver.find_element(By.ID, "error").text == ""
+        # the sweep's curves: a click on a point loads its ablation
+        driver.find_element(By.CSS_SELECTOR, 'circle.pt[data-spec="score:ahon_ln@1.0"]').click()
+        assert driver.find_element(By.ID, "spec").get_attribute("value") == "score:ahon_ln@1.0"
         shot = tmp_path / "explorer.png"
         driver.save_screenshot(str(shot))
         assert shot.stat().st_size > 20_000

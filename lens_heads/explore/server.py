@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -47,6 +48,7 @@ class Explorer:
     max_tokens: int = session.MAX_TOKENS
     lock: threading.Lock = field(default_factory=threading.Lock)
     _loaded_tasks: dict = field(default_factory=dict)
+    _cache: OrderedDict = field(default_factory=OrderedDict)
 
     @classmethod
     def open(cls, model: LoadedModel, sweep: str | None = None, scores: str | None = None,
@@ -86,14 +88,31 @@ class Explorer:
             abl = session.ablation_of(self.model, body.get("ablation"), body.get("replacement"))
             task, doc_id, text = self._input(body)
             ids = session.tokenize(self.model, text, self.max_tokens)
-            out = {"input": text, **session.input_scores(self.model, ids)}
+            known = self._unablated(ids, task, doc_id)  # an ablation toggle on the same input: one forward
+            out = {"input": text, **known["scores"]}
             if task is not None:
-                out["question"] = session.question(self.model, task, doc_id, ablation=abl)
+                out["question"] = session.question(self.model, task, doc_id, ablation=abl, base=known["base"])
                 out["question"]["choices"] = list(self._record(task, doc_id).choices)
             else:
-                out["next"] = session.next_token(self.model, ids, abl)
+                out["next"] = session.next_token(self.model, ids, abl, base=known["base"])
             out["code"] = _code(self.model, body, task is not None)
             return out
+
+    def _unablated(self, ids, task, doc_id) -> dict:
+        """The input's scores and unablated answer, computed once per input (the last 32 kept)."""
+        key = (task.spec.name if task is not None else None, doc_id, tuple(ids.tolist()))
+        if key not in self._cache:
+            scores = session.input_scores(self.model, ids)
+            if task is not None:
+                base = session.question(self.model, task, doc_id)
+                base = {**base["base"], "gold": base["gold"]}
+            else:
+                base = session.next_token(self.model, ids)["base"]
+            self._cache[key] = {"scores": scores, "base": base}
+            while len(self._cache) > 32:
+                self._cache.popitem(last=False)
+        self._cache.move_to_end(key)
+        return self._cache[key]
 
     def head(self, body: dict) -> dict:
         with self.lock:

@@ -93,13 +93,14 @@ def input_scores(model: LoadedModel, ids: torch.Tensor) -> dict:
     return {"tokens": token_strings(model, ids), "scores": scores, "classes": classes}
 
 
-def next_token(model: LoadedModel, ids: torch.Tensor, ablation: Ablation | None = None, k: int = 10) -> dict:
-    """Top-``k`` next tokens with probabilities after ``ids``, unablated and under ``ablation``;
-    with a per-input rule, the heads it zeroed on this input."""
+def next_token(model: LoadedModel, ids: torch.Tensor, ablation: Ablation | None = None, k: int = 10,
+               base: list[dict] | None = None) -> dict:
+    """Top-``k`` next tokens with probabilities after ``ids``, unablated (``base``: already known)
+    and under ``ablation``; with a per-input rule, the heads it zeroed on this input."""
     ids = ids.to(torch.long)
     mask = torch.ones(1, len(ids), dtype=torch.long)
     keep = torch.tensor([len(ids) - 1])
-    out = {"base": _top(model, forward(model, ids[None], mask, [], keep)[0, -1], k)}
+    out = {"base": base if base is not None else _top(model, forward(model, ids[None], mask, [], keep)[0, -1], k)}
     if ablation is not None:
         with ablation.counting() as counts:
             logits = forward(model, ids[None], mask, ablation.hooks(model, mask, [0]), keep)
@@ -110,16 +111,18 @@ def next_token(model: LoadedModel, ids: torch.Tensor, ablation: Ablation | None 
 
 
 def question(model: LoadedModel, task, doc_id: int, n_shot: int | None = None,
-             ablation: Ablation | None = None) -> dict:
-    """One task question, as ``evaluate_task`` scores it, unablated and under ``ablation``."""
-    base = evaluate_task(model, task, n_shot=n_shot, doc_ids=[doc_id], progress=False, batch_size=1)
-    q0 = base.questions[0]
-    out = {"doc_id": doc_id, "gold": q0.gold, "base": {"lls": q0.lls, "pred": q0.pred}}
+             ablation: Ablation | None = None, base: dict | None = None) -> dict:
+    """One task question, as ``evaluate_task`` scores it, unablated (``base``: already known,
+    ``{"lls", "pred", "gold"}``) and under ``ablation``."""
+    if base is None:
+        q = evaluate_task(model, task, n_shot=n_shot, doc_ids=[doc_id], progress=False, batch_size=1).questions[0]
+        base = {"lls": q.lls, "pred": q.pred, "gold": q.gold}
+    out = {"doc_id": doc_id, "gold": base["gold"], "base": {"lls": base["lls"], "pred": base["pred"]}}
     if ablation is not None:
         res = evaluate_task(model, task, n_shot=n_shot, doc_ids=[doc_id], ablation=ablation, progress=False,
-                            batch_size=len(q0.lls))  # one forward: every choice's zeroed heads are in it
+                            batch_size=len(base["lls"]))  # one forward: every choice's zeroed heads are in it
         q1 = res.questions[0]
-        out["ablated"] = {"lls": q1.lls, "pred": q1.pred, "flipped": q1.pred != q0.pred,
+        out["ablated"] = {"lls": q1.lls, "pred": q1.pred, "flipped": q1.pred != base["pred"],
                           "zeroed_fraction": res.zeroed_fraction}
         out["zeroed"] = _zeroed(ablation.last_zeroed)  # on any of the question's inputs
         out["ablation"] = ablation.name
