@@ -176,3 +176,13 @@ def device(request) -> str:
         pytest.skip(f"needs a CUDA device (--device cuda on a GPU machine; here: {dev}, "
                     f"CUDA {'available' if torch.cuda.is_available() else 'not available'})")
     return dev
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny models: one torch thread is 7x faster than two on a busy 2-core machine (measured);
+    a module takes it with ``pytestmark = pytest.mark.usefixtures("one_torch_thread")``."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

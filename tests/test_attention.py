@@ -20,12 +20,7 @@ FUSABLE = ["llama", "qwen2", "olmo2", "gemma3", "qwen3"]  # separate q/k/v/o, tr
 EAGER_ONLY = ["gpt2", "bloom", "phi3", "gpt_neox"]  # fused QKV projections (BLOOM: ALiBi in its own attention)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread is faster (conftest)
 
 
 @pytest.fixture

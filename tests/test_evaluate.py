@@ -23,13 +23,7 @@ from lens_heads.task_requests import select_records, task_inputs
 ARCHS = ["llama", "gemma3", "bloom", "gpt2", "qwen3", "phi3", "gpt_neox"]  # the last three: outside the table
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is 7x faster than two on a busy 2-core machine (measured)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread is faster (conftest)
 
 
 # -----------------------------------------------------------------------------
