@@ -27,6 +27,7 @@ from lens_heads.diagnose import diagnose  # noqa: E402
 from lens_heads.surgery import RepairConfig, RepairReport, TargetSelector, TrainConfig, repair  # noqa: E402
 from lens_heads.study import ModelRef, ReportConfig, attention_heads, build_report  # noqa: E402
 from lens_heads.activations import HeadPatterns, head_patterns  # noqa: E402
+from lens_heads.explore import explore  # noqa: E402  (the function: lh.explore(model) starts the explorer)
 
 
 
@@ -43,4 +44,5 @@ __all__ = ["ARCHITECTURES", "ZOO", "HeadGeometry", "LensHeadsError", "LoadedMode
            "SCORES", "HeadScores", "score_heads", "StaticAblation", "parse_ablation", "Protocol",
            "paper_protocol", "load_authors_thresholds", "evaluate_task",
            "SweepConfig", "SweepResult", "run_sweep", "tabulate", "diagnose", "RepairConfig", "TargetSelector", "TrainConfig", "repair", "RepairReport", "ModelRef",
-           "ReportConfig", "build_report", "HeadPatterns", "head_patterns", "attention_heads", "LensHeadsLM"]
+           "ReportConfig", "build_report", "HeadPatterns", "head_patterns", "attention_heads", "LensHeadsLM",
+           "explore"]

@@ -248,3 +248,20 @@ def test_the_page_in_a_browser(served, tmp_path):
             shutil.copyfile(shot, ROOT / "docs" / "explorer.png")
     finally:
         driver.quit()
+
+
+def test_the_python_api_starts_and_stops_it(tiny_model, capsys):
+    import lens_heads as lh
+
+    server = lh.explore(tiny_model("llama"), port=0, show=False)
+    try:
+        assert httpx.get(server.url + "api/info", timeout=30).json()["n_layers"] == 2
+        assert server.url.startswith("http://127.0.0.1:")
+        assert f"explorer: {server.url}" in capsys.readouterr().out
+    finally:
+        server.stop()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(server.url + "api/info", timeout=5)
+    public = lh.explore(tiny_model("llama"), host="0.0.0.0", port=0, show=False)  # warns: reachable by others
+    public.stop()
+    assert "warning: the explorer listens on 0.0.0.0" in capsys.readouterr().err
