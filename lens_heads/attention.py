@@ -49,6 +49,10 @@ if TYPE_CHECKING:
 
 CHOICES = ("auto", "fused", "eager")
 DEFAULT = "auto"
+# On a CPU, ``auto`` runs eager below this many keys: measured with SmolLM2 on 2 cores
+# (benchmarks/bench_attention_crossover.py), fused loses at 32 keys in bf16 (0.81x) and wins from
+# 64 keys on in both dtypes (1.04x-1.21x at 64, 2.1x-4.5x at 1,024).
+AUTO_MIN_KEYS = 64
 FUSED = "lens_heads_fused"  # the name of the fused kernel in transformers' AttentionInterface
 _BOUNDARY = ("hook_in", "hook_out")  # the attention component's own points that fire either way
 
@@ -282,15 +286,17 @@ def _reads_inner(attn, hooked: set[int]) -> bool:
 
 
 def fused_layers(model: LoadedModel, hook_names: Iterable[str], choice: str | None = None,
-                 row_layers: Iterable[int] = ()) -> list[bool]:
+                 row_layers: Iterable[int] = (), n_keys: int | None = None) -> list[bool]:
     """Which layers this forward runs fused: ``choice`` (default: the model's ``attention``)
     applied layer by layer (``auto``: fused where the module allows it and nothing reads inside
     the attention computation, nor asks for row statistics (``row_layers``): ``auto`` keeps
     those eager, where they equal the authors' pattern-based numbers bitwise; ``fused`` serves
-    them from the kernel, to float rounding). ``fused`` with a layer that cannot run fused, or
-    with a hook inside the attention computation, is refused with the reason."""
+    them from the kernel, to float rounding; and on a CPU, eager for a forward of fewer than
+    ``AUTO_MIN_KEYS`` keys, ``n_keys``). ``fused`` with a layer that cannot run fused, or with a
+    hook inside the attention computation, is refused with the reason."""
     choice = check_choice(choice or getattr(model, "attention", DEFAULT))
-    if choice == "eager":
+    short = choice == "auto" and n_keys is not None and n_keys < AUTO_MIN_KEYS and str(model.device).startswith("cpu")
+    if choice == "eager" or short:
         return [False] * len(_attention_components(model))
     points = getattr(model.bridge, "hook_dict", {})
     hooked = {id(points[n]) for n in hook_names if n in points}
@@ -316,13 +322,13 @@ def check_model(model: LoadedModel, choice: str) -> None:
 
 
 @contextlib.contextmanager
-def backend(model: LoadedModel, hook_names: Iterable[str],
-            rows: dict[int, RowRequest] | None = None) -> Iterator[list[bool]]:
+def backend(model: LoadedModel, hook_names: Iterable[str], rows: dict[int, RowRequest] | None = None,
+            n_keys: int | None = None) -> Iterator[list[bool]]:
     """For one forward: the layers ``fused_layers`` picks run the model's own attention with
     the fused kernel, the others TransformerLens' eager attention; ``rows`` (layer -> request)
     are served by the kernel in fused layers (the caller serves the others from their pattern).
     Yields which layers run fused; everything is restored afterwards, also on error."""
-    layers = fused_layers(model, hook_names, row_layers=rows or ())
+    layers = fused_layers(model, hook_names, row_layers=rows or (), n_keys=n_keys)
     if not any(layers):
         yield layers
         return

@@ -143,11 +143,17 @@ def run_with_hooks(
         kwargs["return_type"] = "logits_and_cache"
     fwd_hooks, rows = _split_rows(fwd_hooks)
     with (torch.enable_grad() if grad else torch.inference_mode()), \
-            attention.backend(model, [name for name, _ in fwd_hooks], rows) as fused, \
+            attention.backend(model, [name for name, _ in fwd_hooks], rows, _n_keys(input_ids, past_key_values)) as fused, \
             _kv_cache_compat(bridge, past_key_values is not None or return_cache, fused):
         fwd_hooks += [(hook_name("pattern", L), _rows_from_pattern(r)) for L, r in rows.items() if not fused[L]]
         out = bridge.run_with_hooks(input_ids.to(model.device), fwd_hooks=fwd_hooks, **kwargs)
     return out if return_logits else None
+
+
+def _n_keys(input_ids: Tensor, cache: Any) -> int:
+    """The keys each query of this forward can see at most: the input, after a cached prefix."""
+    cached = cache.get_seq_length() if hasattr(cache, "get_seq_length") else 0
+    return int(input_ids.shape[-1]) + int(cached)
 
 
 def _split_rows(fwd_hooks: Iterable[tuple[str, Any]]) -> tuple[list[tuple[str, HookFn]], dict[int, Any]]:

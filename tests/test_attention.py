@@ -237,3 +237,17 @@ def test_per_input_pattern_ablation_runs_fused(as_set, shared_data):
     assert res["fused"].zeroed_fraction == res["eager"].zeroed_fraction
     for qe, qf in zip(res["eager"].questions, res["fused"].questions):
         assert qf.lls == pytest.approx(qe.lls, abs=1e-4) and qf.pred == qe.pred
+
+
+def test_auto_runs_short_inputs_eager_on_a_cpu(as_set):
+    """Below AUTO_MIN_KEYS keys (input and cached prefix) fused loses on a CPU (measured:
+    benchmarks/bench_attention_crossover.py), so auto runs eager there; fused stays fused."""
+    n = attention.AUTO_MIN_KEYS
+    model = as_set("llama", "auto")
+    assert attention.fused_layers(model, [], n_keys=n - 1) == [False, False]
+    assert attention.fused_layers(model, [], n_keys=n) == [True, True]
+    assert attention.fused_layers(as_set("llama", "fused"), [], n_keys=1) == [True, True]
+    calls = []
+    with attention.backend(as_set("llama", "auto"), [], n_keys=n - 1) as fused:
+        calls.append(fused)
+    assert calls == [[False, False]]
