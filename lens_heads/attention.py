@@ -111,8 +111,8 @@ def _kernel_row_stats(query: Tensor, key: Tensor, mask: Tensor | None, causal: b
     for the query heads) without the pattern: log-sum-exp from the fused kernel, then
     A[t, j] = exp(s_tj - lse_t) for the few keys needed (first, t-2..t), and the entropy
     lse_t - E_A[s_t], where E_A[s_t] = scaling * q_t . (sum_j A_tj k_j) is the same kernel with
-    K as the values; in float64, returned as float32. ``mask``: boolean [b, 1, q, k] (True: attend), or None: causal
-    (``causal``) or every key."""
+    K as the values; in float64, returned as float32. ``mask``: boolean [b, 1, q, k] (True:
+    attend), or None: causal (``causal``) or every key."""
     b, h, q, _ = query.shape
     k_len = key.shape[2]
     offset = k_len - q  # the queries are the last q positions (a cached prefix before them)
@@ -121,10 +121,9 @@ def _kernel_row_stats(query: Tensor, key: Tensor, mask: Tensor | None, causal: b
     # smallest mean entropies; in float64 it is exact to float32 rounding)
     qf, kf = query.double(), key.double()
     rows = torch.arange(q, device=query.device) + offset
-    lse, mean_key = _lse_and_mean(qf, kf, mask, causal and offset == 0, scaling)  # [b, h, q], [b, h, q, d]
-    if mask is None and causal and offset:  # a causal mask with a prefix: build it (no [q, k] kernel for it)
+    if mask is None and causal and offset:  # causal after a cached prefix: the kernel's is_causal aligns top-left
         mask = (rows[:, None] >= torch.arange(k_len, device=query.device))[None, None]
-        lse, mean_key = _lse_and_mean(qf, kf, mask, False, scaling)
+    lse, mean_key = _lse_and_mean(qf, kf, mask, causal and mask is None, scaling)  # [b, h, q], [b, h, q, d]
     expected = scaling * (qf * mean_key).sum(-1)
 
     def weight_at(pos: Tensor) -> Tensor:  # pos [b, q] key positions -> A[t, pos_t] [b, h, q]
