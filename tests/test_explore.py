@@ -265,3 +265,16 @@ def test_the_python_api_starts_and_stops_it(tiny_model, capsys):
     public = lh.explore(tiny_model("llama"), host="0.0.0.0", port=0, show=False)  # warns: reachable by others
     public.stop()
     assert "warning: the explorer listens on 0.0.0.0" in capsys.readouterr().err
+
+
+def test_a_percentage_spec_is_calibrated_on_the_shipped_sample(served):
+    """score:ID@P% zeroes the heads under the threshold that takes P % of the pooled unablated
+    scores on the shipped C4 sample (as 'lens-heads evaluate' calibrates on its inputs)."""
+    from lens_heads.data import load_texts, tokenize_texts
+    from lens_heads.thresholds import calibrated_spec
+
+    model, url = served
+    r = post(url, "api/run", {"prompt": "The capital of France is", "ablation": "score:ahon_ln@25%"}).json()
+    inputs = tokenize_texts(model.tokenizer, load_texts("c4-sample", n=48), 128)
+    want = calibrated_spec(model, inputs, "ahon_ln", 0.25, progress=False)[0]
+    assert r["next"]["ablation"] == want and want.startswith("score:ahon_ln@")

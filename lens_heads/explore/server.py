@@ -49,6 +49,7 @@ class Explorer:
     lock: threading.Lock = field(default_factory=threading.Lock)
     _loaded_tasks: dict = field(default_factory=dict)
     _cache: OrderedDict = field(default_factory=OrderedDict)
+    _thresholds: dict = field(default_factory=dict)
 
     @classmethod
     def open(cls, model: LoadedModel, sweep: str | None = None, scores: str | None = None,
@@ -85,7 +86,8 @@ class Explorer:
 
     def run(self, body: dict) -> dict:
         with self.lock:
-            abl = session.ablation_of(self.model, body.get("ablation"), body.get("replacement"))
+            abl = session.ablation_of(self.model, body.get("ablation"), body.get("replacement"),
+                                      calibrated=self._calibrated)
             task, doc_id, text = self._input(body)
             ids = session.tokenize(self.model, text, self.max_tokens)
             known = self._unablated(ids, task, doc_id)  # an ablation toggle on the same input: one forward
@@ -97,6 +99,13 @@ class Explorer:
                 out["next"] = session.next_token(self.model, ids, abl, base=known["base"])
             out["code"] = _code(self.model, body, task is not None)
             return out
+
+    def _calibrated(self, score_id: str, fraction: float) -> str:
+        """A percentage spec's threshold spec, calibrated once per (score, fraction)."""
+        key = (score_id, float(fraction))
+        if key not in self._thresholds:
+            self._thresholds[key] = session.calibrate(self.model, score_id, fraction)
+        return self._thresholds[key]
 
     def _unablated(self, ids, task, doc_id) -> dict:
         """The input's scores and unablated answer, computed once per input (the last 32 kept)."""

@@ -16,7 +16,8 @@ a time, and the page only shows what they return.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from functools import partial
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -27,7 +28,9 @@ from lens_heads.engine import forward
 from lens_heads.errors import LensHeadsError
 from lens_heads.evaluate import evaluate_task
 from lens_heads.hooks import hook_name
-from lens_heads.interventions import parse_spec, with_replacement
+from lens_heads.data import load_texts, tokenize_texts
+from lens_heads.interventions import ScoreFraction, parse_spec, with_replacement
+from lens_heads.thresholds import calibrated_spec
 from lens_heads.scores.collector import ScoreCollector
 from lens_heads.scores.functions import SCORES, input_level
 
@@ -60,13 +63,32 @@ def token_strings(model: LoadedModel, ids: torch.Tensor) -> list[str]:
 SHIPPED_CORPORA = ("c4-sample", "self")  # what a replacement may read unless the command line names more
 
 
+CALIBRATION = ("c4-sample", 48, 128)  # a percentage spec's threshold: from the shipped texts (name, n, tokens)
+
+
+def calibrate(model: LoadedModel, score_id: str, fraction: float) -> str:
+    """``score:ID@P%`` as a threshold spec: the threshold that takes ``fraction`` of the pooled
+    unablated scores on the shipped C4 sample (``CALIBRATION``), as ``lens-heads evaluate``
+    calibrates on its own inputs (docs/methods.md §3)."""
+    name, n, max_len = CALIBRATION
+    inputs = tokenize_texts(model.tokenizer, load_texts(name, n=n), max_len)
+    return calibrated_spec(model, inputs, score_id, fraction, progress=False)[0]
+
+
 def ablation_of(model: LoadedModel, spec: str | None, replacement: str | None = None,
-                corpora: tuple[str, ...] = SHIPPED_CORPORA) -> Ablation | None:
+                corpora: tuple[str, ...] = SHIPPED_CORPORA, calibrated: Callable[[str, float], str] | None = None,
+                ) -> Ablation | None:
     """The ablation a spec names (None: none), its heads replaced as ``replacement`` says; a
-    replacement may read only ``corpora`` (a request names no other path or dataset)."""
+    replacement may read only ``corpora`` (a request names no other path or dataset). A
+    percentage (``score:ID@P%``) becomes its threshold through ``calibrated`` (default
+    ``calibrate``)."""
     if spec is None or not str(spec).strip() or str(spec).strip() == "none":
         return None
     typed = parse_spec(str(spec))
+    inner = getattr(typed, "spec", typed)
+    if isinstance(inner, ScoreFraction):
+        resolved = parse_spec((calibrated or partial(calibrate, model))(inner.score_id, inner.fraction))
+        typed = resolved if inner is typed else with_replacement(resolved, typed.replacement)
     if replacement and replacement.strip() not in ("", "zero"):
         typed = with_replacement(typed, replacement.strip())
     corpus = getattr(getattr(typed, "replacement", None), "corpus", None)
