@@ -354,11 +354,13 @@ def test_simple_evaluate_same_acc_as_hflm(model, hflm, task_manager, piqa_rows, 
     # lm-eval's --model lens_heads --model_args route gives the same as the object
     _, by_name = _simple_evaluate("lens_heads", task_manager,
                                   model_args=f"pretrained={tiny_model_dir(ARCH)},ablation={spec},progress=False")
-    assert by_name == rnd_lls
+    # (to float rounding: the two routes may batch differently, and auto runs a batch padded to
+    # under 64 tokens eager, one over it fused; docs/methods.md §10)
+    assert sum(by_name, []) == pytest.approx(sum(rnd_lls, []), abs=1e-4)
     reqs = [(f"Question: {r['goal']}\nAnswer:", f" {s}") for r in piqa_rows for s in (r["sol1"], r["sol2"])]
     keys = [d * 1000 + j for d in range(len(piqa_rows)) for j in range(2)]
     engine = loglikelihoods(model, reqs, parse_ablation(spec, model.geometry), progress=False, keys=keys)
-    assert sum(rnd_lls, []) == pytest.approx(engine, abs=1e-5)
+    assert sum(rnd_lls, []) == pytest.approx(engine, abs=1e-4)
     assert sum(rnd_lls, []) != pytest.approx(sum(our_lls, []), abs=1e-3)
 
 
