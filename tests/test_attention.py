@@ -251,3 +251,22 @@ def test_auto_runs_short_inputs_eager_on_a_cpu(as_set):
     with attention.backend(as_set("llama", "auto"), [], n_keys=n - 1) as fused:
         calls.append(fused)
     assert calls == [[False, False]]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_a_pruned_model_runs_fused(arch, tiny_model):
+    """A physically pruned model (layers with different head counts, a GQA group gone) runs
+    its own attention fused and agrees with eager."""
+    from lens_heads.prune import prune
+
+    model = tiny_model(arch)
+    g = model.geometry
+    heads = [(0, 0), (0, 1), (1, g.n_heads - 1)]
+    pruned = prune(model, heads)
+    assert attention.blockers(pruned) == [None, None]
+    ids, mask = _batch(left=True)
+    out = {}
+    for choice in ("eager", "fused"):
+        pruned.attention = choice
+        out[choice] = forward(pruned, ids, mask, [])
+    assert (out["fused"] - out["eager"])[mask.bool()].abs().max() <= 1e-4
