@@ -321,6 +321,27 @@ def check_model(model: LoadedModel, choice: str) -> None:
 
 
 @contextlib.contextmanager
+def plain_fused(hf_model) -> Iterator[bool]:
+    """For the forwards inside: a plain (unbridged) transformers model -- surgery's copy -- runs the
+    fused kernel where its class supports SDPA (``_supports_sdpa``); restored afterwards, also on
+    error. Yields whether it runs fused."""
+    if not getattr(hf_model, "_supports_sdpa", False):
+        yield False
+        return
+    _register()
+    configs = {id(m.config): m.config for m in hf_model.modules()
+               if hasattr(getattr(m, "config", None), "_attn_implementation")}
+    before = {k: c._attn_implementation for k, c in configs.items()}
+    try:
+        for c in configs.values():
+            c._attn_implementation = FUSED
+        yield True
+    finally:
+        for k, c in configs.items():
+            c._attn_implementation = before[k]
+
+
+@contextlib.contextmanager
 def backend(model: LoadedModel, hook_names: Iterable[str], rows: dict[int, RowRequest] | None = None,
             n_keys: int | None = None) -> Iterator[list[bool]]:
     """For one forward: the layers ``fused_layers`` picks run the model's own attention with

@@ -270,3 +270,26 @@ def test_a_pruned_model_runs_fused(arch, tiny_model):
         pruned.attention = choice
         out[choice] = forward(pruned, ids, mask, [])
     assert (out["fused"] - out["eager"])[mask.bool()].abs().max() <= 1e-4
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "bloom"])
+def test_surgery_perplexity_runs_fused_where_the_model_supports_it(arch, tiny_model):
+    """Surgery's held-out perplexity (a plain transformers copy) runs the fused kernel where the
+    class supports SDPA, equal to the eager model's own perplexity; the config is restored."""
+    import math
+
+    from lens_heads.surgery.train import perplexity
+
+    hf = tiny_model(arch).load_hf_model().eval()
+    docs = [row[m.bool()] for row, m in zip(*_batch(3, 40, left=True))]
+    with torch.no_grad():  # the reference: the eager model, one document at a time
+        nll = [torch.nn.functional.cross_entropy(hf(d[None]).logits[0, :-1].float(), d[1:], reduction="sum")
+               for d in docs]
+    eager = math.exp(sum(float(x) for x in nll) / sum(len(d) - 1 for d in docs))
+    seen = []
+    with attention.plain_fused(hf) as fused:
+        seen.append(fused)
+        assert (hf.config._attn_implementation == attention.FUSED) == fused
+    assert hf.config._attn_implementation == "eager"  # restored
+    assert seen == [bool(getattr(hf, "_supports_sdpa", False))] and (arch == "bloom" or seen == [True])
+    assert perplexity(hf, docs) == pytest.approx(eager, rel=1e-5)

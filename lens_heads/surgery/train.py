@@ -27,6 +27,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
+from lens_heads.attention import plain_fused
 from lens_heads.engine import token_nll
 from lens_heads.surgery.checkpoint import load_checkpoint, save_checkpoint
 from lens_heads.surgery.masks import freeze_and_mask
@@ -88,7 +89,8 @@ def perplexity(hf_model, inputs: list[Tensor], batch_size: int = 4, pad_id: int 
         return hf_model(input_ids=ids.to(device), attention_mask=mask.to(device)).logits
 
     try:
-        nll, count = token_nll(logits, inputs, batch_size, pad_id)
+        with plain_fused(hf_model):  # no pattern is read: the fused kernel (docs/methods.md §10)
+            nll, count = token_nll(logits, inputs, batch_size, pad_id)
     finally:
         hf_model.train(was_training)
     if count == 0:
