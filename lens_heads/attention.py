@@ -49,9 +49,10 @@ if TYPE_CHECKING:
 
 CHOICES = ("auto", "fused", "eager")
 DEFAULT = "auto"
-# On a CPU, ``auto`` runs eager below this many keys: measured with SmolLM2 on 2 cores
-# (benchmarks/bench_attention_crossover.py), fused loses at 32 keys in bf16 (0.81x) and wins from
-# 64 keys on in both dtypes (1.04x-1.21x at 64, 2.1x-4.5x at 1,024).
+# On a CPU, ``auto`` runs eager below this many keys. Measured with SmolLM2 on 2 cores
+# (benchmarks/bench_attention_crossover.py, eager / fused time per forward of ~2,048 tokens): below
+# 64 keys it is a wash (bf16 at 32 keys: 0.81x in one run, 1.06x in another); from 128 keys fused
+# ties or wins in every run (bf16 1.05-1.16x at 128, 2.0-2.1x at 512, 3.2-4.5x at 1,024).
 AUTO_MIN_KEYS = 64
 FUSED = "lens_heads_fused"  # the name of the fused kernel in transformers' AttentionInterface
 _BOUNDARY = ("hook_in", "hook_out")  # the attention component's own points that fire either way
