@@ -8,7 +8,7 @@ machine is shared: compare the ratios measured in one run, not absolute times).
 
 Reports the matmul roof (fp32 and bf16 GEMMs at the model's block shapes, measured in the same
 run) and, for each task: the positions each side computes, lens_heads' positions/s as a share of
-the roof, wall time of lm-eval (HFLM.loglikelihood on the same requests,
+the roof, wall time of lm-eval (HFLM.loglikelihood on the same requests, the model in SDPA attention as lm-eval loads one,
 batch size 16, its logits cache on) and of lens_heads (evaluate_task), whether the
 per-question predictions are identical, the max |Δ log-likelihood|; and the cost of MMLU
 5-shot relative to 0-shot in lens_heads, on a stratified sample (few questions per
@@ -144,7 +144,9 @@ def main() -> int:
     from lens_heads.evaluate import evaluate_task
 
     model = load_model(args.model, dtype=args.dtype)
-    lm = HFLM(pretrained=model.load_hf_model(), tokenizer=model.tokenizer, batch_size=args.batch_size)
+    theirs_hf = model.load_hf_model()  # loaded eager (lens_heads' bridge needs it); lm-eval's own
+    theirs_hf.set_attn_implementation("sdpa")  # load of a model name runs transformers' default, SDPA
+    lm = HFLM(pretrained=theirs_hf, tokenizer=model.tokenizer, batch_size=args.batch_size)
     lines = [f"# bench_evaluate ({args.model}, {args.dtype}, batch {args.batch_size}, "
              f"torch threads {torch.get_num_threads()}, load avg {os.getloadavg()[0]:.1f})", ""]
     from lens_heads.lm_eval_model import LensHeadsLM
@@ -234,7 +236,8 @@ def main() -> int:
     picked = [s for s in sorted(by_subject) if len(by_subject[s]) >= args.per_subject][: args.subjects]
     ratio(f"{len(picked)} subjects x {args.per_subject} ({', '.join(picked)})",
           [r for s in picked for r in by_subject[s][: args.per_subject]])
-    lines += ["", "lm-eval: HFLM.loglikelihood on the same requests (its one-token-continuation logits cache on); "
+    lines += ["", "lm-eval: HFLM.loglikelihood on the same requests (its one-token-continuation logits cache on; "
+              "the model with transformers' default SDPA attention, as lm-eval loads one by name); "
               "lens_heads: evaluate_task (distinct inputs once, last-position logits, shared-prefix K/V reuse); "
               "LensHeadsLM: the same engine behind lm-eval's LM.loglikelihood on the same requests. "
               "Positions computed: ids through each model's input embedding (padding included); "
