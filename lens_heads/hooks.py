@@ -132,6 +132,8 @@ def run_with_hooks(
         kwargs["attention_mask"] = attention_mask.to(model.device)
     if not return_logits:
         kwargs["stop_at_layer"] = model.geometry.n_layers
+        if logits_to_keep is None:  # TransformerLens 4.3's bridge runs the unembedding all the same
+            logits_to_keep = torch.tensor([input_ids.shape[-1] - 1])  # (measured): one position, not all
     if logits_to_keep is not None:
         kwargs["logits_to_keep"] = logits_to_keep.to(model.device)
     if past_key_values is not None:
