@@ -121,7 +121,7 @@ def run_with_hooks(
     """One forward pass of ``model`` (a LoadedModel) with hooks, padding-aware. Called by the
     engine only (``engine.forward``); attention backends plug in here.
 
-    ``return_logits=False`` stops after the last block (no unembedding) and returns None.
+    ``return_logits=False`` returns None after the last block (the unembedding of one position).
     ``logits_to_keep``: positions whose logits are computed. ``past_key_values`` continues
     from a cached prefix; ``return_cache=True`` returns ``(logits, cache)``. ``grad``: autograd
     on (attribution patching's backward), else inference mode.

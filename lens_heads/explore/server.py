@@ -88,13 +88,14 @@ class Explorer:
         with self.lock:
             abl = session.ablation_of(self.model, body.get("ablation"), body.get("replacement"),
                                       calibrated=self._calibrated)
-            task, doc_id, text = self._input(body)
+            task, rec, text = self._input(body)
+            doc_id = None if rec is None else rec.doc_id
             ids = session.tokenize(self.model, text, self.max_tokens)
             known = self._unablated(ids, task, doc_id)  # an ablation toggle on the same input: one forward
             out = {"input": text, **known["scores"]}
             if task is not None:
                 out["question"] = session.question(self.model, task, doc_id, ablation=abl, base=known["base"])
-                out["question"]["choices"] = list(self._record(task, doc_id).choices)
+                out["question"]["choices"] = list(rec.choices)
             else:
                 out["next"] = session.next_token(self.model, ids, abl, base=known["base"])
             out["code"] = _code(self.model, body, task is not None)
@@ -133,20 +134,19 @@ class Explorer:
                 raise LensHeadsError("layer and head must be integers") from None
             return session.head_view(self.model, ids, layer, head)
 
-    def question_text(self, task_name: str, index: int) -> dict:
+    def question_text(self, body: dict) -> dict:
         with self.lock:
-            task = self._task(task_name)
-            if not 0 <= index < len(task.records):
-                raise LensHeadsError(f"{task_name} has questions 0..{len(task.records) - 1}, not {index}")
-            rec = task.records[index]
-            context = task.build(rec, task.spec.n_shot)[0][0]
-            return {"task": task_name, "index": index, "doc_id": rec.doc_id, "question": rec.question,
-                    "choices": list(rec.choices), "gold": rec.gold, "context": context}
+            name = str(body.get("task") or "")
+            if not name:
+                raise LensHeadsError("give a task")
+            task, rec, context = self._input({"task": name, "index": body.get("index", 0)})
+            return {"task": name, "index": int(body.get("index", 0)), "doc_id": rec.doc_id,
+                    "question": rec.question, "choices": list(rec.choices), "gold": rec.gold, "context": context}
 
     # --- helpers ----------------------------------------------------------------------------
     def _input(self, body: dict):
-        """(task, doc_id, the text the model reads) of a request: a prompt, or a task question
-        (its context as the model reads it, shots included)."""
+        """(task, record, the text the model reads) of a request: a prompt (no task, no record),
+        or a task question (its context as the model reads it, shots included)."""
         if body.get("task"):
             task = self._task(str(body["task"]))
             try:
@@ -156,7 +156,7 @@ class Explorer:
             if not 0 <= index < len(task.records):
                 raise LensHeadsError(f"{body['task']} has questions 0..{len(task.records) - 1}, not {index}")
             rec = task.records[index]
-            return task, rec.doc_id, task.build(rec, task.spec.n_shot)[0][0]
+            return task, rec, task.build(rec, task.spec.n_shot)[0][0]
         prompt = body.get("prompt")
         if not isinstance(prompt, str):
             raise LensHeadsError("give a prompt (text) or a task question")
@@ -169,9 +169,6 @@ class Explorer:
         if name not in self._loaded_tasks:
             self._loaded_tasks[name] = load_task(name)
         return self._loaded_tasks[name]
-
-    def _record(self, task, doc_id: int):
-        return next(r for r in task.records if r.doc_id == doc_id)
 
 
 def _json_value(v):
@@ -205,6 +202,7 @@ def _code(model: LoadedModel, body: dict, is_question: bool) -> dict:
 def app(explorer: Explorer):
     """The Starlette application serving ``explorer``."""
     from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
@@ -227,8 +225,6 @@ def app(explorer: Explorer):
             if not isinstance(body, dict):
                 return JSONResponse({"error": "the request body must be a JSON object"}, status_code=400)
             try:
-                from starlette.concurrency import run_in_threadpool
-
                 return JSONResponse(await run_in_threadpool(fn, body))
             except session.TooLong as e:
                 return JSONResponse({"error": str(e)}, status_code=413)
@@ -238,16 +234,9 @@ def app(explorer: Explorer):
                 return JSONResponse({"error": f"{type(e).__name__}: {e}"}, status_code=500)
         return endpoint
 
-    def question(body: dict) -> dict:
-        try:
-            index = int(body.get("index", 0))
-        except (TypeError, ValueError):
-            raise LensHeadsError("index must be an integer") from None
-        return explorer.question_text(str(body.get("task", "")), index)
-
     routes = [Route("/", index), Route("/circuitsvis.js", circuitsvis),
               Route("/api/info", guarded(lambda body: explorer.info())),
-              Route("/api/question", guarded(question)),
+              Route("/api/question", guarded(explorer.question_text)),
               Route("/api/run", guarded(explorer.run), methods=["POST"]),
               Route("/api/head", guarded(explorer.head), methods=["POST"])]
     return Starlette(routes=routes)

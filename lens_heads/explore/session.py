@@ -61,8 +61,6 @@ def token_strings(model: LoadedModel, ids: torch.Tensor) -> list[str]:
 
 
 SHIPPED_CORPORA = ("c4-sample", "self")  # what a replacement may read unless the command line names more
-
-
 CALIBRATION = ("c4-sample", 48, 128)  # a percentage spec's threshold: from the shipped texts (name, n, tokens)
 
 

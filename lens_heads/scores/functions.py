@@ -36,38 +36,31 @@ class Acts:
                  gram: Callable[[int, torch.device], Tensor], group_size: int):
         self.kind, self.x, self.batch, self.layer = kind, x, batch, layer
         self._gram, self._group = gram, group_size
-        self._memo: dict[str, Tensor] = {}
+        self._memo: dict[str, object] = {}
 
-    def _cached(self, key: str, make: Callable[[], Tensor]) -> Tensor:
+    def _cached(self, key: str, make: Callable[[], object]):
         if key not in self._memo:
             self._memo[key] = make()
         return self._memo[key]
 
     # --- row statistics (``attention.RowStats``) or a pattern [batch, head, q, k] --------
+    def _rows(self) -> RowStats:
+        """The per-row statistics: given (``rows``), or reduced from the pattern once."""
+        if self.kind == "rows":
+            return self.x
+        return self._cached("rows", lambda: RowStats.from_pattern(self.x, self.batch.first))
+
     def attn_on_first(self) -> Float[Tensor, "batch head q"]:
         """A[t, first] for every query row t (float32)."""
-        if self.kind == "rows":
-            return self.x.first_weight
-        b, h, q, _ = self.x.shape
-        if self.batch.first_is_zero:
-            return self._cached("first", lambda: self.x[..., 0].float())
-        idx = self.batch.first.view(b, 1, 1, 1).expand(b, h, q, 1)
-        return self._cached("first", lambda: self.x.gather(-1, idx)[..., 0].float())
+        return self._rows().first_weight
 
     def row_entropy(self) -> Float[Tensor, "batch head q"]:
-        """-sum_j A[t, j] ln A[t, j] per query row, in float32, one batch row at a time."""
-        if self.kind == "rows":
-            return self.x.entropy
-
-        def make() -> Tensor:
-            return torch.stack([torch.special.entr(row.float()).sum(-1) for row in self.x])
-        return self._cached("entropy", make)
+        """-sum_j A[t, j] ln A[t, j] per query row (float32)."""
+        return self._rows().entropy
 
     def local_mass(self) -> Float[Tensor, "batch head q"]:
         """sum_{j=t-2..t} A[t, j] for every query row t (float32)."""
-        if self.kind == "rows":
-            return self.x.local_mass
-        return self._cached("local", lambda: RowStats.from_pattern(self.x, self.batch.first).local_mass)
+        return self._rows().local_mass
 
     # --- v [batch, pos, kv_head, d_head] and z [batch, pos, head, d_head] --------------
     def norms(self) -> Float[Tensor, "batch pos unit"]:
