@@ -143,10 +143,13 @@ def run_with_hooks(
             kwargs["past_key_values"] = past_key_values
     if return_cache:
         kwargs["return_type"] = "logits_and_cache"
+    elif past_key_values is None:
+        kwargs["use_cache"] = False  # (measured) else HF fills a K/V cache nobody reads: a copy per layer
     fwd_hooks, rows = _split_rows(fwd_hooks)
     with (torch.enable_grad() if grad else torch.inference_mode()), \
             attention.backend(model, [name for name, _ in fwd_hooks], rows, _n_keys(input_ids, past_key_values)) as fused, \
-            _kv_cache_compat(bridge, past_key_values is not None or return_cache, fused):
+            _kv_cache_compat(bridge, past_key_values is not None or return_cache, fused), \
+            lean_norms(bridge):
         fwd_hooks += [(hook_name("pattern", L), _rows_from_pattern(r)) for L, r in rows.items() if not fused[L]]
         out = bridge.run_with_hooks(input_ids.to(model.device), fwd_hooks=fwd_hooks, **kwargs)
     return out if return_logits else None
@@ -213,6 +216,65 @@ def _kv_cache_compat(bridge, active: bool, fused: list[bool]) -> Iterator[None]:
     finally:
         for h in handles:
             h.remove()
+
+
+def _silent(point: torch.nn.Module) -> bool:
+    """No hook of any kind on this hook point (TransformerLens' or a plain torch one)."""
+    from torch.nn.modules import module as nn_module
+
+    return not (point._forward_hooks or point._forward_pre_hooks or point._backward_hooks
+                or point._backward_pre_hooks or nn_module._global_forward_hooks
+                or nn_module._global_forward_pre_hooks or nn_module._global_backward_hooks)
+
+
+def _lean_norm_forward(norm):
+    """A norm bridge's forward that skips what only its inner hooks read. TransformerLens 4.3's
+    native-norm path computes the normalisation twice -- once for ``hook_scale`` /
+    ``hook_normalized`` (in float32: a copy, a square and a product of the whole residual), then
+    the model's own norm, whose output it returns when those hooks leave the values alone
+    (measured: 2 of the 5 full-width passes of every norm). Where neither point has a hook at call
+    time, this returns the model's own norm at once: the same tensor, bit for bit."""
+    full = type(norm).forward.__get__(norm)
+
+    def forward(hidden_states: Tensor, **kwargs: Any) -> Tensor:
+        if kwargs or not (_silent(norm.hook_scale) and _silent(norm.hook_normalized)):
+            return full(hidden_states, **kwargs)
+        x = norm.hook_in(hidden_states)
+        result = norm.original_component(x)
+        return norm.hook_out(result if result.dtype == x.dtype else result.to(x.dtype))
+
+    return forward
+
+
+def _native_norms(bridge) -> list[torch.nn.Module]:
+    """The bridge's norms whose output is the model's own norm (the native path), cached."""
+    from transformer_lens.model_bridge.generalized_components.normalization import NormalizationBridge
+
+    cached = bridge.__dict__.get("_lens_heads_native_norms")
+    if cached is None:
+        cached = [m for m in bridge.modules() if isinstance(m, NormalizationBridge)
+                  and type(m).forward is NormalizationBridge.forward
+                  and type(m)._hf_autograd_forward_with_hooks is NormalizationBridge._hf_autograd_forward_with_hooks
+                  and (m.use_native_layernorm_autograd or getattr(m.config, "layer_norm_folding", False))
+                  and isinstance(m.original_component, torch.nn.Module)
+                  and not isinstance(m.original_component, torch.nn.Identity)
+                  and all(isinstance(getattr(m, n, None), torch.nn.Module) for n in ("hook_scale", "hook_normalized"))]
+        bridge.__dict__["_lens_heads_native_norms"] = cached
+    return cached
+
+
+@contextlib.contextmanager
+def lean_norms(bridge) -> Iterator[None]:
+    """For one forward: the bridge's native norms skip the values only their inner hooks read
+    (``_lean_norm_forward``); restored afterwards, also on error."""
+    norms = _native_norms(bridge)
+    try:
+        for n in norms:
+            object.__setattr__(n, "forward", _lean_norm_forward(n))
+        yield
+    finally:
+        for n in norms:
+            n.__dict__.pop("forward", None)
 
 
 # --- pruned fused-QKV models (GPT-2, BLOOM) -------------------------------------------------------

@@ -343,3 +343,42 @@ def test_a_geometry_the_bridge_contradicts_is_refused(tiny_model):
     g = tiny_model("llama").geometry
     with pytest.raises(LensHeadsError, match="hook_v has shape"):
         g.check_shapes((1, g.n_heads, 3, 3), (1, 3, g.n_heads, g.d_head), (1, 3, g.n_heads, g.d_head))
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_lean_norms_return_the_bridge_norms_bit_for_bit(arch, tiny_model, monkeypatch):
+    """A forward whose norms have no inner hook skips the values only those hooks read
+    (hooks.lean_norms): the logits are the same tensor, bit for bit, as the bridge's full path."""
+    from lens_heads import hooks
+
+    model = tiny_model(arch)
+    ids = _ids(model)
+    lean = run_with_hooks(model, ids, None, [])
+    norms = hooks._native_norms(model.bridge)
+    from transformer_lens.model_bridge.generalized_components.normalization import NormalizationBridge
+
+    native = [m for m in model.bridge.modules()
+              if isinstance(m, NormalizationBridge) and m.use_native_layernorm_autograd]
+    assert len(norms) == len(native)  # every norm that returns the model's own norm (not GPT-2's, BLOOM's)
+    monkeypatch.setattr(hooks, "_native_norms", lambda bridge: [])
+    assert torch.equal(lean, run_with_hooks(model, ids, None, []))
+    assert all("forward" not in n.__dict__ for n in norms)  # restored after the forward
+
+
+def test_a_hook_inside_a_norm_still_fires_and_its_edit_propagates(tiny_model):
+    model = tiny_model("llama")
+    ids = _ids(model)
+    seen = []
+
+    def double(x, hook):
+        seen.append(hook.name)
+        return 2 * x
+
+    base = run_with_hooks(model, ids, None, [])
+    with pytest.warns(UserWarning):  # TransformerLens warns that an edit leaves HF's native norm
+        edited = run_with_hooks(model, ids, None, [("blocks.0.ln1.hook_normalized", double)])
+    assert seen == ["blocks.0.ln1.hook_normalized"]
+    assert (edited - base).abs().max() > 1e-3
+    scale = []
+    run_with_hooks(model, ids, None, [("blocks.1.ln2.hook_scale", lambda x, hook: scale.append(x.shape))])
+    assert scale == [(1, ids.shape[1], 1)]
