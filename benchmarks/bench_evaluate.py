@@ -82,6 +82,28 @@ def gemm_roof(shapes, dtype, rows: int = 512, repeats: int = 5) -> float:
     return rows / best
 
 
+def matmul_flops(fn) -> tuple[int, int]:
+    """(all, attention) matmul FLOPs of ``fn()``, counted by torch's FlopCounterMode: the linears
+    and LM head (mm, addmm), eager attention's products (bmm), and the fused kernel's products
+    over the query-key pairs it computes (causal: the lower triangle; with a mask: all of them)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    aten = torch.ops.aten
+
+    def fused(q, k, v, dropout_p=0.0, is_causal=False, *args, out_shape=None, **kwargs) -> int:
+        b, h, tq, d = q
+        tk = k[-2]
+        pairs = tq * (tk - tq) + tq * (tq + 1) // 2 if is_causal else tq * tk
+        return 4 * b * h * d * pairs  # QK^T and AV: 2 d FLOPs each per pair and query head
+
+    with FlopCounterMode(display=False, custom_mapping={aten._scaled_dot_product_flash_attention_for_cpu: fused}) as fc:
+        fn()
+    counts = fc.get_flop_counts()["Global"]
+    attn = sum(n for op, n in counts.items() if op in (aten._scaled_dot_product_flash_attention_for_cpu,
+                                                       aten.bmm, aten.baddbmm))
+    return fc.get_total_flops(), attn
+
+
 def per_input_point(model, task, recs, batch_size, lines, max_tokens: int) -> None:
     """One per-input sweep point (``score:ahon_ln`` at the threshold that zeroes 10 % of the
     heads over these questions' 5-shot inputs) fused and eager, against the unablated fused
@@ -155,15 +177,17 @@ def main() -> int:
     shapes = linear_shapes(model.hf_model)
     roofs = {d: gemm_roof(shapes, getattr(torch, d)) for d in ("float32", "bfloat16")}
     roof = roofs[str(model.dtype).removeprefix("torch.")]
+    roof_flops = roof * 2 * sum(i * o for i, o in shapes)  # FLOP/s of the block GEMMs at the roof
     theirs_count, ours_count = PositionCounter(lm.model), PositionCounter(model.hf_model)
     lines += [f"Matmul roof at the model's block shapes ({len(shapes)} linears, 512 rows, best of 5, measured in "
               f"this run): fp32 {roofs['float32']:.0f} tokens/s, bf16 {roofs['bfloat16']:.0f} tokens/s "
-              f"(bf16/fp32 {roofs['bfloat16'] / roofs['float32']:.2f}x); this run's dtype: {model.dtype}.", ""]
+              f"(bf16/fp32 {roofs['bfloat16'] / roofs['float32']:.2f}x); this run's dtype: {model.dtype}, its roof "
+              f"{roof_flops / 1e9:.0f} GFLOP/s.", ""]
     lines += ["| task | n | lm-eval s | lens_heads s | speed-up | LensHeadsLM s | its speed-up | identical preds "
               "(evaluate / LensHeadsLM) | max abs dll | positions computed (lm-eval / lens_heads) | "
               "lens_heads positions/s | of the roof | eager attention s | fused / eager speed-up | "
-              "eager of the roof | identical preds fused / eager |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "eager of the roof | identical preds fused / eager | lens_heads matmul GFLOP (attention) | of the FLOP roof |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def compare(name, task, recs, k):
         reqs, spans = [], []
@@ -182,6 +206,9 @@ def main() -> int:
                             batch_size=args.batch_size, progress=False)
         t_us = time.perf_counter() - t0
         n_ours = ours_count.take()
+        flops, attn_flops = matmul_flops(lambda: evaluate_task(  # untimed: the counter slows every op
+            model, task, n_shot=k, doc_ids=[r.doc_id for r in recs], batch_size=args.batch_size, progress=False))
+        ours_count.take()
         t0 = time.perf_counter()
         via_lm = lm_eval_lls(ours_lm, reqs)
         t_ours_lm = time.perf_counter() - t0
@@ -200,7 +227,8 @@ def main() -> int:
                f"{t_lm / t_ours_lm:.2f}x | {same}/{len(recs)} / {same_lm}/{len(recs)} | {dll:.2e} | "
                f"{n_theirs} / {n_ours} | {n_ours / t_us:.0f} | {100 * n_ours / t_us / roof:.0f} % | "
                f"{t_eager:.1f} | {t_eager / t_us:.2f}x | {100 * n_ours / t_eager / roof:.0f} % | "
-               f"{same_eager}/{len(recs)} |")
+               f"{same_eager}/{len(recs)} | {flops / 1e9:.0f} ({100 * attn_flops / flops:.0f} %) | "
+               f"{100 * flops / t_us / roof_flops:.0f} % |")
         print(row, flush=True)
         lines.append(row)
         return t_us
@@ -241,7 +269,11 @@ def main() -> int:
               "lens_heads: evaluate_task (distinct inputs once, last-position logits, shared-prefix K/V reuse); "
               "LensHeadsLM: the same engine behind lm-eval's LM.loglikelihood on the same requests. "
               "Positions computed: ids through each model's input embedding (padding included); "
-              "of the roof: lens_heads' positions/s over the matmul roof in this run's dtype."]
+              "of the roof: lens_heads' positions/s over the matmul roof in this run's dtype (a position's block linears "
+              "only: attention's products and the LM head are work it does not count). Matmul GFLOP: every matmul "
+              "lens_heads' evaluation computes (block linears, LM head at the scored positions, attention products "
+              "over the query-key pairs computed), counted by torch's FlopCounterMode in an untimed repeat; of the "
+              "FLOP roof: those FLOPs per second of lens_heads' time over the block GEMMs' FLOP/s at the roof."]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(args.out, "\n".join(lines) + "\n")
     print(f"wrote {args.out}")

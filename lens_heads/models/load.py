@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from lens_heads import allocator
 from lens_heads.errors import LensHeadsError
 from lens_heads.models import zoo
 from lens_heads.models.geometry import HeadGeometry
@@ -521,12 +522,15 @@ def load_model(spec, dtype: str | torch.dtype = "float32", device: str = "cpu", 
     disk; everything but surgery runs unchanged on such a model. ``revision`` pins a hub id
     (branch, tag or commit; resolved to its commit, recorded in the model's digest).
     ``attention``: the attention backend (``lens_heads.attention``: auto, fused, eager); the
-    model's ``attention`` attribute, which can be changed later."""
+    model's ``attention`` attribute, which can be changed later. On the CPU it tunes the process'
+    malloc once (``lens_heads.allocator``; ``LENS_HEADS_KEEP_FREED_MEMORY=0`` turns that off)."""
     check_choice(attention)
     device = check_device(device)
     torch_dtype = resolve_dtype(dtype, device)
     source = resolve_source(spec, revision)
     placement = Placement(device, device_map, max_memory, None if offload_folder is None else str(offload_folder))
+    if torch.device(device).type == "cpu" or device_map is not None:
+        allocator.keep_freed_memory()  # activations reuse freed heap, not fresh pages: same results, faster
     model, tokenizer = load_hf(source, torch_dtype, device, placement)
     if device_map is not None:
         device = _embedding_device(model)
