@@ -16,10 +16,13 @@
   no hook of this forward (nor any hook left on the model) reads; eager in the others.
 
 A layer runs fused only where its module allows it (``fused_blocker``): the model's attention
-dispatches through transformers' ``AttentionInterface`` and its q / k / v / o projections are
-the bridge's (Llama, Qwen2/3, OLMo-2, Gemma 3, ...). Elsewhere (GPT-2, BLOOM's ALiBi, GPT-NeoX's
-and Phi-3's fused projections, softcapping, attention sinks) it runs eager, and asking for
-``fused`` there is refused with the reason.
+dispatches through transformers' ``AttentionInterface`` and its projections are the bridge's
+modules (Llama, Qwen2/3, OLMo-2, Gemma 3, ...). Where the model projects q, k and v jointly
+(GPT-NeoX / Pythia, Phi-3) the fused forward runs that one projection, so ``hook_q`` / ``hook_k``
+/ ``hook_v`` count as inside the attention computation there (``hook_z`` still fires).
+Elsewhere (GPT-2, whose output projection the bridge hooks as a copy; BLOOM's ALiBi in its own
+attention; softcapping, attention sinks) it runs eager, and asking for ``fused`` there is
+refused with the reason.
 
 How the switch is made: the bridge's attention component delegates to the wrapped module
 (``AttentionBridge.forward``, TransformerLens' own pass-through) and the model's config names
@@ -242,9 +245,11 @@ def fused_blocker(attn) -> str | None:
     if not isinstance(attn, AttentionBridge) or attn.original_component is None:
         return "its attention is not a TransformerLens attention component"
     hf = attn.original_component
-    for proj, part in (("q_proj", "q"), ("k_proj", "k"), ("v_proj", "v"), ("o_proj", "o")):
-        if getattr(hf, proj, None) is None or getattr(hf, proj) is not getattr(attn, part, None):
-            return "its q / k / v / o projections are not separate modules the bridge hooks"
+    own = {id(c) for c in hf.children()}  # the model's projections, where the bridge wrapped them in place
+    if id(getattr(attn, "o", None)) not in own:
+        return "its output projection is not the module the bridge hooks (hook_z would not fire)"
+    if not (_joint(attn) or all(id(getattr(attn, p, None)) in own for p in ("q", "k", "v"))):
+        return "its q / k / v projections are not modules the bridge hooks"
     config = getattr(hf, "config", None)
     if getattr(hf, "sinks", None) is not None or getattr(config, "attn_logit_softcapping", None) is not None:
         return "it uses attention sinks or softcapping, which the fused kernel does not compute"
@@ -263,14 +268,26 @@ def blockers(model: LoadedModel) -> list[str | None]:
     return cached
 
 
+def _joint(attn) -> bool:
+    """Whether the model computes q, k and v in one projection (GPT-NeoX, Phi-3) that the bridge
+    hooks as a whole (``qkv``), splitting it into ``q`` / ``k`` / ``v`` only in its own eager pass."""
+    qkv = getattr(attn, "qkv", None)
+    return qkv is not None and any(c is qkv for c in attn.original_component.children())
+
+
 def _inner_points(attn) -> dict[int, str]:
     """ids of the hook points inside ``attn``'s attention computation (pattern, scores, rotated
     q / k, normed q / k, ...): the component's own points but its input and output. The
     projections' points (``hook_q`` / ``hook_k`` / ``hook_v``, ``hook_z``) live in their
-    modules and fire either way."""
+    modules and fire either way -- but where the model's projection is joint (``_joint``): its
+    fused forward runs that one projection, so ``hook_q`` / ``hook_k`` / ``hook_v`` are inside."""
     from transformer_lens.hook_points import HookPoint
 
-    return {id(c): n for n, c in attn.named_children() if isinstance(c, HookPoint) and n not in _BOUNDARY}
+    inner = {id(c): n for n, c in attn.named_children() if isinstance(c, HookPoint) and n not in _BOUNDARY}
+    if _joint(attn):
+        inner.update({id(c): f"{p}.{n}" for p in ("q", "k", "v") if getattr(attn, p, None) is not None
+                      for n, c in getattr(attn, p).named_modules() if isinstance(c, HookPoint)})
+    return inner
 
 
 def _reads_inner(attn, hooked: set[int]) -> bool:
@@ -279,7 +296,7 @@ def _reads_inner(attn, hooked: set[int]) -> bool:
     for pid, name in _inner_points(attn).items():
         if pid in hooked:
             return True
-        point = getattr(attn, name)
+        point = attn.get_submodule(name)
         if any(not getattr(h, "is_permanent", False) for h in getattr(point, "fwd_hooks", [])):
             return True
     return False
@@ -308,9 +325,9 @@ def fused_layers(model: LoadedModel, hook_names: Iterable[str], choice: str | No
             raise LensHeadsError(f"attention 'fused' is not available for this model (layer {layer}: {blocker}); "
                                  f"use --attention auto or eager")
         if choice == "fused" and reads:
-            raise LensHeadsError(f"this forward reads the attention pattern of layer {layer}, which attention "
-                                 f"'fused' does not compute; use --attention auto (eager where a pattern is "
-                                 f"read) or eager")
+            raise LensHeadsError(f"this forward reads the attention pattern of layer {layer} (or a point "
+                                 f"inside its attention), which attention 'fused' does not compute; use "
+                                 f"--attention auto (eager where one is read) or eager")
         out.append(blocker is None and not reads and layer not in rows)
     return out
 

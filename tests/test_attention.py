@@ -16,8 +16,9 @@ from lens_heads.hooks import hook_name
 from lens_heads.scores import score_heads
 from lens_heads.task_requests import select_records
 
-FUSABLE = ["llama", "qwen2", "olmo2", "gemma3", "qwen3"]  # separate q/k/v/o, transformers' AttentionInterface
-EAGER_ONLY = ["gpt2", "bloom", "phi3", "gpt_neox"]  # fused QKV projections (BLOOM: ALiBi in its own attention)
+JOINT = ["phi3", "gpt_neox"]  # one qkv projection: its hook_q / k / v are inside the fused attention
+FUSABLE = ["llama", "qwen2", "olmo2", "gemma3", "qwen3"] + JOINT  # transformers' AttentionInterface
+EAGER_ONLY = ["gpt2", "bloom"]  # GPT-2: the bridge hooks a copy of c_proj; BLOOM: ALiBi in its own attention
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread is faster (conftest)
@@ -80,7 +81,16 @@ def test_fused_forward_equals_eager(arch, left, as_set):
     ids, mask = _batch(left=left)
     names = [hook_name("z", 0), hook_name("v", 1), hook_name("z", 1)]
     e_logits, e_acts = _run(as_set(arch, "eager"), ids, mask, names)
-    f_logits, f_acts = _run(as_set(arch, "fused"), ids, mask, names)
+    # a joint qkv's hook_v is inside the fused attention: auto runs that layer eager
+    f_logits, f_acts = _run(as_set(arch, "auto" if arch in JOINT else "fused"), ids, mask, names)
+    if arch in JOINT:
+        assert attention.fused_layers(as_set(arch, "auto"), names) == [True, False]
+        with pytest.raises(LensHeadsError, match="a point inside its attention"):
+            attention.fused_layers(as_set(arch, "fused"), names)
+        f_logits, f_acts_all = _run(as_set(arch, "fused"), ids, mask, [names[0], names[2]])
+        assert len(f_acts_all) == 2 and set(f_acts_all) <= set(e_acts)  # named by their canonical point
+        for n in f_acts_all:  # hook_z fires in every fused layer
+            assert (f_acts_all[n] - e_acts[n])[mask.bool()].abs().max() <= 1e-5
     real = mask.bool()
     assert torch.isfinite(f_logits[real]).all()
     assert (f_logits - e_logits)[real].abs().max() <= 1e-4
@@ -128,7 +138,7 @@ def test_auto_runs_eager_only_where_a_pattern_is_read(as_set):
 def test_fused_refuses_what_it_cannot_compute(as_set):
     with pytest.raises(LensHeadsError, match="reads the attention pattern of layer 0"):
         attention.fused_layers(as_set("llama", "fused"), [hook_name("pattern", 0)])
-    with pytest.raises(LensHeadsError, match="not available for this model .*projections"):
+    with pytest.raises(LensHeadsError, match="not available for this model .*output projection"):
         attention.fused_layers(as_set("gpt2", "fused"), [])
     assert attention.fused_layers(as_set("gpt2", "auto"), []) == [False, False]  # auto: eager there
     with pytest.raises(LensHeadsError, match="choose one of auto, fused, eager"):
