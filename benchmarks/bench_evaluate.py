@@ -42,6 +42,48 @@ def lm_eval_lls(lm, reqs):
     return [ll for ll, _ in lm.loglikelihood(inst, disable_tqdm=True)]
 
 
+# lm-eval in a process of its own, as a user runs it: glibc's malloc untouched (lens_heads tunes
+# it process-wide when it loads a model on the CPU, docs/methods.md §10, which lm-eval in this
+# process then shares); the same weights, dtype, SDPA attention, batch size and requests
+OWN_PROCESS = r"""
+import json, sys, time
+from lens_heads import allocator, load_model
+sys.path.insert(0, sys.argv[5])
+from bench_evaluate import lm_eval_lls
+from lm_eval.models.huggingface import HFLM
+model = load_model(sys.argv[1], dtype=sys.argv[2])
+assert not allocator.keep_freed_memory()
+hf = model.load_hf_model()
+hf.set_attn_implementation("sdpa")
+lm = HFLM(pretrained=hf, tokenizer=model.tokenizer, batch_size=int(sys.argv[3]))
+reqs = [tuple(r) for r in json.load(open(sys.argv[4]))]
+lm_eval_lls(lm, reqs[:4])  # warm-up, as the in-process runs had
+t0 = time.perf_counter()
+lls = lm_eval_lls(lm, reqs)
+print(json.dumps({"s": time.perf_counter() - t0, "lls": lls}))
+"""
+
+
+def lm_eval_own_process(model_name: str, dtype: str, batch_size: int, reqs) -> tuple[float, list[float]]:
+    """Seconds and log-likelihoods of lm-eval's HFLM on ``reqs`` in a fresh process with glibc's defaults."""
+    import json
+    import subprocess
+    import tempfile
+
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump([list(r) for r in reqs], f)
+    try:
+        env = dict(os.environ, LENS_HEADS_KEEP_FREED_MEMORY="0")
+        res = subprocess.run([sys.executable, "-c", OWN_PROCESS, model_name, dtype, str(batch_size), f.name,
+                              str(Path(__file__).parent)], env=env, capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    if res.returncode != 0:
+        raise SystemExit(res.stderr[-3000:])
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    return out["s"], out["lls"]
+
+
 class PositionCounter:
     """Counts the positions each model computes: a forward hook on its input embedding adds the
     ids' numel (padding included: it is computed; a K/V-reusing call counts its new positions only)."""
@@ -183,11 +225,11 @@ def main() -> int:
               f"this run): fp32 {roofs['float32']:.0f} tokens/s, bf16 {roofs['bfloat16']:.0f} tokens/s "
               f"(bf16/fp32 {roofs['bfloat16'] / roofs['float32']:.2f}x); this run's dtype: {model.dtype}, its roof "
               f"{roof_flops / 1e9:.0f} GFLOP/s.", ""]
-    lines += ["| task | n | lm-eval s | lens_heads s | speed-up | LensHeadsLM s | its speed-up | identical preds "
+    lines += ["| task | n | lm-eval s | lens_heads s | speed-up | lm-eval in its own process s | speed-up | LensHeadsLM s | its speed-up | identical preds "
               "(evaluate / LensHeadsLM) | max abs dll | positions computed (lm-eval / lens_heads) | "
               "lens_heads positions/s | of the roof | eager attention s | fused / eager speed-up | "
               "eager of the roof | identical preds fused / eager | lens_heads matmul GFLOP (attention) | of the FLOP roof |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def compare(name, task, recs, k):
         reqs, spans = [], []
@@ -200,6 +242,8 @@ def main() -> int:
         theirs = lm_eval_lls(lm, reqs)
         t_lm = time.perf_counter() - t0
         n_theirs = theirs_count.take()
+        t_own, own_lls = lm_eval_own_process(args.model, args.dtype, args.batch_size, reqs)
+        assert max(abs(a - b) for a, b in zip(own_lls, theirs)) <= 1e-3, "lm-eval's two runs disagree"
         ours_count.take()
         t0 = time.perf_counter()
         res = evaluate_task(model, task, n_shot=k, doc_ids=[r.doc_id for r in recs],
@@ -223,7 +267,8 @@ def main() -> int:
         same_lm = sum(argmax(theirs[a:b]) == argmax(via_lm[a:b]) for a, b in spans)
         dll = max(abs(x - y) for q, (a, b) in zip(res.questions, spans) for x, y in zip(q.lls, theirs[a:b]))
         dll = max(dll, max(abs(x - y) for x, y in zip(via_lm, theirs)))
-        row = (f"| {name} | {len(recs)} | {t_lm:.1f} | {t_us:.1f} | {t_lm / t_us:.2f}x | {t_ours_lm:.1f} | "
+        row = (f"| {name} | {len(recs)} | {t_lm:.1f} | {t_us:.1f} | {t_lm / t_us:.2f}x | {t_own:.1f} | "
+               f"{t_own / t_us:.2f}x | {t_ours_lm:.1f} | "
                f"{t_lm / t_ours_lm:.2f}x | {same}/{len(recs)} / {same_lm}/{len(recs)} | {dll:.2e} | "
                f"{n_theirs} / {n_ours} | {n_ours / t_us:.0f} | {100 * n_ours / t_us / roof:.0f} % | "
                f"{t_eager:.1f} | {t_eager / t_us:.2f}x | {100 * n_ours / t_eager / roof:.0f} % | "
@@ -265,7 +310,9 @@ def main() -> int:
     ratio(f"{len(picked)} subjects x {args.per_subject} ({', '.join(picked)})",
           [r for s in picked for r in by_subject[s][: args.per_subject]])
     lines += ["", "lm-eval: HFLM.loglikelihood on the same requests (its one-token-continuation logits cache on; "
-              "the model with transformers' default SDPA attention, as lm-eval loads one by name); "
+              "the model with transformers' default SDPA attention, as lm-eval loads one by name), in this process, "
+              "so with the malloc tuning lens_heads applies on the CPU (docs/methods.md §10); in its own process: "
+              "the same, in a fresh process with glibc's defaults, as lm-eval runs on its own; "
               "lens_heads: evaluate_task (distinct inputs once, last-position logits, shared-prefix K/V reuse); "
               "LensHeadsLM: the same engine behind lm-eval's LM.loglikelihood on the same requests. "
               "Positions computed: ids through each model's input embedding (padding included); "
