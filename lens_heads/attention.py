@@ -17,12 +17,13 @@
 
 A layer runs fused only where its module allows it (``fused_blocker``): the model's attention
 dispatches through transformers' ``AttentionInterface`` and its projections are the bridge's
-modules (Llama, Qwen2/3, OLMo-2, Gemma 3, ...). Where the model projects q, k and v jointly
-(GPT-NeoX / Pythia, Phi-3) the fused forward runs that one projection, so ``hook_q`` / ``hook_k``
-/ ``hook_v`` count as inside the attention computation there (``hook_z`` still fires).
-Elsewhere (GPT-2, whose output projection the bridge hooks as a copy; BLOOM's ALiBi in its own
-attention; softcapping, attention sinks) it runs eager, and asking for ``fused`` there is
-refused with the reason.
+modules (Llama, Qwen2/3, OLMo-2, Gemma 3, ...; GPT-2's ``c_proj``, which the bridge wraps out of
+place, is put in place for the fused forward). Where the model projects q, k and v jointly
+(GPT-2, GPT-NeoX / Pythia, Phi-3) the fused forward runs that one projection, so ``hook_q`` /
+``hook_k`` / ``hook_v`` count as inside the attention computation there (``hook_z`` still
+fires). Elsewhere (BLOOM's ALiBi in its own attention, softcapping, attention sinks, GPT-2's
+``reorder_and_upcast_attn``) it runs eager, and asking for ``fused`` there is refused with the
+reason.
 
 How the switch is made: the bridge's attention component delegates to the wrapped module
 (``AttentionBridge.forward``, TransformerLens' own pass-through) and the model's config names
@@ -246,13 +247,15 @@ def fused_blocker(attn) -> str | None:
         return "its attention is not a TransformerLens attention component"
     hf = attn.original_component
     own = {id(c) for c in hf.children()}  # the model's projections, where the bridge wrapped them in place
-    if id(getattr(attn, "o", None)) not in own:
-        return "its output projection is not the module the bridge hooks (hook_z would not fire)"
+    if id(getattr(attn, "o", None)) not in own and not _out_of_place(attn):
+        return "its output projection is not a module the bridge hooks (hook_z would not fire)"
     if not (_joint(attn) or all(id(getattr(attn, p, None)) in own for p in ("q", "k", "v"))):
         return "its q / k / v projections are not modules the bridge hooks"
     config = getattr(hf, "config", None)
     if getattr(hf, "sinks", None) is not None or getattr(config, "attn_logit_softcapping", None) is not None:
         return "it uses attention sinks or softcapping, which the fused kernel does not compute"
+    if getattr(config, "reorder_and_upcast_attn", False):
+        return "it reorders and upcasts its attention products (reorder_and_upcast_attn), which the fused kernel does not"
     source = inspect.getsource(sys.modules[type(hf).__module__])
     if "ALL_ATTENTION_FUNCTIONS" not in source:
         return "its attention does not dispatch through transformers' AttentionInterface"
@@ -266,6 +269,18 @@ def blockers(model: LoadedModel) -> list[str | None]:
         cached = [fused_blocker(a) for a in _attention_components(model)]
         model.__dict__["_fused_blockers"] = cached
     return cached
+
+
+def _out_of_place(attn) -> list[str]:
+    """Names of the model's attention children that the bridge wraps as its output projection
+    ``o`` without putting the wrapper in the model's place (GPT-2's ``c_proj``, which the bridge's
+    own eager pass calls): for a fused forward the wrapper is put there (``backend``), so
+    ``hook_z`` fires."""
+    o = getattr(attn, "o", None)
+    inner = getattr(o, "original_component", None)
+    if o is None or inner is None:
+        return []
+    return [n for n, c in attn.original_component.named_children() if c is inner and c is not o]
 
 
 def _joint(attn) -> bool:
@@ -380,17 +395,23 @@ def backend(model: LoadedModel, hook_names: Iterable[str], rows: dict[int, RowRe
     before = {k: c._attn_implementation for k, c in configs.items()}
     comps = _attention_components(model)
     served = {id(comps[L].original_component): r for L, r in (rows or {}).items() if layers[L]}
+    swapped: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []  # (module, child name, the model's own)
     try:
         _requests.update(served)
         for c in configs.values():
             c._attn_implementation = FUSED
         for a in attns:  # the instance's forward is TransformerLens' own pass-through to the wrapped module
             object.__setattr__(a, "forward", AttentionBridge.forward.__get__(a))
+            for name in _out_of_place(a):
+                swapped.append((a.original_component, name, getattr(a.original_component, name)))
+                setattr(a.original_component, name, a.o)
         yield layers
     finally:
         for k in served:
             _requests.pop(k, None)
         for a in attns:
             a.__dict__.pop("forward", None)
+        for module, name, raw in swapped:
+            setattr(module, name, raw)
         for k, c in configs.items():
             c._attn_implementation = before[k]

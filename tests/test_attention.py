@@ -16,9 +16,9 @@ from lens_heads.hooks import hook_name
 from lens_heads.scores import score_heads
 from lens_heads.task_requests import select_records
 
-JOINT = ["phi3", "gpt_neox"]  # one qkv projection: its hook_q / k / v are inside the fused attention
+JOINT = ["phi3", "gpt_neox", "gpt2"]  # one qkv projection: its hook_q / k / v are inside the fused attention
 FUSABLE = ["llama", "qwen2", "olmo2", "gemma3", "qwen3"] + JOINT  # transformers' AttentionInterface
-EAGER_ONLY = ["gpt2", "bloom"]  # GPT-2: the bridge hooks a copy of c_proj; BLOOM: ALiBi in its own attention
+EAGER_ONLY = ["bloom"]  # ALiBi in its own attention
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread is faster (conftest)
@@ -138,9 +138,9 @@ def test_auto_runs_eager_only_where_a_pattern_is_read(as_set):
 def test_fused_refuses_what_it_cannot_compute(as_set):
     with pytest.raises(LensHeadsError, match="reads the attention pattern of layer 0"):
         attention.fused_layers(as_set("llama", "fused"), [hook_name("pattern", 0)])
-    with pytest.raises(LensHeadsError, match="not available for this model .*output projection"):
-        attention.fused_layers(as_set("gpt2", "fused"), [])
-    assert attention.fused_layers(as_set("gpt2", "auto"), []) == [False, False]  # auto: eager there
+    with pytest.raises(LensHeadsError, match="not available for this model .*ALiBi|not available for this model .*AttentionInterface"):
+        attention.fused_layers(as_set("bloom", "fused"), [])
+    assert attention.fused_layers(as_set("bloom", "auto"), []) == [False, False]  # auto: eager there
     with pytest.raises(LensHeadsError, match="choose one of auto, fused, eager"):
         attention.check_choice("flash")
 
@@ -157,6 +157,27 @@ def test_everything_is_restored_when_the_forward_fails(as_set):
         forward(model, ids, mask, [(hook_name("z", 1), boom)])
     assert model.hf_model.config._attn_implementation == before
     assert all("forward" not in b.attn.__dict__ for b in model.bridge.blocks)
+
+
+def test_gpt2_hooks_its_output_projection_only_for_the_fused_forward(as_set):
+    """GPT-2's c_proj is wrapped by the bridge out of place; a fused forward puts the wrapper in
+    the model's place (so hook_z fires) and takes it out again, also when the forward fails."""
+    model = as_set("gpt2", "fused")
+    hf_attn = model.bridge.blocks[0].attn.original_component
+    raw = hf_attn.c_proj
+    assert raw is model.bridge.blocks[0].attn.o.original_component
+    seen = []
+    ids, mask = _batch()
+    forward(model, ids, mask, [(hook_name("z", 0), lambda x, hook: seen.append(tuple(x.shape)))])
+    assert seen == [(3, 20, 4, 16)] and hf_attn.c_proj is raw
+
+    def boom(x, hook):
+        assert hf_attn.c_proj is model.bridge.blocks[0].attn.o
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        forward(model, ids, mask, [(hook_name("z", 0), boom)])
+    assert hf_attn.c_proj is raw
 
 
 def _small_piqa(n):
