@@ -22,8 +22,9 @@ Speed, without changing what is computed:
 
 * Requests with the same model input are run once (lm-eval's "one-token continuation" cache:
   MMLU's four letters are read from one distribution, one forward per question).
-* Only the logits at positions that score a continuation token are computed
-  (HF ``logits_to_keep``); the unembedding over the whole prompt is skipped.
+* Only the logits at positions that score a continuation token are computed, row by row
+  (HF ``logits_to_keep`` for the union, then the unembedding on each row's own positions:
+  ``scored_positions``); the unembedding over the whole prompt is skipped.
 * Inputs are batched longest-first with right padding.
 * When the ablation's zeroed set does not depend on the input (``reuses_prefix``: none /
   static), inputs sharing a long token prefix (an MMLU subject's description + shots, the
@@ -241,27 +242,42 @@ def prefix_groups(rows: list[Row], min_prefix: int) -> tuple[list[tuple[int, lis
 
 
 def forward(model: LoadedModel, ids: Tensor, mask: Tensor | None, hooks: list, keep: Tensor | None = None,
-            cache: Any = None, want_cache: bool = False, *, logits: bool = True, grad: bool = False):
+            cache: Any = None, want_cache: bool = False, *, logits: bool = True, grad: bool = False,
+            pick: Tensor | None = None):
     """The one forward every part of lens_heads runs: the bridge with ``hooks``; logits at
     ``keep`` (all: None), from a cached prefix ``cache``; returns logits (or (logits, cache)
-    with ``want_cache``). ``logits=False``: the blocks only (a pass that reads hooks: scores,
-    diagnosis, patterns, head means), returns None. ``grad``: with autograd (attribution
-    patching)."""
+    with ``want_cache``). ``pick`` ([n, 2] pairs (batch row, index into ``keep``)): logits at
+    those pairs only, [n, vocab]. ``logits=False``: the blocks only (a pass that reads hooks:
+    scores, diagnosis, patterns, head means), returns None. ``grad``: with autograd
+    (attribution patching)."""
     return run_with_hooks(model, ids, mask, hooks, logits, logits_to_keep=keep, past_key_values=cache,
-                          return_cache=want_cache, grad=grad)
+                          return_cache=want_cache, grad=grad, logit_rows=pick)
 
 
-def score_rows(out: list[float], rows: list[Row], logits: Tensor, positions: Tensor,
-               ends: Sequence[int], observer: Observer | None = None) -> None:
-    """Fill ``out`` from logits [batch, len(positions), vocab] kept at ``positions``;
-    row b's input (or suffix) ends at ``ends[b]``. ``observer(request, logprobs, continuation)``
-    sees each request's float32 log-softmax rows [len(continuation), vocab], the very ones
-    scored."""
-    index = {int(p): j for j, p in enumerate(positions.tolist())}
-    for b, row in enumerate(rows):
+def scored_positions(rows: Sequence[Row], ends: Sequence[int]) -> tuple[Tensor, Tensor]:
+    """The positions a batch is read at: ``keep``, the sorted union over its rows (row b's
+    input ends at ``ends[b]``; it is read at its last ``n_read`` positions), and ``pick``, the
+    (batch row, index into ``keep``) pair of every position read, row by row in order -- the
+    unembedding runs at those pairs only, not at the union in every row (PIQA, batch 16: 35 %
+    fewer LM-head rows)."""
+    spans = [range(e - r.n_read, e) for r, e in zip(rows, ends)]
+    keep = sorted({p for span in spans for p in span})
+    index = {p: j for j, p in enumerate(keep)}
+    pick = [(b, index[p]) for b, span in enumerate(spans) for p in span]
+    return torch.tensor(keep), torch.tensor(pick, dtype=torch.long).reshape(-1, 2)
+
+
+def score_rows(out: list[float], rows: list[Row], logits: Float[Tensor, "n vocab"],
+               observer: Observer | None = None) -> None:
+    """Fill ``out`` from the logits at the positions ``rows`` are read at (``scored_positions``'
+    ``pick``: each row's last ``n_read`` positions in order, row after row).
+    ``observer(request, logprobs, continuation)`` sees each request's float32 log-softmax rows
+    [len(continuation), vocab], the very ones scored."""
+    start = 0
+    for row in rows:
         n = row.n_read
-        cols = [index[p] for p in range(ends[b] - n, ends[b])]
-        logp = F.log_softmax(logits[b, cols].float(), dim=-1)  # [n, vocab]
+        logp = F.log_softmax(logits[start:start + n].float(), dim=-1)  # [n, vocab]
+        start += n
         for req, cont in row.reads:
             sel = logp[n - len(cont):]
             out[req] = float(sel.gather(1, torch.tensor(cont, device=sel.device)[:, None]).sum())
@@ -276,14 +292,13 @@ def _run_plain(model: LoadedModel, rows: list[Row], out: list[float], ablation, 
 
     def run(batch: Sequence[Row]) -> None:
         ids, mask = pad_batch([torch.tensor(r.ids) for r in batch], pad, "right")
-        ends = [len(r.ids) for r in batch]
-        keep = torch.tensor(sorted({p for r, e in zip(batch, ends) for p in range(e - r.n_read, e)}))
+        keep, pick = scored_positions(batch, [len(r.ids) for r in batch])
         hooks = ablation.hooks(model, mask, [r.key for r in batch]) if ablation is not None else []
         if last_only:
-            logits = forward(model, ids, mask, hooks, keep)
+            logits = forward(model, ids, mask, hooks, keep, pick=pick)
         else:  # full logits, as lm-eval computes them
-            logits, keep = forward(model, ids, mask, hooks), torch.arange(ids.shape[1])
-        score_rows(out, batch, logits, keep, ends, observer)
+            logits = forward(model, ids, mask, hooks)[pick[:, 0], keep[pick[:, 1]]]
+        score_rows(out, batch, logits, observer)
         pbar.update(len(batch))
 
     batcher.run(order, run)
@@ -300,16 +315,15 @@ def _run_grouped(model: LoadedModel, prefix_len: int, rows: list[Row], out: list
 
     def run(batch: Sequence[Row]) -> None:
         ids, smask = pad_batch([torch.tensor(r.ids[prefix_len:]) for r in batch], pad, "right")
-        ends = [len(r.ids) - prefix_len for r in batch]
-        keep = torch.tensor(sorted({p for r, e in zip(batch, ends) for p in range(e - r.n_read, e)}))
+        keep, pick = scored_positions(batch, [len(r.ids) - prefix_len for r in batch])
         mask = torch.cat([torch.ones(len(batch), prefix_len, dtype=smask.dtype), smask], dim=1)
         c = copy.deepcopy(cache)
         if len(batch) > 1:
             c.batch_repeat_interleave(len(batch))
         hooks = ablation.hooks(model, smask, [r.key for r in batch]) if ablation is not None else []
-        logits = forward(model, ids, mask, hooks, keep, cache=c)
+        logits = forward(model, ids, mask, hooks, keep, cache=c, pick=pick)
         logits = logits[0] if isinstance(logits, tuple) else logits
-        score_rows(out, batch, logits, keep, ends, observer)
+        score_rows(out, batch, logits, observer)
         pbar.update(len(batch))
 
     batcher.run(order, run)

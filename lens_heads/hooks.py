@@ -117,12 +117,15 @@ def run_with_hooks(
     past_key_values: Any = None,
     return_cache: bool = False,
     grad: bool = False,
+    logit_rows: Int[Tensor, "n 2"] | None = None,
 ):
     """One forward pass of ``model`` (a LoadedModel) with hooks, padding-aware. Called by the
     engine only (``engine.forward``); attention backends plug in here.
 
     ``return_logits=False`` returns None after the last block (the unembedding of one position).
-    ``logits_to_keep``: positions whose logits are computed. ``past_key_values`` continues
+    ``logits_to_keep``: positions whose logits are computed; ``logit_rows``: of those, only the
+    (batch row, index into ``logits_to_keep``) pairs, returned as [n, vocab] (the unembedding
+    runs on those rows alone). ``past_key_values`` continues
     from a cached prefix; ``return_cache=True`` returns ``(logits, cache)``. ``grad``: autograd
     on (attribution patching's backward), else inference mode.
     """
@@ -149,10 +152,32 @@ def run_with_hooks(
     with (torch.enable_grad() if grad else torch.inference_mode()), \
             attention.backend(model, [name for name, _ in fwd_hooks], rows, _n_keys(input_ids, past_key_values)) as fused, \
             _kv_cache_compat(bridge, past_key_values is not None or return_cache, fused), \
-            lean_norms(bridge):
+            lean_norms(bridge), _unembed_rows(bridge, logit_rows if return_logits else None):
         fwd_hooks += [(hook_name("pattern", L), _rows_from_pattern(r)) for L, r in rows.items() if not fused[L]]
         out = bridge.run_with_hooks(input_ids.to(model.device), fwd_hooks=fwd_hooks, **kwargs)
+    if return_logits and logit_rows is not None:  # [1, n, vocab] -> [n, vocab]
+        out = (out[0][0], *out[1:]) if isinstance(out, tuple) else out[0]
     return out if return_logits else None
+
+
+@contextlib.contextmanager
+def _unembed_rows(bridge, rows: Tensor | None) -> Iterator[None]:
+    """For one forward: the unembedding reads only ``rows`` ((batch row, kept position) pairs)
+    of the final residual stream, as one [1, n, d_model] batch."""
+    if rows is None:
+        yield
+        return
+
+    def pick(module, args):
+        x = args[0]
+        r = rows.to(x.device)
+        return (x[r[:, 0], r[:, 1]][None], *args[1:])
+
+    handle = bridge.unembed.register_forward_pre_hook(pick)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
 def _n_keys(input_ids: Tensor, cache: Any) -> int:

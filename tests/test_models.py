@@ -382,3 +382,22 @@ def test_a_hook_inside_a_norm_still_fires_and_its_edit_propagates(tiny_model):
     scale = []
     run_with_hooks(model, ids, None, [("blocks.1.ln2.hook_scale", lambda x, hook: scale.append(x.shape))])
     assert scale == [(1, ids.shape[1], 1)]
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
+def test_logits_at_chosen_rows_equal_the_full_logits_there(arch, tiny_model):
+    """logit_rows: the unembedding runs on the (batch row, kept position) pairs alone."""
+    from lens_heads.engine import Row, scored_positions
+
+    model = tiny_model(arch)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, 200, (3, 12), generator=g)
+    full = run_with_hooks(model, ids, None, [])
+    rows = [Row(list(range(12)), 0, [(0, [1, 2, 3])]), Row(list(range(9)), 1, [(1, [1])]),
+            Row(list(range(12)), 2, [(2, [1] * 6)])]
+    keep, pick = scored_positions(rows, [12, 9, 12])
+    assert keep.tolist() == [6, 7, 8, 9, 10, 11] and len(pick) == 3 + 1 + 6
+    got = run_with_hooks(model, ids, None, [], logits_to_keep=keep, logit_rows=pick)
+    want = torch.cat([full[0, 9:12], full[1, 8:9], full[2, 6:12]])
+    assert got.shape == want.shape
+    assert (got - want).abs().max() <= 1e-5
