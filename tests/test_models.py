@@ -401,3 +401,14 @@ def test_logits_at_chosen_rows_equal_the_full_logits_there(arch, tiny_model):
     want = torch.cat([full[0, 9:12], full[1, 8:9], full[2, 6:12]])
     assert got.shape == want.shape
     assert (got - want).abs().max() <= 1e-5
+
+
+def test_lean_norms_in_bfloat16_are_the_bridge_norms_bit_for_bit(tiny_model_dir, monkeypatch):
+    from lens_heads import hooks
+
+    model = load_model(str(tiny_model_dir("llama")), dtype="bfloat16")
+    ids = _ids(model)
+    lean = run_with_hooks(model, ids, None, [])
+    assert hooks._native_norms(model.bridge)
+    monkeypatch.setattr(hooks, "_native_norms", lambda bridge: [])
+    assert torch.equal(lean, run_with_hooks(model, ids, None, []))
