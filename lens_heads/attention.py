@@ -21,9 +21,10 @@ modules (Llama, Qwen2/3, OLMo-2, Gemma 3, ...; GPT-2's ``c_proj``, which the bri
 place, is put in place for the fused forward). Where the model projects q, k and v jointly
 (GPT-2, GPT-NeoX / Pythia, Phi-3) the fused forward runs that one projection, so ``hook_q`` /
 ``hook_k`` / ``hook_v`` count as inside the attention computation there (``hook_z`` still
-fires). Elsewhere (BLOOM's ALiBi in its own attention, softcapping, attention sinks, GPT-2's
-``reorder_and_upcast_attn``) it runs eager, and asking for ``fused`` there is refused with the
-reason.
+fires). BLOOM computes its ALiBi attention in its own module: for a fused forward that module
+runs ``fused_alibi_attention`` (``OWN_FORWARDS``), the bias carried in one more head dimension.
+Elsewhere (softcapping, attention sinks, GPT-2's ``reorder_and_upcast_attn``, BLOOM's
+``slow_but_exact``) it runs eager, and asking for ``fused`` there is refused with the reason.
 
 How the switch is made: the bridge's attention component delegates to the wrapped module
 (``AttentionBridge.forward``, TransformerLens' own pass-through) and the model's config names
@@ -200,6 +201,44 @@ def fused_attention(module, query: Tensor, key: Tensor, value: Tensor, attention
     return out.transpose(1, 2).contiguous(), None
 
 
+def fused_alibi_attention(module, hidden_states: Float[Tensor, "batch q d_model"], residual: Tensor,
+                          alibi: Float[Tensor, "batch_head 1 k"], attention_mask: Tensor | None,
+                          layer_past=None, use_cache: bool = False, output_attentions: bool = False,
+                          **kwargs) -> tuple[Tensor, None]:
+    """BLOOM's attention (``BloomAttention.forward``'s signature) with the fused kernel. Its
+    scores are scale * q.k + alibi[h, j] (a bias per head and key, docs/methods.md §10). The bias
+    rides in one more head dimension: q' = [scale * q, 1], k' = [k, alibi], v' = [v, 0]
+    (the kernel wants one head size), so q'.k' is the score and the kernel runs at scale 1 --
+    no [q, k] bias tensor. The mask is the model's: additive or boolean [batch, 1, q, k], or None
+    (causal). Returns the layer's output (residual added, as BLOOM's module does) and no pattern."""
+    from transformers.models.bloom.modeling_bloom import dropout_add
+
+    b, q_len, _ = hidden_states.shape
+    query, key, value = module._reshape(module.query_key_value(hidden_states))  # [b, head, pos, d] each
+    if layer_past is not None:
+        key, value = layer_past.update(key, value, module.layer_idx)
+    h, k_len = query.shape[1], key.shape[2]
+    bias = alibi.reshape(b, h, alibi.shape[-1], 1)[:, :, :k_len]  # [b*h, 1, k] -> [b, h, k, 1]
+    q1 = torch.cat([query * module.inv_norm_factor, query.new_ones(b, h, q_len, 1)], -1)  # [b, h, q, d+1]
+    k1 = torch.cat([key, bias.to(key.dtype)], -1)  # [b, h, k, d+1]
+    v1 = torch.cat([value, value.new_zeros(b, h, k_len, 1)], -1)  # [b, h, k, d+1]
+    causal = attention_mask is None and q_len > 1
+    request = _requests.get(id(module))
+    if request is not None:
+        keep = attention_mask if attention_mask is None or attention_mask.dtype == torch.bool else (
+            attention_mask > torch.finfo(attention_mask.dtype).min / 2)
+        request.fn(_kernel_row_stats(q1, k1, keep, causal, 1.0, request.first.to(query.device)))
+    out = F.scaled_dot_product_attention(q1, k1, v1, attn_mask=attention_mask, scale=1.0, is_causal=causal)
+    context = out[..., :-1].transpose(1, 2).reshape(b, q_len, h * query.shape[-1])  # [b, q, head * d]
+    output = dropout_add(module.dense(context), residual, module.hidden_dropout, module.training)
+    return output, None
+
+
+# Attention modules that do not dispatch through transformers' AttentionInterface, by class name,
+# with the fused forward this module supplies for them (set on the instance for one forward).
+OWN_FORWARDS: dict[str, Callable] = {"BloomAttention": fused_alibi_attention}
+
+
 def fused_mask(*args, attention_mask: Tensor | None = None, **kwargs):
     """transformers' sdpa mask, told that a right-padded batch has no padding: under causal
     attention no real token sees a later pad, and a pad's own output is never read, so the
@@ -256,10 +295,19 @@ def fused_blocker(attn) -> str | None:
         return "it uses attention sinks or softcapping, which the fused kernel does not compute"
     if getattr(config, "reorder_and_upcast_attn", False):
         return "it reorders and upcasts its attention products (reorder_and_upcast_attn), which the fused kernel does not"
+    if type(hf).__name__ in OWN_FORWARDS:
+        if getattr(hf, "pretraining_tp", 1) > 1 and getattr(hf, "slow_but_exact", False):
+            return "it splits its output projection by tensor-parallel rank (slow_but_exact), which the fused forward does not"
+        return None
     source = inspect.getsource(sys.modules[type(hf).__module__])
     if "ALL_ATTENTION_FUNCTIONS" not in source:
         return "its attention does not dispatch through transformers' AttentionInterface"
     return None
+
+
+def _own_forward(attn) -> Callable | None:
+    """The fused forward this module supplies for ``attn``'s model module (``OWN_FORWARDS``), if any."""
+    return OWN_FORWARDS.get(type(attn.original_component).__name__)
 
 
 def blockers(model: LoadedModel) -> list[str | None]:
@@ -356,9 +404,12 @@ def check_model(model: LoadedModel, choice: str) -> None:
 @contextlib.contextmanager
 def plain_fused(hf_model) -> Iterator[bool]:
     """For the forwards inside: a plain (unbridged) transformers model -- surgery's copy -- runs the
-    fused kernel where its class supports SDPA (``_supports_sdpa``); restored afterwards, also on
-    error. Yields whether it runs fused."""
-    if not getattr(hf_model, "_supports_sdpa", False):
+    fused kernel where its class supports SDPA (``_supports_sdpa``) or this module supplies its
+    attention's fused forward (``OWN_FORWARDS``: BLOOM); restored afterwards, also on error.
+    Yields whether it runs fused."""
+    own = [m for m in hf_model.modules() if type(m).__name__ in OWN_FORWARDS
+           and not (getattr(m, "pretraining_tp", 1) > 1 and getattr(m, "slow_but_exact", False))]
+    if not (getattr(hf_model, "_supports_sdpa", False) or own):
         yield False
         return
     _register()
@@ -368,8 +419,12 @@ def plain_fused(hf_model) -> Iterator[bool]:
     try:
         for c in configs.values():
             c._attn_implementation = FUSED
+        for m in own:
+            object.__setattr__(m, "forward", OWN_FORWARDS[type(m).__name__].__get__(m))
         yield True
     finally:
+        for m in own:
+            m.__dict__.pop("forward", None)
         for k, c in configs.items():
             c._attn_implementation = before[k]
 
@@ -389,19 +444,28 @@ def backend(model: LoadedModel, hook_names: Iterable[str], rows: dict[int, RowRe
 
     _register()
     attns = [a for a, fused in zip(_attention_components(model), layers) if fused]
-    configs = {id(a.original_component.config): a.original_component.config for a in attns}
+    configs = {id(a.original_component.config): a.original_component.config for a in attns
+               if _own_forward(a) is None}
     hf_config = model.hf_model.config
-    configs.setdefault(id(hf_config), hf_config)  # the model builds its masks from its own config
+    if configs or all(layers):  # the model builds its masks from its own config; where a module
+        # has its own fused forward, only if no eager layer of this forward reads those masks
+        configs.setdefault(id(hf_config), hf_config)
     before = {k: c._attn_implementation for k, c in configs.items()}
     comps = _attention_components(model)
     served = {id(comps[L].original_component): r for L, r in (rows or {}).items() if layers[L]}
     swapped: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []  # (module, child name, the model's own)
+    replaced: list[tuple[torch.nn.Module, str, Callable | None]] = []  # (module, slot, its own forward there)
     try:
         _requests.update(served)
         for c in configs.values():
             c._attn_implementation = FUSED
         for a in attns:  # the instance's forward is TransformerLens' own pass-through to the wrapped module
             object.__setattr__(a, "forward", AttentionBridge.forward.__get__(a))
+            if _own_forward(a) is not None:  # (under accelerate's hooks: the forward they wrap)
+                hf = a.original_component
+                slot = "_old_forward" if "_old_forward" in hf.__dict__ else "forward"
+                replaced.append((hf, slot, hf.__dict__.get(slot)))
+                object.__setattr__(hf, slot, _own_forward(a).__get__(hf))
             for name in _out_of_place(a):
                 swapped.append((a.original_component, name, getattr(a.original_component, name)))
                 setattr(a.original_component, name, a.o)
@@ -411,6 +475,11 @@ def backend(model: LoadedModel, hook_names: Iterable[str], rows: dict[int, RowRe
             _requests.pop(k, None)
         for a in attns:
             a.__dict__.pop("forward", None)
+        for module, slot, before_fn in reversed(replaced):
+            if before_fn is None:
+                module.__dict__.pop(slot, None)
+            else:
+                object.__setattr__(module, slot, before_fn)
         for module, name, raw in swapped:
             setattr(module, name, raw)
         for k, c in configs.items():

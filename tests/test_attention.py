@@ -16,9 +16,8 @@ from lens_heads.hooks import hook_name
 from lens_heads.scores import score_heads
 from lens_heads.task_requests import select_records
 
-JOINT = ["phi3", "gpt_neox", "gpt2"]  # one qkv projection: its hook_q / k / v are inside the fused attention
-FUSABLE = ["llama", "qwen2", "olmo2", "gemma3", "qwen3"] + JOINT  # transformers' AttentionInterface
-EAGER_ONLY = ["bloom"]  # ALiBi in its own attention
+JOINT = ["phi3", "gpt_neox", "gpt2", "bloom"]  # one qkv projection: its hook_q / k / v are inside the fused attention
+FUSABLE = ["llama", "qwen2", "olmo2", "gemma3", "qwen3"] + JOINT  # all but BLOOM via transformers' AttentionInterface
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")  # tiny models: one thread is faster (conftest)
@@ -63,14 +62,11 @@ def _run(model, ids, mask, names=()):
     return logits, seen
 
 
-@pytest.mark.parametrize("arch", FUSABLE + EAGER_ONLY)
+@pytest.mark.parametrize("arch", FUSABLE)
 def test_which_layers_can_run_fused(arch, tiny_model):
     blockers = attention.blockers(tiny_model(arch))
     assert len(blockers) == tiny_model(arch).geometry.n_layers
-    if arch in FUSABLE:
-        assert blockers == [None] * len(blockers)
-    else:
-        assert all(b for b in blockers)  # each with its reason
+    assert blockers == [None] * len(blockers)
 
 
 @pytest.mark.parametrize("left", [False, True], ids=["right-padded", "left-padded"])
@@ -138,9 +134,17 @@ def test_auto_runs_eager_only_where_a_pattern_is_read(as_set):
 def test_fused_refuses_what_it_cannot_compute(as_set):
     with pytest.raises(LensHeadsError, match="reads the attention pattern of layer 0"):
         attention.fused_layers(as_set("llama", "fused"), [hook_name("pattern", 0)])
-    with pytest.raises(LensHeadsError, match="not available for this model .*ALiBi|not available for this model .*AttentionInterface"):
-        attention.fused_layers(as_set("bloom", "fused"), [])
-    assert attention.fused_layers(as_set("bloom", "auto"), []) == [False, False]  # auto: eager there
+    model = as_set("bloom", "fused")  # BLOOM split by tensor-parallel rank: its own forward does not do that
+    hf = model.bridge.blocks[1].attn.original_component
+    hf.pretraining_tp, hf.slow_but_exact = 2, True
+    model.__dict__.pop("_fused_blockers", None)
+    try:
+        with pytest.raises(LensHeadsError, match="not available for this model .layer 1: .*slow_but_exact"):
+            attention.fused_layers(model, [])
+        assert attention.fused_layers(as_set("bloom", "auto"), []) == [True, False]  # auto: eager there
+    finally:
+        hf.pretraining_tp, hf.slow_but_exact = 1, False
+        model.__dict__.pop("_fused_blockers", None)
     with pytest.raises(LensHeadsError, match="choose one of auto, fused, eager"):
         attention.check_choice("flash")
 
@@ -190,12 +194,13 @@ SPECS = ["none", "static:0.1,1.2", "score:ahon_ln@1.0", "score:lthon_ln@0.9", "r
          "static:0.1,1.2|mean:c4-sample"]
 
 
-@pytest.mark.parametrize("spec", SPECS)
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch,spec", [(a, s) for a in ("llama", "gemma3") for s in SPECS]
+                         + [("bloom", "none"), ("bloom", "score:ahon_ln@1.0")])
 def test_evaluation_fused_equals_eager_under_every_ablation(arch, spec, as_set, shared_data):
     """PIQA (0-shot) and MMLU (5-shot: prefix reuse where the ablation allows it) under no,
     static, per-input, random and mean-replaced ablation: log-likelihoods within 1e-4, the
-    same predictions and the same realised share of heads zeroed."""
+    same predictions and the same realised share of heads zeroed (BLOOM: ALiBi, continuing
+    from a cached prefix, and a per-input point)."""
     piqa, ids = _small_piqa(6)
     mmlu = load_task("mmlu")
     mids = [r.doc_id for r in select_records(mmlu, 4, seed=3)]
@@ -284,10 +289,10 @@ def test_auto_runs_short_inputs_eager_on_a_cpu(as_set):
     assert calls == [[False, False]]
 
 
-@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3", "bloom"])
 def test_a_pruned_model_runs_fused(arch, tiny_model):
-    """A physically pruned model (layers with different head counts, a GQA group gone) runs
-    its own attention fused and agrees with eager."""
+    """A physically pruned model (layers with different head counts, a GQA group gone; BLOOM's
+    kept heads with their own ALiBi slopes) runs its own attention fused and agrees with eager."""
     from lens_heads.prune import prune
 
     model = tiny_model(arch)
@@ -306,7 +311,8 @@ def test_a_pruned_model_runs_fused(arch, tiny_model):
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "bloom"])
 def test_surgery_perplexity_runs_fused_where_the_model_supports_it(arch, tiny_model):
     """Surgery's held-out perplexity (a plain transformers copy) runs the fused kernel where the
-    class supports SDPA, equal to the eager model's own perplexity; the config is restored."""
+    class supports SDPA (BLOOM: its attention's own fused forward), equal to the eager model's own
+    perplexity; the config and the modules' forwards are restored."""
     import math
 
     from lens_heads.surgery.train import perplexity
@@ -317,10 +323,16 @@ def test_surgery_perplexity_runs_fused_where_the_model_supports_it(arch, tiny_mo
         nll = [torch.nn.functional.cross_entropy(hf(d[None]).logits[0, :-1].float(), d[1:], reduction="sum")
                for d in docs]
     eager = math.exp(sum(float(x) for x in nll) / sum(len(d) - 1 for d in docs))
-    seen = []
+    seen, own = [], []
     with attention.plain_fused(hf) as fused:
         seen.append(fused)
         assert (hf.config._attn_implementation == attention.FUSED) == fused
+        own += [m for m in hf.modules() if "forward" in m.__dict__]
     assert hf.config._attn_implementation == "eager"  # restored
-    assert seen == [bool(getattr(hf, "_supports_sdpa", False))] and (arch == "bloom" or seen == [True])
-    assert perplexity(hf, docs) == pytest.approx(eager, rel=1e-5)
+    assert seen == [True] and len(own) == (2 if arch == "bloom" else 0)  # BLOOM: its two attention modules
+    assert not any("forward" in m.__dict__ for m in hf.modules())
+    patterns = []  # what each attention module returned as its pattern: None where it ran fused
+    with torch.nn.modules.module.register_module_forward_hook(
+            lambda m, i, o: patterns.append(o[1]) if type(m).__name__.endswith("Attention") else None):
+        assert perplexity(hf, docs) == pytest.approx(eager, rel=1e-5)
+    assert patterns and all(p is None for p in patterns)
