@@ -28,6 +28,9 @@ CLASSES = {  # operator -> class (matmuls are split by shape in classify)
     "aten::_softmax": "attention softmax (float32)", "aten::_log_softmax": "log-softmax of the scored logits",
     "aten::copy_": "copies and dtype casts", "aten::_to_copy": "copies and dtype casts",
     "aten::index": "gathers and indexing", "aten::gather": "gathers and indexing", "aten::cat": "gathers and indexing",
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "fused attention kernel",
+    "aten::_scaled_dot_product_flash_attention": "fused attention kernel",
+    "aten::_scaled_dot_product_efficient_attention": "fused attention kernel",
 }
 ELEMENTWISE = ("mul", "add", "sub", "div", "silu", "gelu", "pow", "mean", "rsqrt", "sqrt", "neg", "tanh", "sum",
                "masked_fill", "where", "exp", "embedding")
@@ -45,7 +48,8 @@ def classify(name: str, shapes, vocab: int) -> str:
     return "other"
 
 
-def profile_task(model, task, limit: int, n_shot: int, batch_size: int) -> tuple[float, dict[str, float]]:
+def profile_task(model, task, limit: int, n_shot: int, batch_size: int
+                 ) -> tuple[float, dict[str, float], dict[str, float]]:
     from torch.profiler import ProfilerActivity, profile
 
     from lens_heads.evaluate import evaluate_task
@@ -58,10 +62,12 @@ def profile_task(model, task, limit: int, n_shot: int, batch_size: int) -> tuple
         evaluate_task(model, task, limit=limit, n_shot=n_shot, progress=False, batch_size=batch_size)
     vocab = model.hf_model.get_output_embeddings().weight.shape[0]
     by_class: dict[str, float] = {}
+    by_op: dict[str, float] = {}
     for ev in prof.key_averages(group_by_input_shape=True):
         c = classify(ev.key, ev.input_shapes, vocab)
         by_class[c] = by_class.get(c, 0.0) + ev.self_cpu_time_total / 1e6
-    return wall, by_class
+        by_op[ev.key] = by_op.get(ev.key, 0.0) + ev.self_cpu_time_total / 1e6
+    return wall, by_class, by_op
 
 
 def main() -> int:
@@ -84,8 +90,8 @@ def main() -> int:
     model = load_model(args.model, dtype=args.dtype)
     runs = [("PIQA 0-shot", load_task("piqa"), args.piqa, 0), ("MMLU 5-shot", load_task("mmlu"), args.mmlu, 5)]
     results = {name: profile_task(model, task, n, k, args.batch_size) for name, task, n, k in runs}
-    classes = sorted({c for _, by in results.values() for c in by},
-                     key=lambda c: -sum(by.get(c, 0.0) for _, by in results.values()))
+    classes = sorted({c for _, by, _ in results.values() for c in by},
+                     key=lambda c: -sum(by.get(c, 0.0) for _, by, _ in results.values()))
     lines = [f"# profile_evaluate ({args.model}, {args.dtype}, batch {args.batch_size}, torch threads "
              f"{torch.get_num_threads()}, load avg {os.getloadavg()[0]:.1f})", "",
              f"`python benchmarks/profile_evaluate.py --dtype {args.dtype}`: evaluate_task's self CPU time by "
@@ -95,8 +101,15 @@ def main() -> int:
              "|---|" + "---|" * len(runs)]
     for c in classes:
         lines.append(f"| {c} | " + " | ".join(
-            f"{100 * by.get(c, 0.0) / sum(by.values()):.1f} %" for _, by in results.values()) + " |")
-    lines.append("| wall time without the profiler | " + " | ".join(f"{w:.2f} s" for w, _ in results.values()) + " |")
+            f"{100 * by.get(c, 0.0) / sum(by.values()):.1f} %" for _, by, _ in results.values()) + " |")
+    lines.append("| wall time without the profiler | " + " | ".join(f"{w:.2f} s" for w, _, _ in results.values()) + " |")
+    ops = sorted({o for _, _, by in results.values() for o in by},
+                 key=lambda o: -max(by.get(o, 0.0) / sum(by.values()) for _, _, by in results.values()))[:15]
+    lines += ["", "The operators with the largest self time (share of the profiled time, either task's top 15):", "",
+              "| operator | " + " | ".join(name for name, _, _, _ in runs) + " |", "|---|" + "---|" * len(runs)]
+    for o in ops:
+        lines.append(f"| `{o}` | " + " | ".join(
+            f"{100 * by.get(o, 0.0) / sum(by.values()):.1f} %" for _, _, by in results.values()) + " |")
     atomic_write_text(out, "\n".join(lines) + "\n", make_parents=True)
     print("\n".join(lines))
     return 0

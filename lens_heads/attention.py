@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Iterator
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
@@ -128,7 +128,7 @@ def _kernel_row_stats(query: Tensor, key: Tensor, mask: Tensor | None, causal: b
     qf, kf = query.double(), key.double()
     rows = torch.arange(q, device=query.device) + offset
     if mask is None and causal and offset:  # causal after a cached prefix: the kernel's is_causal aligns top-left
-        mask = (rows[:, None] >= torch.arange(k_len, device=query.device))[None, None]
+        mask = _causal_after_prefix(q, k_len, query.device)
     lse, mean_key = _lse_and_mean(qf, kf, mask, causal and mask is None, scaling)  # [b, h, q], [b, h, q, d]
     expected = scaling * (qf * mean_key).sum(-1)
 
@@ -146,6 +146,12 @@ def _kernel_row_stats(query: Tensor, key: Tensor, mask: Tensor | None, causal: b
     first_weight = weight_at(first[:, None].expand(b, q))
     local = sum(weight_at((rows - d)[None, :].expand(b, q)) for d in range(LOCAL_WINDOW))
     return RowStats(first_weight.float(), (lse - expected).float(), local.float())
+
+
+def _causal_after_prefix(q_len: int, k_len: int, device) -> Bool[Tensor, "1 1 q k"]:
+    """Causal attention for the last ``q_len`` of ``k_len`` positions (a cached prefix before
+    them): query i sees keys 0 .. k_len - q_len + i."""
+    return torch.ones(q_len, k_len, dtype=torch.bool, device=device).tril(k_len - q_len)[None, None]
 
 
 def _lse_and_mean(q: Tensor, k: Tensor, mask: Tensor | None, is_causal: bool, scaling: float) -> tuple[Tensor, Tensor]:
@@ -190,14 +196,16 @@ def fused_attention(module, query: Tensor, key: Tensor, value: Tensor, attention
     causal = attention_mask is None and query.shape[2] > 1 and (
         is_causal if is_causal is not None else getattr(module, "is_causal", True))
     scaling = query.shape[-1] ** -0.5 if scaling is None else scaling
+    if causal and query.shape[2] < key.shape[2]:  # after a cached prefix (the kernel's is_causal aligns top-left)
+        attention_mask, causal = _causal_after_prefix(query.shape[2], key.shape[2], query.device), False
     request = _requests.get(id(module))
     if request is not None:  # row statistics for a score: the same scores, reduced per row
         k_rep = key.repeat_interleave(groups, dim=1) if groups > 1 else key  # [b, kv_head, k, d] -> per head
         causal_rows = attention_mask is None and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
         request.fn(_kernel_row_stats(query, k_rep, attention_mask, causal_rows and query.shape[2] > 1, scaling,
                                      request.first.to(query.device)))
-    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, scale=scaling,
-                                         is_causal=causal, enable_gqa=groups > 1)  # [batch, head, q, d]
+    out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
+                                         scale=scaling, is_causal=causal, enable_gqa=groups > 1)  # [b, head, q, d]
     return out.transpose(1, 2).contiguous(), None
 
 
@@ -208,35 +216,70 @@ def fused_alibi_attention(module, hidden_states: Float[Tensor, "batch q d_model"
     """BLOOM's attention (``BloomAttention.forward``'s signature) with the fused kernel. Its
     scores are scale * q.k + alibi[h, j] (a bias per head and key, docs/methods.md §10). The bias
     rides in one more head dimension: q' = [scale * q, 1], k' = [k, alibi], v' = [v, 0]
-    (the kernel wants one head size), so q'.k' is the score and the kernel runs at scale 1 --
-    no [q, k] bias tensor. The mask is the model's: additive or boolean [batch, 1, q, k], or None
-    (causal). Returns the layer's output (residual added, as BLOOM's module does) and no pattern."""
+    (the kernel wants one head size; off the CPU padded with zeros to a multiple of 8, which
+    torch's memory-efficient kernel needs), so q'.k' is the score and the kernel runs at scale 1
+    -- no [q, k] bias tensor. The mask is the model's: additive or boolean [batch, 1, q, k], or
+    None (causal). Returns the layer's output (residual added, as BLOOM's module does) and no
+    pattern."""
     from transformers.models.bloom.modeling_bloom import dropout_add
 
     b, q_len, _ = hidden_states.shape
     query, key, value = module._reshape(module.query_key_value(hidden_states))  # [b, head, pos, d] each
     if layer_past is not None:
         key, value = layer_past.update(key, value, module.layer_idx)
-    h, k_len = query.shape[1], key.shape[2]
-    bias = alibi.reshape(b, h, alibi.shape[-1], 1)[:, :, :k_len]  # [b*h, 1, k] -> [b, h, k, 1]
-    q1 = torch.cat([query * module.inv_norm_factor, query.new_ones(b, h, q_len, 1)], -1)  # [b, h, q, d+1]
-    k1 = torch.cat([key, bias.to(key.dtype)], -1)  # [b, h, k, d+1]
-    v1 = torch.cat([value, value.new_zeros(b, h, k_len, 1)], -1)  # [b, h, k, d+1]
-    causal = attention_mask is None and q_len > 1
+    h, k_len, d = query.shape[1], key.shape[2], query.shape[-1]
+    extra = 1 if query.device.type == "cpu" else -(-(d + 1) // 8) * 8 - d  # columns added to each head
+    bias = alibi.reshape(b, h, alibi.shape[-1], 1)[:, :, :k_len].to(key.dtype)  # [b*h, 1, k] -> [b, h, k, 1]
+    q1 = F.pad(torch.cat([query * module.inv_norm_factor, query.new_ones(b, h, q_len, 1)], -1), (0, extra - 1))
+    k1 = F.pad(torch.cat([key, bias], -1), (0, extra - 1))  # [b, h, k, d + extra]
+    v1 = F.pad(value, (0, extra))  # [b, h, k, d + extra]
+    mask = attention_mask
+    if mask is None and 1 < q_len < k_len:  # after a cached prefix (the kernel's is_causal aligns top-left)
+        mask = _causal_after_prefix(q_len, k_len, query.device)
+    causal = mask is None and q_len > 1
     request = _requests.get(id(module))
     if request is not None:
-        keep = attention_mask if attention_mask is None or attention_mask.dtype == torch.bool else (
-            attention_mask > torch.finfo(attention_mask.dtype).min / 2)
+        keep = mask if mask is None or mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
         request.fn(_kernel_row_stats(q1, k1, keep, causal, 1.0, request.first.to(query.device)))
-    out = F.scaled_dot_product_attention(q1, k1, v1, attn_mask=attention_mask, scale=1.0, is_causal=causal)
-    context = out[..., :-1].transpose(1, 2).reshape(b, q_len, h * query.shape[-1])  # [b, q, head * d]
+    dropout = module.attention_dropout.p if module.training else 0.0
+    out = F.scaled_dot_product_attention(q1, k1, v1, attn_mask=mask, dropout_p=dropout, scale=1.0, is_causal=causal)
+    context = out[..., :d].transpose(1, 2).reshape(b, q_len, h * d)  # [b, head, q, d] -> [b, q, head * d]
     output = dropout_add(module.dense(context), residual, module.hidden_dropout, module.training)
     return output, None
 
 
-# Attention modules that do not dispatch through transformers' AttentionInterface, by class name,
-# with the fused forward this module supplies for them (set on the instance for one forward).
-OWN_FORWARDS: dict[str, Callable] = {"BloomAttention": fused_alibi_attention}
+# Attention modules that do not dispatch through transformers' AttentionInterface, by class
+# (module and name), with the fused forward this module supplies for them (set on the instance for
+# one forward, ``_own_forwards``).
+OWN_FORWARDS: dict[str, Callable] = {"transformers.models.bloom.modeling_bloom.BloomAttention": fused_alibi_attention}
+
+
+def _own_forward(module: torch.nn.Module) -> Callable | None:
+    """The fused forward this module supplies for the model's attention module ``module``, if any
+    (None also where it splits its output projection by tensor-parallel rank: ``fused_blocker``)."""
+    fn = OWN_FORWARDS.get(f"{type(module).__module__}.{type(module).__qualname__}")
+    if fn is None or (getattr(module, "pretraining_tp", 1) > 1 and getattr(module, "slow_but_exact", False)):
+        return None
+    return fn
+
+
+@contextlib.contextmanager
+def _own_forwards(modules: Iterable[torch.nn.Module]) -> Iterator[None]:
+    """The modules run their ``_own_forward`` inside (under accelerate's hooks: as the forward
+    those hooks wrap); whatever was there before is put back afterwards, also on error."""
+    replaced: list[tuple[torch.nn.Module, str, Callable | None]] = []  # (module, slot, what was there)
+    try:
+        for m in modules:
+            slot = "_old_forward" if "_old_forward" in m.__dict__ else "forward"
+            replaced.append((m, slot, m.__dict__.get(slot)))
+            object.__setattr__(m, slot, _own_forward(m).__get__(m))
+        yield
+    finally:
+        for m, slot, before in reversed(replaced):
+            if before is None:
+                m.__dict__.pop(slot, None)
+            else:
+                object.__setattr__(m, slot, before)
 
 
 def fused_mask(*args, attention_mask: Tensor | None = None, **kwargs):
@@ -295,19 +338,14 @@ def fused_blocker(attn) -> str | None:
         return "it uses attention sinks or softcapping, which the fused kernel does not compute"
     if getattr(config, "reorder_and_upcast_attn", False):
         return "it reorders and upcasts its attention products (reorder_and_upcast_attn), which the fused kernel does not"
-    if type(hf).__name__ in OWN_FORWARDS:
-        if getattr(hf, "pretraining_tp", 1) > 1 and getattr(hf, "slow_but_exact", False):
-            return "it splits its output projection by tensor-parallel rank (slow_but_exact), which the fused forward does not"
+    if _own_forward(hf) is not None:
         return None
+    if getattr(hf, "pretraining_tp", 1) > 1 and getattr(hf, "slow_but_exact", False):
+        return "it splits its output projection by tensor-parallel rank (slow_but_exact), which the fused forward does not"
     source = inspect.getsource(sys.modules[type(hf).__module__])
     if "ALL_ATTENTION_FUNCTIONS" not in source:
         return "its attention does not dispatch through transformers' AttentionInterface"
     return None
-
-
-def _own_forward(attn) -> Callable | None:
-    """The fused forward this module supplies for ``attn``'s model module (``OWN_FORWARDS``), if any."""
-    return OWN_FORWARDS.get(type(attn.original_component).__name__)
 
 
 def blockers(model: LoadedModel) -> list[str | None]:
@@ -407,8 +445,7 @@ def plain_fused(hf_model) -> Iterator[bool]:
     fused kernel where its class supports SDPA (``_supports_sdpa``) or this module supplies its
     attention's fused forward (``OWN_FORWARDS``: BLOOM); restored afterwards, also on error.
     Yields whether it runs fused."""
-    own = [m for m in hf_model.modules() if type(m).__name__ in OWN_FORWARDS
-           and not (getattr(m, "pretraining_tp", 1) > 1 and getattr(m, "slow_but_exact", False))]
+    own = [m for m in hf_model.modules() if _own_forward(m) is not None]
     if not (getattr(hf_model, "_supports_sdpa", False) or own):
         yield False
         return
@@ -419,12 +456,9 @@ def plain_fused(hf_model) -> Iterator[bool]:
     try:
         for c in configs.values():
             c._attn_implementation = FUSED
-        for m in own:
-            object.__setattr__(m, "forward", OWN_FORWARDS[type(m).__name__].__get__(m))
-        yield True
+        with _own_forwards(own):
+            yield True
     finally:
-        for m in own:
-            m.__dict__.pop("forward", None)
         for k, c in configs.items():
             c._attn_implementation = before[k]
 
@@ -444,8 +478,9 @@ def backend(model: LoadedModel, hook_names: Iterable[str], rows: dict[int, RowRe
 
     _register()
     attns = [a for a, fused in zip(_attention_components(model), layers) if fused]
+    own = [a.original_component for a in attns if _own_forward(a.original_component) is not None]
     configs = {id(a.original_component.config): a.original_component.config for a in attns
-               if _own_forward(a) is None}
+               if _own_forward(a.original_component) is None}
     hf_config = model.hf_model.config
     if configs or all(layers):  # the model builds its masks from its own config; where a module
         # has its own fused forward, only if no eager layer of this forward reads those masks
@@ -454,32 +489,22 @@ def backend(model: LoadedModel, hook_names: Iterable[str], rows: dict[int, RowRe
     comps = _attention_components(model)
     served = {id(comps[L].original_component): r for L, r in (rows or {}).items() if layers[L]}
     swapped: list[tuple[torch.nn.Module, str, torch.nn.Module]] = []  # (module, child name, the model's own)
-    replaced: list[tuple[torch.nn.Module, str, Callable | None]] = []  # (module, slot, its own forward there)
     try:
         _requests.update(served)
         for c in configs.values():
             c._attn_implementation = FUSED
         for a in attns:  # the instance's forward is TransformerLens' own pass-through to the wrapped module
             object.__setattr__(a, "forward", AttentionBridge.forward.__get__(a))
-            if _own_forward(a) is not None:  # (under accelerate's hooks: the forward they wrap)
-                hf = a.original_component
-                slot = "_old_forward" if "_old_forward" in hf.__dict__ else "forward"
-                replaced.append((hf, slot, hf.__dict__.get(slot)))
-                object.__setattr__(hf, slot, _own_forward(a).__get__(hf))
             for name in _out_of_place(a):
                 swapped.append((a.original_component, name, getattr(a.original_component, name)))
                 setattr(a.original_component, name, a.o)
-        yield layers
+        with _own_forwards(own):  # the model's modules that compute attention themselves (BLOOM)
+            yield layers
     finally:
         for k in served:
             _requests.pop(k, None)
         for a in attns:
             a.__dict__.pop("forward", None)
-        for module, slot, before_fn in reversed(replaced):
-            if before_fn is None:
-                module.__dict__.pop(slot, None)
-            else:
-                object.__setattr__(module, slot, before_fn)
         for module, name, raw in swapped:
             setattr(module, name, raw)
         for k, c in configs.items():

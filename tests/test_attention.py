@@ -336,3 +336,68 @@ def test_surgery_perplexity_runs_fused_where_the_model_supports_it(arch, tiny_mo
             lambda m, i, o: patterns.append(o[1]) if type(m).__name__.endswith("Attention") else None):
         assert perplexity(hf, docs) == pytest.approx(eager, rel=1e-5)
     assert patterns and all(p is None for p in patterns)
+
+
+def test_own_forwards_keep_accelerate_hooks_and_nest(tiny_model):
+    """BLOOM's own fused forward goes under accelerate's hooks (they still fire), nested use
+    keeps it until the outer block ends, and afterwards the module is as it was."""
+    from accelerate.hooks import ModelHook, add_hook_to_module, remove_hook_from_module
+
+    calls = []
+
+    class Count(ModelHook):
+        def pre_forward(self, module, *args, **kwargs):
+            calls.append(1)
+            return args, kwargs
+
+    hf = tiny_model("bloom").load_hf_model().eval()
+    ids, mask = _batch(2, 16, left=True)
+    with torch.no_grad():
+        eager = hf(ids, attention_mask=mask).logits
+    attn = hf.transformer.h[0].self_attention
+    add_hook_to_module(attn, Count())
+    wrapper, inner = attn.__dict__["forward"], attn.__dict__["_old_forward"]
+    patterns = []
+    grab = attn.register_forward_hook(lambda m, i, o: patterns.append(o[1]))
+    try:
+        with torch.no_grad(), attention.plain_fused(hf):
+            with attention.plain_fused(hf):
+                inner_logits = hf(ids, attention_mask=mask).logits
+            outer_logits = hf(ids, attention_mask=mask).logits
+    finally:
+        grab.remove()
+    assert len(calls) == 2 and patterns == [None, None]  # the hook fired, and the fused forward ran, both times
+    real = mask.bool()
+    for logits in (inner_logits, outer_logits):
+        assert (logits - eager)[real].abs().max() <= 1e-4
+    assert attn.__dict__["forward"] is wrapper and attn.__dict__["_old_forward"] is inner
+    remove_hook_from_module(attn)
+    assert attn.forward.__func__ is type(attn).forward  # the class's own, once accelerate's hook is gone
+
+
+def test_continuing_from_a_cache_without_a_mask_is_causal_from_the_end(tiny_model):
+    """Given no mask after a cached prefix (q < k), both fused forwards attend causally aligned at
+    the end (query i sees keys 0 .. k - q + i), as a naive softmax does -- not the kernel's
+    top-left is_causal."""
+    from transformers import DynamicCache
+
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, 4, n, 8, generator=g) for n in (3, 7, 7))
+    scores = q @ k.transpose(-1, -2) * 8 ** -0.5
+    scores = scores.masked_fill(~torch.ones(3, 7, dtype=torch.bool).tril(4), float("-inf"))
+    naive = (scores.softmax(-1) @ v).transpose(1, 2)
+    out, _ = attention.fused_attention(torch.nn.Module(), q, k, v, None)
+    assert (out - naive).abs().max() <= 1e-5
+
+    hf = tiny_model("bloom").load_hf_model().eval()
+    attn, n_head = hf.transformer.h[0].self_attention, hf.config.n_head
+    x = torch.randn(2, 7, hf.config.hidden_size, generator=g)
+    alibi = hf.transformer.build_alibi_tensor(torch.ones(2, 7), n_head, x.dtype)
+    causal = torch.zeros(7, 7).masked_fill(~torch.ones(7, 7, dtype=torch.bool).tril(), torch.finfo(x.dtype).min)
+    zero = torch.zeros_like(x)
+    with torch.no_grad():
+        full, _ = attn(x, zero, alibi, causal[None, None].expand(2, 1, 7, 7))  # HF's eager: all 7 at once
+        cache = DynamicCache()
+        attention.fused_alibi_attention(attn, x[:, :4], zero[:, :4], alibi[..., :4], None, layer_past=cache)
+        rest, pattern = attention.fused_alibi_attention(attn, x[:, 4:], zero[:, 4:], alibi, None, layer_past=cache)
+    assert pattern is None and (rest - full[:, 4:]).abs().max() <= 1e-5
