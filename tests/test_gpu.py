@@ -86,3 +86,28 @@ def test_fused_attention_equals_eager_on_the_gpu(on_gpu):
     for sid in out["eager"][1].score_ids:
         torch.testing.assert_close(out["fused"][1].mean[sid], out["eager"][1].mean[sid], atol=1e-5, rtol=1e-4,
                                    equal_nan=True, msg=sid)
+
+
+@pytest.mark.parametrize("left", [False, True], ids=["right-padded", "left-padded"])
+def test_fused_bloom_runs_a_memory_efficient_kernel_on_the_gpu(tiny_model_dir, device, left):
+    """BLOOM's fused forward (ALiBi in an added head column, padded to a multiple of 8 on the
+    GPU) runs under SDPA's fused kernels alone -- the math fallback, which builds [b, h, q, k],
+    is switched off -- with or without a padding mask, and equals eager."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    from lens_heads import load_model
+    from lens_heads.engine import forward
+
+    model = load_model(str(tiny_model_dir("bloom")), device=device)
+    ids = torch.randint(3, 200, (3, 40), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, :7] = 0 if left else 1
+    mask[2, 30:] = 1 if left else 0
+    out = {}
+    model.attention = "eager"
+    out["eager"] = forward(model, ids, mask, []).cpu()
+    model.attention = "fused"
+    with sdpa_kernel([SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION]):
+        out["fused"] = forward(model, ids, mask, []).cpu()
+    real = mask.bool()
+    assert (out["fused"] - out["eager"])[real].abs().max() < 1e-4
