@@ -64,23 +64,52 @@ print(json.dumps({"s": time.perf_counter() - t0, "lls": lls}))
 """
 
 
-def lm_eval_own_process(model_name: str, dtype: str, batch_size: int, reqs) -> tuple[float, list[float]]:
-    """Seconds and log-likelihoods of lm-eval's HFLM on ``reqs`` in a fresh process with glibc's defaults."""
+# one evaluation by lens_heads in a process of its own with glibc's malloc untouched: the per-input
+# point as the issue that asked for the fused path found it (before the malloc tuning)
+POINT_OWN_PROCESS = r"""
+import json, sys, time
+from lens_heads import allocator, load_model
+from lens_heads.ablation import parse_ablation
+from lens_heads.data import load_task
+from lens_heads.evaluate import evaluate_task
+model = load_model(sys.argv[1], dtype=sys.argv[2])
+assert not allocator.keep_freed_memory()
+model.attention = sys.argv[4]
+ids = json.load(open(sys.argv[6]))
+task, abl = load_task("mmlu"), parse_ablation(sys.argv[5], model.geometry)
+run = lambda doc_ids: evaluate_task(model, task, n_shot=5, doc_ids=doc_ids, batch_size=int(sys.argv[3]),
+                                    ablation=abl, progress=False)
+run(ids[:4])  # warm-up, as the in-process runs had
+t0 = time.perf_counter()
+res = run(ids)
+print(json.dumps({"s": time.perf_counter() - t0, "preds": [q.pred for q in res.questions]}))
+"""
+
+
+def own_process(script: str, payload, *args: str) -> dict:
+    """The JSON a ``script`` prints last, run in a fresh process with glibc's malloc defaults
+    (``LENS_HEADS_KEEP_FREED_MEMORY=0``); ``payload`` goes in a JSON file, its path after ``args``,
+    then this folder (for imports)."""
     import json
     import subprocess
     import tempfile
 
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
-        json.dump([list(r) for r in reqs], f)
+        json.dump(payload, f)
     try:
         env = dict(os.environ, LENS_HEADS_KEEP_FREED_MEMORY="0")
-        res = subprocess.run([sys.executable, "-c", OWN_PROCESS, model_name, dtype, str(batch_size), f.name,
-                              str(Path(__file__).parent)], env=env, capture_output=True, text=True)
+        res = subprocess.run([sys.executable, "-c", script, *args, f.name, str(Path(__file__).parent)], env=env,
+                             capture_output=True, text=True)
     finally:
         os.unlink(f.name)
     if res.returncode != 0:
         raise SystemExit(res.stderr[-3000:])
-    out = json.loads(res.stdout.strip().splitlines()[-1])
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def lm_eval_own_process(model_name: str, dtype: str, batch_size: int, reqs) -> tuple[float, list[float]]:
+    """Seconds and log-likelihoods of lm-eval's HFLM on ``reqs`` in a fresh process with glibc's defaults."""
+    out = own_process(OWN_PROCESS, [list(r) for r in reqs], model_name, dtype, str(batch_size))
     return out["s"], out["lls"]
 
 
@@ -146,10 +175,12 @@ def matmul_flops(fn) -> tuple[int, int]:
     return fc.get_total_flops(), attn
 
 
-def per_input_point(model, task, recs, batch_size, lines, max_tokens: int) -> None:
+def per_input_point(model, model_name: str, task, recs, batch_size, lines, max_tokens: int) -> None:
     """One per-input sweep point (``score:ahon_ln`` at the threshold that zeroes 10 % of the
     heads over these questions' 5-shot inputs) fused and eager, against the unablated fused
-    evaluation without prefix reuse (a per-input point cannot reuse one)."""
+    evaluation without prefix reuse (a per-input point cannot reuse one); and eager once more in a
+    process of its own with glibc's malloc defaults, as the point ran before the fused path and the
+    malloc tuning."""
     from lens_heads.ablation import parse_ablation
     from lens_heads.evaluate import evaluate_task
     from lens_heads.task_requests import task_inputs
@@ -171,15 +202,22 @@ def per_input_point(model, task, recs, batch_size, lines, max_tokens: int) -> No
                                       reuse_prefix=reuse)
         times[name] = time.perf_counter() - t0
     model.attention = "auto"
-    (base, t_base), (fused, t_fused), (eager, t_eager) = ((k, times[k]) for k in times)
+    before = "score:ahon_ln@10 %, eager, own process, glibc's malloc defaults"
+    dtype = str(model.dtype).removeprefix("torch.")
+    old = own_process(POINT_OWN_PROCESS, ids, model_name, dtype, str(batch_size), "eager", spec)
+    times[before] = old["s"]
+    (base, t_base), (fused, t_fused), (eager, t_eager) = ((k, times[k]) for k in list(times)[:3])
     same = sum(a.pred == b.pred for a, b in zip(results[fused].questions, results[eager].questions))
+    same_before = sum(a.pred == p for a, p in zip(results[fused].questions, old["preds"]))
     lines += ["", f"Per-input sweep point on MMLU 5-shot ({len(recs)} questions; {spec}, zeroing "
               f"{100 * results[fused].zeroed_fraction:.1f} % of heads):", "",
               "| run | s | vs unablated fused |", "|---|---|---|"]
     lines += [f"| {k} | {t:.1f} | {t / t_base:.2f}x |" for k, t in times.items()]
-    lines += ["", f"Fused per-input point {t_eager / t_fused:.2f}x faster than eager; identical predictions "
-              f"{same}/{len(recs)}."]
-    print("\n".join(lines[-8:]), flush=True)
+    lines += ["", f"Fused per-input point {t_eager / t_fused:.2f}x faster than eager in this process; "
+              f"{times[before] / t_fused:.2f}x faster than eager in a process of its own with glibc's malloc "
+              f"defaults (the point as it ran before the fused path and the malloc tuning); identical predictions "
+              f"{same}/{len(recs)} and {same_before}/{len(recs)}."]
+    print("\n".join(lines[-9:]), flush=True)
 
 
 def argmax(xs):
@@ -194,6 +232,9 @@ def main() -> int:
     ap.add_argument("--piqa", type=int, default=200)
     ap.add_argument("--subjects", type=int, default=3, help="subjects for the many-questions 5-shot/0-shot ratio")
     ap.add_argument("--per-subject", type=int, default=30)
+    ap.add_argument("--lm-eval-by-subject", action="store_true",
+                    help="also compare with lm-eval on --subjects x --per-subject MMLU 5-shot questions (the shape "
+                         "of a whole MMLU run, where the questions of a subject share their 5 shots)")
     ap.add_argument("--batch-size", type=int, default=4)
     ap.add_argument("--max-prompt-tokens", type=int, default=1024, help="MMLU: skip longer 5-shot prompts")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_evaluate.md"))
@@ -284,9 +325,16 @@ def main() -> int:
     pool = select_records(mmlu, 3 * args.mmlu, seed=1234)
     short = [r for r in pool if len(model.tokenizer(mmlu.build(r, 5)[0][0])["input_ids"]) <= args.max_prompt_tokens]
     mmlu_recs = sorted(random.Random(0).sample(short, min(args.mmlu, len(short))), key=lambda r: r.doc_id)
+    by_subject: dict[str, list] = {}
+    for r in mmlu.records:
+        by_subject.setdefault(r.subject, []).append(r)
+    picked = [s for s in sorted(by_subject) if len(by_subject[s]) >= args.per_subject][: args.subjects]
+    subject_recs = [r for s in picked for r in by_subject[s][: args.per_subject]]
     compare(f"MMLU 5-shot (stratified, {len({r.subject for r in mmlu_recs})} subjects)", mmlu, mmlu_recs, 5)
+    if args.lm_eval_by_subject:  # as a whole MMLU run is made: ~250 questions per subject share its 5 shots
+        compare(f"MMLU 5-shot ({len(picked)} subjects x {args.per_subject})", mmlu, subject_recs, 5)
     compare("PIQA 0-shot", piqa, piqa.records[:args.piqa], 0)
-    per_input_point(model, mmlu, mmlu_recs, args.batch_size, lines, args.max_prompt_tokens)
+    per_input_point(model, args.model, mmlu, mmlu_recs, args.batch_size, lines, args.max_prompt_tokens)
 
     # 5-shot vs 0-shot cost in lens_heads
     lines += ["", "| MMLU sample | n | 0-shot s | 5-shot s | 5-shot / 0-shot |", "|---|---|---|---|---|"]
@@ -303,12 +351,7 @@ def main() -> int:
         lines.append(row)
 
     ratio(f"stratified ({len({r.subject for r in mmlu_recs})} subjects)", mmlu_recs)
-    by_subject: dict[str, list] = {}
-    for r in mmlu.records:
-        by_subject.setdefault(r.subject, []).append(r)
-    picked = [s for s in sorted(by_subject) if len(by_subject[s]) >= args.per_subject][: args.subjects]
-    ratio(f"{len(picked)} subjects x {args.per_subject} ({', '.join(picked)})",
-          [r for s in picked for r in by_subject[s][: args.per_subject]])
+    ratio(f"{len(picked)} subjects x {args.per_subject} ({', '.join(picked)})", subject_recs)
     lines += ["", "lm-eval: HFLM.loglikelihood on the same requests (its one-token-continuation logits cache on; "
               "the model with transformers' default SDPA attention, as lm-eval loads one by name), in this process, "
               "so with the malloc tuning lens_heads applies on the CPU (docs/methods.md §10); in its own process: "

@@ -401,3 +401,36 @@ def test_continuing_from_a_cache_without_a_mask_is_causal_from_the_end(tiny_mode
         attention.fused_alibi_attention(attn, x[:, :4], zero[:, :4], alibi[..., :4], None, layer_past=cache)
         rest, pattern = attention.fused_alibi_attention(attn, x[:, 4:], zero[:, 4:], alibi, None, layer_past=cache)
     assert pattern is None and (rest - full[:, 4:]).abs().max() <= 1e-5
+
+
+def test_bloom_generates_fused_as_hf_generates(as_set, tiny_model_dir, monkeypatch):
+    """Greedy generation through LensHeadsLM with BLOOM fused -- every step continues from the
+    K/V cache -- gives HF's own generate on the eager model, token for token."""
+    from lm_eval.api.instance import Instance
+    from test_lm_eval_model import PROMPTS, _reference_text
+    from transformers import AutoModelForCausalLM
+
+    from lens_heads.lm_eval_model import LensHeadsLM
+
+    model = as_set("bloom", "fused")
+    hf = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir("bloom")), attn_implementation="eager").eval()
+    tok = model.tokenizer
+    reqs, expected = [], []
+    for i, prompt in enumerate(PROMPTS):
+        ids = tok.encode(prompt)
+        with torch.no_grad():
+            full = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=10,
+                               pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
+        expected.append(_reference_text(tok, full, []))
+        reqs.append(Instance("generate_until", {}, (prompt, {"until": [], "max_gen_toks": 10, "do_sample": False}),
+                             i, metadata=("t", i, 1)))
+    key, fused = next(iter(attention.OWN_FORWARDS.items()))
+    shapes = []
+
+    def counted(module, hidden_states, *args, **kwargs):
+        shapes.append(hidden_states.shape[1])
+        return fused(module, hidden_states, *args, **kwargs)
+
+    monkeypatch.setitem(attention.OWN_FORWARDS, key, counted)
+    assert LensHeadsLM(model, progress=False, batch_size=2).generate_until(reqs) == expected
+    assert 1 in shapes and max(shapes) > 1  # the prompt and the one-token steps after it ran fused
