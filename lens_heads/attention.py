@@ -376,6 +376,15 @@ def _joint(attn) -> bool:
     return qkv is not None and any(c is qkv for c in attn.original_component.children())
 
 
+def value_projection(model: LoadedModel, layer: int, fused: bool) -> torch.nn.Module | None:
+    """Where ``layer``, running fused, never forms ``hook_v`` (the model projects q, k and v
+    jointly, ``_joint``): the bridge's own v projection -- run on the attention's input it gives
+    ``hook_v`` as the eager pass does, for read-only value hooks (``hooks.run_with_hooks``).
+    None where ``hook_v`` fires anyway."""
+    attn = _attention_components(model)[layer]
+    return attn.v if fused and _joint(attn) else None
+
+
 def _inner_points(attn) -> dict[int, str]:
     """ids of the hook points inside ``attn``'s attention computation (pattern, scores, rotated
     q / k, normed q / k, ...): the component's own points but its input and output. The

@@ -9,6 +9,11 @@ Hook points read and written by lens_heads (TransformerBridge, TL >= 4.3):
   local mass): lens_heads' own point, not TransformerLens'. Its hook is an
   ``attention.RowRequest``; a fused layer's kernel serves it without a pattern, an eager layer
   from ``hook_pattern``. Scores read it, so they never need the pattern itself.
+- ``blocks.{L}.attn.hook_values``   ``hook_v``'s values, read only (its hooks' return values are
+  ignored): lens_heads' own point, for scores. Its hooks go on ``hook_v``, which fires in every
+  layer but a fused one whose model projects q, k and v jointly; there the bridge's own v
+  projection runs once more on the attention's input (``attention.value_projection``) so they
+  fire, and the layer still runs fused.
 
 Within one layer they fire in that order (pattern and v, then z), so a hook on ``hook_z``
 can use statistics gathered at ``hook_pattern``/``hook_v`` of the same layer in the same
@@ -29,13 +34,16 @@ from lens_heads import attention
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
 
-HookKind = Literal["pattern", "rows", "v", "z"]
+HookKind = Literal["pattern", "rows", "v", "values", "z", "attn_in"]
 HOOK_POINTS: dict[str, str] = {
     "pattern": "blocks.{layer}.attn.hook_pattern",
     "rows": "blocks.{layer}.attn.hook_rows",
     "v": "blocks.{layer}.attn.hook_v",
+    "values": "blocks.{layer}.attn.hook_values",
     "z": "blocks.{layer}.attn.hook_z",
+    "attn_in": "blocks.{layer}.attn.hook_in",
 }
+_OWN_POINTS = ("rows", "values")  # lens_heads' points, served by ``run_with_hooks``
 # TransformerLens hook signature: fn(activation, hook) -> activation | None
 HookFn = Callable[[Tensor, object], Tensor | None]
 
@@ -148,12 +156,14 @@ def run_with_hooks(
         kwargs["return_type"] = "logits_and_cache"
     elif past_key_values is None:
         kwargs["use_cache"] = False  # (measured) else HF fills a K/V cache nobody reads: a copy per layer
-    fwd_hooks, rows = _split_rows(fwd_hooks)
+    fwd_hooks, own = _split_own(fwd_hooks)
+    rows = {L: r for L, (r,) in own["rows"].items()}
     with (torch.enable_grad() if grad else torch.inference_mode()), \
             attention.backend(model, [name for name, _ in fwd_hooks], rows, _n_keys(input_ids, past_key_values)) as fused, \
             _kv_cache_compat(bridge, past_key_values is not None or return_cache, fused), \
             lean_norms(bridge), _unembed_rows(bridge, logit_rows if return_logits else None):
         fwd_hooks += [(hook_name("pattern", L), _rows_from_pattern(r)) for L, r in rows.items() if not fused[L]]
+        fwd_hooks += _value_hooks(model, own["values"], fused)
         out = bridge.run_with_hooks(input_ids.to(model.device), fwd_hooks=fwd_hooks, **kwargs)
     if return_logits and logit_rows is not None:  # [1, n, vocab] -> [n, vocab]
         out = (out[0][0], *out[1:]) if isinstance(out, tuple) else out[0]
@@ -186,15 +196,39 @@ def _n_keys(input_ids: Tensor, cache: Any) -> int:
     return int(input_ids.shape[-1]) + int(cached)
 
 
-def _split_rows(fwd_hooks: Iterable[tuple[str, Any]]) -> tuple[list[tuple[str, HookFn]], dict[int, Any]]:
-    """TransformerLens hooks, and the row-statistics requests (``hook_rows``) by layer."""
-    plain, rows = [], {}
+def _split_own(fwd_hooks: Iterable[tuple[str, Any]]) -> tuple[list[tuple[str, HookFn]], dict[str, dict[int, list]]]:
+    """TransformerLens hooks, and the hooks on lens_heads' own points (``hook_rows``,
+    ``hook_values``) by point and layer."""
+    plain: list[tuple[str, HookFn]] = []
+    own: dict[str, dict[int, list]] = {kind: {} for kind in _OWN_POINTS}
+    suffixes = {HOOK_POINTS[kind].rsplit("}", 1)[1]: kind for kind in _OWN_POINTS}  # ".attn.hook_rows", ...
     for name, fn in fwd_hooks:
-        if name.endswith(HOOK_POINTS["rows"].rsplit("}", 1)[1]):  # blocks.{L}.attn.hook_rows
-            rows[int(name.split(".")[1])] = fn
-        else:
+        kind = next((k for suffix, k in suffixes.items() if name.endswith(suffix)), None)
+        if kind is None:
             plain.append((name, fn))
-    return plain, rows
+        else:
+            own[kind].setdefault(int(name.split(".")[1]), []).append(fn)
+    return plain, own
+
+
+def _value_hooks(model: LoadedModel, reads: dict[int, list[HookFn]], fused: list[bool]) -> list[tuple[str, HookFn]]:
+    """The read-only value hooks (``hook_values``) on ``hook_v``, and where a fused layer never
+    forms ``hook_v``, a hook on the attention's input that runs the bridge's v projection on it
+    (its output unused: the projection's ``hook_v`` fires, with these hooks on it)."""
+    out: list[tuple[str, HookFn]] = []
+    for L, fns in reads.items():
+        out += [(hook_name("v", L), _read_only(fn)) for fn in fns]
+        project = attention.value_projection(model, L, fused[L])
+        if project is not None:
+            out.append((hook_name("attn_in", L), _read_only(lambda x, hook=None, project=project: project(x))))
+    return out
+
+
+def _read_only(fn: HookFn) -> HookFn:
+    """``fn`` with its return value dropped: the activation goes on unchanged."""
+    def hook(x: Tensor, hook=None) -> None:
+        fn(x, hook)
+    return hook
 
 
 def _rows_from_pattern(request) -> HookFn:

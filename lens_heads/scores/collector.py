@@ -72,9 +72,10 @@ class ScoreCollector:
         for L in range(g.n_layers):
             if self._base["rows"]:  # what the scores read of the pattern, per query row (no pattern when fused)
                 out.append((hook_name("rows", L), RowRequest(batch.first, self._reduce_hook("rows", L, batch))))
-            for kind in ("pattern", "v"):
-                if self._base[kind]:
-                    out.append((hook_name(kind, L), self._reduce_hook(kind, L, batch)))
+            if self._base["pattern"]:
+                out.append((hook_name("pattern", L), self._reduce_hook("pattern", L, batch)))
+            if self._base["v"]:  # values, read only: a fused layer forms them even where q, k, v are joint
+                out.append((hook_name("values", L), self._reduce_hook("v", L, batch)))
             out.append((hook_name("z", L), self._z_hook(L, batch, z_transform)))
         return out
 
