@@ -410,7 +410,7 @@ def test_bloom_generates_fused_as_hf_generates(as_set, tiny_model_dir, monkeypat
     """Greedy generation through LensHeadsLM with BLOOM fused -- every step continues from the
     K/V cache -- gives HF's own generate on the eager model, token for token."""
     from lm_eval.api.instance import Instance
-    from test_lm_eval_model import PROMPTS, _reference_text
+    from test_lm_eval_model import PROMPTS, _reference_text, hf_greedy
     from transformers import AutoModelForCausalLM
 
     from lens_heads.lm_eval_model import LensHeadsLM
@@ -420,11 +420,7 @@ def test_bloom_generates_fused_as_hf_generates(as_set, tiny_model_dir, monkeypat
     tok = model.tokenizer
     reqs, expected = [], []
     for i, prompt in enumerate(PROMPTS):
-        ids = tok.encode(prompt)
-        with torch.no_grad():
-            full = hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=10,
-                               pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
-        expected.append(_reference_text(tok, full, []))
+        expected.append(_reference_text(tok, hf_greedy(hf, tok, prompt, 10), []))
         reqs.append(Instance("generate_until", {}, (prompt, {"until": [], "max_gen_toks": 10, "do_sample": False}),
                              i, metadata=("t", i, 1)))
     key, fused = next(iter(attention.OWN_FORWARDS.items()))

@@ -207,14 +207,19 @@ def _reference_text(tok, gen_ids, until):
     return text
 
 
+def hf_greedy(hf, tok, prompt: str, n: int) -> list[int]:
+    """The ``n`` tokens HF's own ``generate`` appends to ``prompt``, greedily."""
+    ids = tok.encode(prompt)
+    with torch.no_grad():
+        return hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=n,
+                           pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
+
+
 def test_generate_until_equals_hf_generate(model, plain_hf, hflm):
     tok = model.tokenizer
     reqs, expected = [], []
     for d, prompt in enumerate(PROMPTS):
-        ids = tok.encode(prompt)
-        with torch.no_grad():
-            full = plain_hf.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12,
-                                     pad_token_id=tok.pad_token_id)[0, len(ids):].tolist()
+        full = hf_greedy(plain_hf, tok, prompt, 12)
         gen_text = tok.decode(full, skip_special_tokens=True)
         stop = gen_text[len(gen_text) // 2:][:3]  # a stop string the generation does contain
         for i, (until, n) in enumerate([([], 12), ([stop], 12), ([], 4)]):

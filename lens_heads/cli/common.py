@@ -31,8 +31,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--offload-folder", default=None, help="with --device-map: where disk-offloaded weights go")
     p.add_argument("--attention", default="auto", choices=attention.CHOICES,
                    help="attention backend: auto (default: a fused kernel in every layer whose pattern nothing "
-                        "reads, where the architecture allows it), fused, or eager (TransformerLens' own, "
-                        "materialising the pattern); results agree to float rounding")
+                        "reads, where the architecture allows it), fused (every layer; pattern-based scores from "
+                        "the kernel's per-row statistics; refused with the reason where a layer cannot run it or "
+                        "something reads its pattern), or eager (TransformerLens' own, materialising the "
+                        "pattern); results agree to float rounding")
 
 
 def placement_from_args(args) -> dict:
