@@ -5,6 +5,7 @@ machine is shared: compare the ratios measured in one run, not absolute times).
 
     python benchmarks/bench_evaluate.py                  # 100 MMLU 5-shot (prompts <= 1024 tokens), 200 PIQA
     python benchmarks/bench_evaluate.py --mmlu 40 --piqa 80 --subjects 4
+    python benchmarks/bench_evaluate.py --dtype bfloat16 --mmlu 40 --piqa 80 --batch-size 16 --lm-eval-by-subject
 
 Reports the matmul roof (fp32 and bf16 GEMMs at the model's block shapes, measured in the same
 run) and, for each task: the positions each side computes, lens_heads' positions/s as a share of
@@ -17,7 +18,11 @@ subject) and on ``--subjects`` subjects with many questions each (how a full MML
 ``auto`` (the fused kernel) and ``eager`` (TransformerLens' attention), timed back to back, with
 their predictions compared; and one per-input sweep point (``score:ahon_ln`` at its 10 %
 threshold) on MMLU 5-shot, fused and eager, against the unablated fused evaluation without
-prefix reuse (what a per-input point must compute). Writes benchmarks/results/bench_evaluate.md.
+prefix reuse (what a per-input point must compute), and eager once more in a process of its own
+with glibc's malloc defaults (the point as it ran before the fused path and the malloc tuning).
+lm-eval is timed in this process (sharing lens_heads' malloc tuning) and in one of its own; with
+``--lm-eval-by-subject`` it is also compared on the ``--subjects`` x ``--per-subject`` sample.
+Writes benchmarks/results/bench_evaluate.md.
 """
 
 from __future__ import annotations
