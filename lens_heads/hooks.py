@@ -157,7 +157,7 @@ def run_with_hooks(
     elif past_key_values is None:
         kwargs["use_cache"] = False  # (measured) else HF fills a K/V cache nobody reads: a copy per layer
     fwd_hooks, own = _split_own(fwd_hooks)
-    rows = {L: r for L, (r,) in own["rows"].items()}
+    rows = {L: _one_request(rs) for L, rs in own["rows"].items()}
     with (torch.enable_grad() if grad else torch.inference_mode()), \
             attention.backend(model, [name for name, _ in fwd_hooks], rows, _n_keys(input_ids, past_key_values)) as fused, \
             _kv_cache_compat(bridge, past_key_values is not None or return_cache, fused), \
@@ -209,6 +209,21 @@ def _split_own(fwd_hooks: Iterable[tuple[str, Any]]) -> tuple[list[tuple[str, Ho
         else:
             own[kind].setdefault(int(name.split(".")[1]), []).append(fn)
     return plain, own
+
+
+def _one_request(requests: list) -> attention.RowRequest:
+    """One row-statistics request for a layer that several hooks of a forward ask: the statistics
+    are the same for all (one batch, one first-token geometry), so each hook gets them."""
+    if len(requests) == 1:
+        return requests[0]
+    first = requests[0].first
+    if not all(torch.equal(r.first, first) for r in requests[1:]):
+        raise ValueError("row-statistics requests of one forward disagree on each row's first token")
+
+    def serve(stats) -> None:
+        for r in requests:
+            r.fn(stats)
+    return attention.RowRequest(first, serve)
 
 
 def _value_hooks(model: LoadedModel, reads: dict[int, list[HookFn]], fused: list[bool]) -> list[tuple[str, HookFn]]:

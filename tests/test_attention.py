@@ -433,3 +433,21 @@ def test_bloom_generates_fused_as_hf_generates(as_set, tiny_model_dir, monkeypat
     monkeypatch.setitem(attention.OWN_FORWARDS, key, counted)
     assert LensHeadsLM(model, progress=False, batch_size=2).generate_until(reqs) == expected
     assert 1 in shapes and max(shapes) > 1  # the prompt and the one-token steps after it ran fused
+
+
+@pytest.mark.parametrize("choice", ["eager", "fused"])
+def test_two_score_collectors_in_one_forward_both_get_their_statistics(as_set, choice):
+    """Two hooks asking one layer's row statistics (two collectors in one forward) are both
+    served, with the same numbers as each alone."""
+    from lens_heads.scores.collector import ScoreCollector
+
+    model = as_set("llama", choice)
+    ids, mask = _batch(3, 20, left=True)
+    alone = ScoreCollector(model, ["awft", "avvn"])
+    forward(model, ids, mask, alone.hooks(mask), logits=False)
+    a, b = ScoreCollector(model, ["awft", "avvn"]), ScoreCollector(model, ["aeqd", "awft"])
+    forward(model, ids, mask, a.hooks(mask) + b.hooks(mask), logits=False)
+    for s in ("awft", "avvn"):
+        assert torch.equal(a.batch_scores()[s], alone.batch_scores()[s]), s
+    assert torch.equal(b.batch_scores()["awft"], alone.batch_scores()["awft"])
+    assert torch.isfinite(b.batch_scores()["aeqd"]).all()
