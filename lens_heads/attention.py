@@ -380,7 +380,8 @@ def value_projection(model: LoadedModel, layer: int, fused: bool) -> torch.nn.Mo
     """Where ``layer``, running fused, never forms ``hook_v`` (the model projects q, k and v
     jointly, ``_joint``): the bridge's own v projection -- run on the attention's input it gives
     ``hook_v`` as the eager pass does, for read-only value hooks (``hooks.run_with_hooks``).
-    None where ``hook_v`` fires anyway."""
+    None where ``hook_v`` fires anyway. (The bridge's per-head input fork, ``use_split_qkv_input``
+    / ``use_attn_in``, which lens_heads never turns on, would make eager's values differ.)"""
     attn = _attention_components(model)[layer]
     return attn.v if fused and _joint(attn) else None
 

@@ -30,6 +30,7 @@ from jaxtyping import Int
 from torch import Tensor
 
 from lens_heads import attention
+from lens_heads.errors import LensHeadsError
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -218,7 +219,7 @@ def _one_request(requests: list) -> attention.RowRequest:
         return requests[0]
     first = requests[0].first
     if not all(torch.equal(r.first, first) for r in requests[1:]):
-        raise ValueError("row-statistics requests of one forward disagree on each row's first token")
+        raise LensHeadsError("row-statistics requests of one forward disagree on each row's first token")
 
     def serve(stats) -> None:
         for r in requests:

@@ -195,12 +195,14 @@ SPECS = ["none", "static:0.1,1.2", "score:ahon_ln@1.0", "score:lthon_ln@0.9", "r
 
 
 @pytest.mark.parametrize("arch,spec", [(a, s) for a in ("llama", "gemma3") for s in SPECS]
-                         + [("bloom", "none"), ("bloom", "score:ahon_ln@1.0")])
+                         + [("bloom", "none"), ("bloom", "score:ahon_ln@1.0"), ("bloom", "score:avvn_ln@1.0"),
+                            ("gpt2", "score:avvn_ln@1.0")])
 def test_evaluation_fused_equals_eager_under_every_ablation(arch, spec, as_set, shared_data):
     """PIQA (0-shot) and MMLU (5-shot: prefix reuse where the ablation allows it) under no,
     static, per-input, random and mean-replaced ablation: log-likelihoods within 1e-4, the
     same predictions and the same realised share of heads zeroed (BLOOM: ALiBi, continuing
-    from a cached prefix, and a per-input point)."""
+    from a cached prefix, and a per-input point; BLOOM and GPT-2 by a value score, which a fused
+    layer of a joint q, k, v projection reads through the bridge's v projection run once more)."""
     piqa, ids = _small_piqa(6)
     mmlu = load_task("mmlu")
     mids = [r.doc_id for r in select_records(mmlu, 4, seed=3)]
