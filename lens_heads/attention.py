@@ -201,9 +201,7 @@ def fused_attention(module, query: Tensor, key: Tensor, value: Tensor, attention
     request = _requests.get(id(module))
     if request is not None:  # row statistics for a score: the same scores, reduced per row
         k_rep = key.repeat_interleave(groups, dim=1) if groups > 1 else key  # [b, kv_head, k, d] -> per head
-        causal_rows = attention_mask is None and (is_causal if is_causal is not None else getattr(module, "is_causal", True))
-        request.fn(_kernel_row_stats(query, k_rep, attention_mask, causal_rows and query.shape[2] > 1, scaling,
-                                     request.first.to(query.device)))
+        request.fn(_kernel_row_stats(query, k_rep, attention_mask, causal, scaling, request.first.to(query.device)))
     out = F.scaled_dot_product_attention(query, key, value, attn_mask=attention_mask, dropout_p=dropout,
                                          scale=scaling, is_causal=causal, enable_gqa=groups > 1)  # [b, head, q, d]
     return out.transpose(1, 2).contiguous(), None
@@ -258,9 +256,12 @@ def _own_forward(module: torch.nn.Module) -> Callable | None:
     """The fused forward this module supplies for the model's attention module ``module``, if any
     (None also where it splits its output projection by tensor-parallel rank: ``fused_blocker``)."""
     fn = OWN_FORWARDS.get(f"{type(module).__module__}.{type(module).__qualname__}")
-    if fn is None or (getattr(module, "pretraining_tp", 1) > 1 and getattr(module, "slow_but_exact", False)):
-        return None
-    return fn
+    return None if fn is None or _split_by_rank(module) else fn
+
+
+def _split_by_rank(module: torch.nn.Module) -> bool:
+    """Whether BLOOM's module splits its output projection by tensor-parallel rank (``slow_but_exact``)."""
+    return getattr(module, "pretraining_tp", 1) > 1 and getattr(module, "slow_but_exact", False)
 
 
 @contextlib.contextmanager
@@ -340,7 +341,7 @@ def fused_blocker(attn) -> str | None:
         return "it reorders and upcasts its attention products (reorder_and_upcast_attn), which the fused kernel does not"
     if _own_forward(hf) is not None:
         return None
-    if getattr(hf, "pretraining_tp", 1) > 1 and getattr(hf, "slow_but_exact", False):
+    if _split_by_rank(hf):
         return "it splits its output projection by tensor-parallel rank (slow_but_exact), which the fused forward does not"
     source = inspect.getsource(sys.modules[type(hf).__module__])
     if "ALL_ATTENTION_FUNCTIONS" not in source:
@@ -488,9 +489,14 @@ def backend(model: LoadedModel, hook_names: Iterable[str], rows: dict[int, RowRe
 
     _register()
     attns = [a for a, fused in zip(_attention_components(model), layers) if fused]
-    own = [a.original_component for a in attns if _own_forward(a.original_component) is not None]
-    configs = {id(a.original_component.config): a.original_component.config for a in attns
-               if _own_forward(a.original_component) is None}
+    own: list[torch.nn.Module] = []  # modules that compute attention themselves (BLOOM): our forward
+    configs: dict = {}  # those dispatching through AttentionInterface: their configs name FUSED
+    for a in attns:
+        hf = a.original_component
+        if _own_forward(hf) is not None:
+            own.append(hf)
+        else:
+            configs[id(hf.config)] = hf.config
     hf_config = model.hf_model.config
     if configs or all(layers):  # the model builds its masks from its own config; where a module
         # has its own fused forward, only if no eager layer of this forward reads those masks
