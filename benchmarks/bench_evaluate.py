@@ -235,6 +235,7 @@ def main() -> int:
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--mmlu", type=int, default=100)
     ap.add_argument("--piqa", type=int, default=200)
+    ap.add_argument("--winogrande", type=int, default=40, help="WinoGrande 5-shot questions (0: skip)")
     ap.add_argument("--subjects", type=int, default=3, help="subjects for the many-questions 5-shot/0-shot ratio")
     ap.add_argument("--per-subject", type=int, default=30)
     ap.add_argument("--lm-eval-by-subject", action="store_true",
@@ -272,10 +273,10 @@ def main() -> int:
               f"(bf16/fp32 {roofs['bfloat16'] / roofs['float32']:.2f}x); this run's dtype: {model.dtype}, its roof "
               f"{roof_flops / 1e9:.0f} GFLOP/s.", ""]
     lines += ["| task | n | lm-eval s | lens_heads s | speed-up | lm-eval in its own process s | speed-up | LensHeadsLM s | its speed-up | identical preds "
-              "(evaluate / LensHeadsLM) | max abs dll | positions computed (lm-eval / lens_heads) | "
+              "(evaluate / LensHeadsLM) | max abs dll | lens_heads unpacked s (positions) | positions computed (lm-eval / lens_heads) | "
               "lens_heads positions/s | of the roof | eager attention s | fused / eager speed-up | "
               "eager of the roof | identical preds fused / eager | lens_heads matmul GFLOP (attention) | of the FLOP roof |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
 
     def compare(name, task, recs, k):
         reqs, spans = [], []
@@ -300,6 +301,12 @@ def main() -> int:
             model, task, n_shot=k, doc_ids=[r.doc_id for r in recs], batch_size=args.batch_size, progress=False))
         ours_count.take()
         t0 = time.perf_counter()
+        unpacked = evaluate_task(model, task, n_shot=k, doc_ids=[r.doc_id for r in recs],
+                                 batch_size=args.batch_size, progress=False, pack=False)
+        t_unpacked = time.perf_counter() - t0
+        n_unpacked = ours_count.take()
+        assert [q.pred for q in unpacked.questions] == [q.pred for q in res.questions], "packing changed a prediction"
+        t0 = time.perf_counter()
         via_lm = lm_eval_lls(ours_lm, reqs)
         t_ours_lm = time.perf_counter() - t0
         model.attention = "eager"
@@ -316,7 +323,7 @@ def main() -> int:
         row = (f"| {name} | {len(recs)} | {t_lm:.1f} | {t_us:.1f} | {t_lm / t_us:.2f}x | {t_own:.1f} | "
                f"{t_own / t_us:.2f}x | {t_ours_lm:.1f} | "
                f"{t_lm / t_ours_lm:.2f}x | {same}/{len(recs)} / {same_lm}/{len(recs)} | {dll:.2e} | "
-               f"{n_theirs} / {n_ours} | {n_ours / t_us:.0f} | {100 * n_ours / t_us / roof:.0f} % | "
+               f"{t_unpacked:.1f} ({n_unpacked}) | {n_theirs} / {n_ours} | {n_ours / t_us:.0f} | {100 * n_ours / t_us / roof:.0f} % | "
                f"{t_eager:.1f} | {t_eager / t_us:.2f}x | {100 * n_ours / t_eager / roof:.0f} % | "
                f"{same_eager}/{len(recs)} | {flops / 1e9:.0f} ({100 * attn_flops / flops:.0f} %) | "
                f"{100 * flops / t_us / roof_flops:.0f} % |")
@@ -339,6 +346,9 @@ def main() -> int:
     if args.lm_eval_by_subject:  # as a whole MMLU run is made: ~250 questions per subject share its 5 shots
         compare(f"MMLU 5-shot ({len(picked)} subjects x {args.per_subject})", mmlu, subject_recs, 5)
     compare("PIQA 0-shot", piqa, piqa.records[:args.piqa], 0)
+    if args.winogrande:
+        wino = load_task("winogrande")
+        compare("WinoGrande 5-shot", wino, wino.records[:args.winogrande], 5)
     per_input_point(model, args.model, mmlu, mmlu_recs, args.batch_size, lines, args.max_prompt_tokens)
 
     # 5-shot vs 0-shot cost in lens_heads
@@ -361,7 +371,8 @@ def main() -> int:
               "the model with transformers' default SDPA attention, as lm-eval loads one by name), in this process, "
               "so with the malloc tuning lens_heads applies on the CPU (docs/methods.md §10); in its own process: "
               "the same, in a fresh process with glibc's defaults, as lm-eval runs on its own; "
-              "lens_heads: evaluate_task (distinct inputs once, last-position logits, shared-prefix K/V reuse); "
+              "lens_heads: evaluate_task (distinct inputs once, last-position logits, shared-prefix K/V reuse, "
+              "packing: docs/methods.md §4); unpacked: the same with packing off (pack=False); "
               "LensHeadsLM: the same engine behind lm-eval's LM.loglikelihood on the same requests. "
               "Positions computed: ids through each model's input embedding (padding included); "
               "of the roof: lens_heads' positions/s over the matmul roof in this run's dtype (a position's block linears "

@@ -204,11 +204,12 @@ class StaticAblation(Ablation):
     def hooks(self, model: LoadedModel, attention_mask, row_keys) -> Hooks:
         g = self.geometry
         batch = attention_mask.shape[0]
-        self.counts.start(batch, g)
+        # The set is input-independent: count the inputs this forward scores once (``row_keys``:
+        # several in a packed row, none in a cached prefix's forward), hook only layers that change.
+        self.counts.start(len(row_keys), g)
         self._prepare(model, attention_mask, row_keys)
-        # The set is input-independent: count the whole forward once, hook only layers that change.
         for L in range(g.n_layers):
-            self.counts.record(L, self._mask[L, :g.heads_in(L)].expand(batch, -1))
+            self.counts.record(L, self._mask[L, :g.heads_in(L)].expand(len(row_keys), -1))
 
         def make(L: int) -> HookFn:
             drop = self._mask[L, :g.heads_in(L)].expand(batch, -1)

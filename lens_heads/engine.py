@@ -33,12 +33,19 @@ Speed, without changing what is computed:
   (``bridge(..., past_key_values=...)``). Groups come from the tokens alone: inputs are sorted
   lexicographically and adjacent inputs join a group while their common prefix stays at
   least ``MIN_PREFIX`` tokens and at least half of the group's current one.
+* With the same condition, where the model reads a packed batch as its inputs alone
+  (``packed_length_limit``), the other inputs of at most ``PACK_LIMIT`` tokens are packed
+  (``lens_heads.packing``): several to a batch row, a question's inputs sharing a prefix of at
+  least ``PACK_MIN_PREFIX`` tokens as one unit (the prefix once), each input seeing only its own
+  tokens. SmolLM2, PIQA 80 questions: 4,840 positions instead of 6,767 in padded rows of 16.
 
-Ablation hooks run on every forward (prefix and suffix). ``hooks(model, attention_mask,
+Ablation hooks run on every forward (prefix, suffix, packed). ``hooks(model, attention_mask,
 row_keys)`` receives the mask of the tokens in *that* forward ([batch, pos], the suffix only
-in a cached forward) and one stable key per row (``RowKey``): a task's request for choice
-``c`` of document ``d`` is ``RowKey(d, c)``, so a random ablation draws the same heads for an
-item whatever ``limit``, batching or grouping is used. Whoever needs more than the sums (the
+in a cached forward) and the stable keys (``RowKey``) of the inputs it scores, one per row --
+but where the zeroed heads do not depend on the input (``reuses_prefix``): a packed row scores
+several inputs, a cached prefix's forward none. A task's request for choice ``c`` of document
+``d`` is ``RowKey(d, c)``, so a random ablation draws the same heads for an item whatever
+``limit``, batching or grouping is used, and "% zeroed" counts each input once. Whoever needs more than the sums (the
 lm-eval adapter's ``is_greedy``) passes an ``observer``.
 """
 
@@ -58,13 +65,16 @@ from torch import Tensor
 from lens_heads.batching import Batcher, parse_batch_size
 from lens_heads.data.corpora import iter_batches, pad_batch
 from lens_heads.errors import LensHeadsError
-from lens_heads.hooks import run_with_hooks
+from lens_heads import packing
+from lens_heads.hooks import packed_length_limit, run_with_hooks
 from lens_heads.progress import progress_bar
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
 
 MIN_PREFIX = 32  # shortest shared prefix (tokens) worth a cached forward
+PACK_LIMIT = 256  # longest packed unit (tokens); a packed row's attention is its whole square
+PACK_MIN_PREFIX = 4  # shortest shared prefix (tokens) a packed unit holds once
 _TOKENIZER_INFINITY = 1000000000000000019884624838656
 _DEFAULT_MAX_LENGTH = 2048
 
@@ -243,15 +253,16 @@ def prefix_groups(rows: list[Row], min_prefix: int) -> tuple[list[tuple[int, lis
 
 def forward(model: LoadedModel, ids: Tensor, mask: Tensor | None, hooks: list, keep: Tensor | None = None,
             cache: Any = None, want_cache: bool = False, *, logits: bool = True, grad: bool = False,
-            pick: Tensor | None = None):
+            pick: Tensor | None = None, positions: Tensor | None = None):
     """The one forward every part of lens_heads runs: the bridge with ``hooks``; logits at
     ``keep`` (all: None), from a cached prefix ``cache``; returns logits (or (logits, cache)
     with ``want_cache``). ``pick`` ([n, 2] pairs (batch row, index into ``keep``)): logits at
     those pairs only, [n, vocab]. ``logits=False``: the blocks only (a pass that reads hooks:
     scores, diagnosis, patterns, head means), returns None. ``grad``: with autograd
-    (attribution patching)."""
+    (attribution patching). ``positions`` with a [batch, 1, pos, pos] ``mask``: a packed batch
+    (``lens_heads.packing``)."""
     return run_with_hooks(model, ids, mask, hooks, logits, logits_to_keep=keep, past_key_values=cache,
-                          return_cache=want_cache, grad=grad, logit_rows=pick)
+                          return_cache=want_cache, grad=grad, logit_rows=pick, position_ids=positions)
 
 
 def scored_positions(rows: Sequence[Row], ends: Sequence[int]) -> tuple[Tensor, Tensor]:
@@ -260,11 +271,7 @@ def scored_positions(rows: Sequence[Row], ends: Sequence[int]) -> tuple[Tensor, 
     (batch row, index into ``keep``) pair of every position read, row by row in order -- the
     unembedding runs at those pairs only, not at the union in every row (PIQA, batch 16: 35 %
     fewer LM-head rows)."""
-    spans = [range(e - r.n_read, e) for r, e in zip(rows, ends)]
-    keep = sorted({p for span in spans for p in span})
-    index = {p: j for j, p in enumerate(keep)}
-    pick = [(b, index[p]) for b, span in enumerate(spans) for p in span]
-    return torch.tensor(keep), torch.tensor(pick, dtype=torch.long).reshape(-1, 2)
+    return packing.read_positions([(b, e, r.n_read) for b, (r, e) in enumerate(zip(rows, ends))])
 
 
 def score_rows(out: list[float], rows: list[Row], logits: Float[Tensor, "n vocab"],
@@ -309,7 +316,7 @@ def _run_grouped(model: LoadedModel, prefix_len: int, rows: list[Row], out: list
     pad = model.tokenizer.pad_token_id or 0
     prefix = torch.tensor(rows[0].ids[:prefix_len])[None]
     pmask = torch.ones_like(prefix)
-    hooks = ablation.hooks(model, pmask, [rows[0].key]) if ablation is not None else []
+    hooks = ablation.hooks(model, pmask, []) if ablation is not None else []  # it scores no input
     _, cache = forward(model, prefix, pmask, hooks, keep=torch.tensor([prefix_len - 1]), want_cache=True)
     order = sorted(rows, key=lambda r: -len(r.ids))
 
@@ -329,6 +336,24 @@ def _run_grouped(model: LoadedModel, prefix_len: int, rows: list[Row], out: list
     batcher.run(order, run)
 
 
+def _run_packed(model: LoadedModel, units: list[packing.Unit], out: list[float], ablation, batch_size: int | str,
+                pbar, observer: Observer | None = None) -> None:
+    """The units packed in rows as long as the longest (``lens_heads.packing``), ``batch_size``
+    such rows per forward."""
+    pad = model.tokenizer.pad_token_id or 0
+    length = max(u.size for u in units)
+    batcher = Batcher.for_inputs(batch_size, model, length)
+
+    def run(batch: Sequence[list[packing.Unit]]) -> None:
+        p = packing.pack(batch, length, pad)
+        hooks = ablation.hooks(model, p.tokens, [r.key for r in p.rows]) if ablation is not None else []
+        logits = forward(model, p.ids, p.mask, hooks, p.keep, pick=p.pick, positions=p.positions)
+        score_rows(out, p.rows, logits, observer)
+        pbar.update(len(p.rows))
+
+    batcher.run(packing.bins(units, length), run)
+
+
 def loglikelihoods_tokens(
     model: LoadedModel,
     encoded: Sequence[tuple[list[int], list[int]]],
@@ -340,12 +365,14 @@ def loglikelihoods_tokens(
     reuse_prefix: bool = True,
     last_only: bool = True,
     min_prefix: int = MIN_PREFIX,
+    pack: bool = True,
     observer: Observer | None = None,
 ) -> list[float]:
     """Sum log p(continuation | context) for pre-tokenised ``(context_ids, continuation_ids)``.
 
-    ``reuse_prefix`` / ``last_only`` switch the two speed-ups off (for tests and
-    benchmarks); the prefix cache is used only when ``ablation`` is None or ``reuses_prefix``.
+    ``reuse_prefix`` / ``last_only`` / ``pack`` switch the speed-ups off (for tests and
+    benchmarks); the prefix cache and packing are used only when ``ablation`` is None or
+    ``reuses_prefix`` (packing also only with ``last_only``).
     ``batch_size``: rows per forward, or ``"auto"`` (``lens_heads.batching``); ``keys``: one
     ``RowKey`` integer per request (default: its position); ``observer``: see ``score_rows``.
     """
@@ -357,10 +384,21 @@ def loglikelihoods_tokens(
     out = [math.nan] * len(encoded)
     use_cache = reuse_prefix and (ablation is None or ablation.reuses_prefix)
     groups, singles = prefix_groups(rows, min_prefix) if use_cache else ([], rows)
+    units: list[packing.Unit] = []
+    limit = packed_length_limit(model) if pack and use_cache and last_only else None
+    if limit is not None:  # short inputs and small groups packed; large groups keep their cached prefix
+        limit = min(limit, PACK_LIMIT, max_length(model))
+        large = [(p, g) for p, g in groups if packing.Unit(p, tuple(g)).size > limit]
+        cached = {id(r) for _, g in large for r in g}
+        units, singles = packing.units(*prefix_groups([r for r in rows if id(r) not in cached], PACK_MIN_PREFIX),
+                                       limit)
+        groups = large
     batcher = Batcher.for_inputs(batch_size, model, max((len(r.ids) for r in rows), default=1))
     with progress_bar(len(rows), "log-likelihoods", enabled=progress) as pbar:
         for plen, grp in groups:
             _run_grouped(model, plen, grp, out, ablation, batcher, pbar, observer)
+        if units:
+            _run_packed(model, units, out, ablation, batch_size, pbar, observer)
         _run_plain(model, singles, out, ablation, batcher, pbar, last_only, observer)
     return out
 

@@ -107,7 +107,7 @@ def evaluate_task(
     ``doc_ids`` restricts the evaluation to those items; ``protocol`` sets lm-eval's
     ``add_bos_token`` / ``apply_chat_template`` / ``fewshot_as_multiturn`` (default: none of
     them, as lm-eval 0.4.13); ``engine_kwargs`` go to ``loglikelihoods_tokens``
-    (``reuse_prefix``, ``last_only``, ``min_prefix``).
+    (``reuse_prefix``, ``last_only``, ``min_prefix``, ``pack``).
     """
     t0 = time.perf_counter()
     task = resolve_task(task)

@@ -127,6 +127,7 @@ def run_with_hooks(
     return_cache: bool = False,
     grad: bool = False,
     logit_rows: Int[Tensor, "n 2"] | None = None,
+    position_ids: Int[Tensor, "batch pos"] | None = None,
 ):
     """One forward pass of ``model`` (a LoadedModel) with hooks, padding-aware. Called by the
     engine only (``engine.forward``); attention backends plug in here.
@@ -136,7 +137,9 @@ def run_with_hooks(
     (batch row, index into ``logits_to_keep``) pairs, returned as [n, vocab] (the unembedding
     runs on those rows alone). ``past_key_values`` continues
     from a cached prefix; ``return_cache=True`` returns ``(logits, cache)``. ``grad``: autograd
-    on (attribution patching's backward), else inference mode.
+    on (attribution patching's backward), else inference mode. ``position_ids`` with a boolean
+    [batch, 1, pos, pos] ``attention_mask``: a packed batch (``lens_heads.packing``; models with
+    a ``packed_length_limit``).
     """
     bridge = model.bridge
     kwargs: dict[str, Any] = {}
@@ -146,6 +149,8 @@ def run_with_hooks(
         kwargs["stop_at_layer"] = model.geometry.n_layers
         if logits_to_keep is None:  # TransformerLens 4.3's bridge runs the unembedding all the same
             logits_to_keep = torch.tensor([input_ids.shape[-1] - 1])  # (measured): one position, not all
+    if position_ids is not None:
+        kwargs["position_ids"] = position_ids.to(model.device)
     if logits_to_keep is not None:
         kwargs["logits_to_keep"] = logits_to_keep.to(model.device)
     if past_key_values is not None:
@@ -252,6 +257,27 @@ def _rows_from_pattern(request) -> HookFn:
     def hook(pattern: Tensor, hook=None) -> None:
         request.fn(attention.RowStats.from_pattern(pattern, request.first.to(pattern.device)))
     return hook
+
+
+# Model types (HF ``config.model_type``) that read a packed batch (``lens_heads.packing``) as they
+# would read its inputs alone: positions only from ``position_ids``, and attention that applies a
+# boolean [batch, 1, q, k] mask as such (tests/test_evaluate.py packs each against the plain path).
+# Not BLOOM or Falcon (ALiBi positions from the 2-D padding mask), nor OPT or GPT-Neo (their own
+# attention adds the mask to the scores, and a boolean one added masks nothing).
+PACKED_MODEL_TYPES = frozenset({"llama", "mistral", "qwen2", "qwen3", "olmo2", "gemma3", "gemma3_text", "gpt2",
+                                "phi3", "gpt_neox"})
+
+
+def packed_length_limit(model: LoadedModel) -> int | None:
+    """The longest packed row the model reads as its inputs would be read alone, or None where it
+    is not one of ``PACKED_MODEL_TYPES``. A sliding window caps it (Gemma 3, Mistral): within the
+    window the packed mask is the sliding one too, so one mask serves every layer."""
+    config = model.hf_model.config
+    config = getattr(config, "text_config", None) or config
+    if getattr(config, "model_type", None) not in PACKED_MODEL_TYPES:
+        return None
+    window = getattr(config, "sliding_window", None)
+    return int(window) if window else 1 << 30
 
 
 def _takes_cache_kwarg(hf_model) -> bool:

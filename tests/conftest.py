@@ -72,6 +72,18 @@ def tiny_config(arch: str, vocab: int):
     if arch == "gpt_neox":  # fused query_key_value per head, partial rotary
         return T.GPTNeoXConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                num_attention_heads=4, max_position_embeddings=256)
+    # only for the packing test: one that packs (within its window), and three that must not
+    if arch == "mistral":
+        return T.MistralConfig(num_attention_heads=4, num_key_value_heads=2, sliding_window=64, **common)
+    if arch == "opt":  # its attention adds the mask to the scores
+        return T.OPTConfig(vocab_size=vocab, hidden_size=64, ffn_dim=128, num_hidden_layers=2, num_attention_heads=4,
+                           max_position_embeddings=256, word_embed_proj_dim=64)
+    if arch == "gpt_neo":  # the same, and a local-attention layer
+        return T.GPTNeoConfig(vocab_size=vocab, hidden_size=64, num_layers=2, num_heads=4, max_position_embeddings=256,
+                              attention_types=[[["local", "global"], 1]], window_size=8)
+    if arch == "falcon":  # ALiBi positions from the padding mask
+        return T.FalconConfig(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, alibi=True,
+                              new_decoder_architecture=False, multi_query=False, parallel_attn=False, bias=True)
     raise KeyError(arch)
 
 

@@ -14,11 +14,12 @@ from collections import Counter
 import pytest
 import torch
 
+from conftest import TINY_ARCHS
 from lens_heads.data import load_task
 from lens_heads.errors import LensHeadsError
 from lens_heads.engine import build_rows, encode_pair, loglikelihoods_tokens, prefix_groups
 from lens_heads.evaluate import evaluate_task, loglikelihoods, perplexity
-from lens_heads.task_requests import select_records, task_inputs
+from lens_heads.task_requests import DEFAULT_SEED, select_records, task_inputs, task_requests
 
 ARCHS = ["llama", "gemma3", "bloom", "gpt2", "qwen3", "phi3", "gpt_neox"]  # the last three: outside the table
 
@@ -124,6 +125,163 @@ def test_speed_paths_equal_plain_path(arch, tiny_model, shared_data):
     for a, b, c in zip(plain, last, cached):
         assert b == pytest.approx(a, abs=1e-4)
         assert c == pytest.approx(a, abs=1e-4)
+
+
+def _packing_requests(tok, shared_data):
+    """Task requests (MMLU 0-shot, PIQA, WinoGrande 1-shot), questions sharing a prefix, and
+    inputs of a few tokens (Gemma 3's tiny sliding window packs only those)."""
+    encoded = []
+    for task, recs, k in small_tasks(shared_data, 6):
+        for rec in recs:
+            encoded.extend(encode_pair(tok, c, x) for c, x in task.build(rec, k))
+    for q in ["Question: A B C D?", "Question: Paris?", "Question: Rome?"]:
+        encoded.extend(encode_pair(tok, q, x) for x in [" Answer: A", " Answer: the capital", " B"])
+    encoded.extend(encode_pair(tok, w, x) for w in ["The", "Paris is", "A B"] for x in [" the", " capital"])
+    return encoded
+
+
+def test_packed_rows_see_only_their_own_tokens():
+    """Every input in a packed row sees exactly its own tokens at its own positions, nothing of
+    another input (a mask built the other way round: which tokens the last read position sees)."""
+    from lens_heads import packing
+    from lens_heads.engine import Row
+
+    g = torch.Generator().manual_seed(0)
+    rows = []
+    for q in range(12):  # questions of 1-4 choices sharing a context, and inputs alone
+        ctx = torch.randint(5, 50, (int(torch.randint(1, 12, (1,), generator=g)),), generator=g).tolist()
+        for c in range(int(torch.randint(1, 5, (1,), generator=g))):
+            cont = torch.randint(5, 50, (int(torch.randint(1, 6, (1,), generator=g)),), generator=g).tolist()
+            rows.append(Row(ctx + cont + [c], len(rows), [(len(rows), cont + [c])]))
+    rows.append(Row(list(range(5, 45)), len(rows), [(len(rows), [44])]))  # longer than the limit below
+    units, apart = packing.units(*prefix_groups(rows, 2), 30)
+    assert [r.ids for r in apart] == [list(range(5, 45))]
+    assert any(u.prefix_len > 0 for u in units) and all(u.size <= 30 for u in units)
+    length = max(u.size for u in units)
+    bins = packing.bins(units, length)
+    assert len(bins) < len(units) and all(sum(u.size for u in b) <= length for b in bins)
+    p = packing.pack(bins, length, pad_id=0)
+    assert sorted(id(r) for r in p.rows) == sorted(id(r) for r in rows[:-1])
+    assert sum(u.size for u in units) < sum(len(r.ids) for r in rows[:-1])  # shared prefixes counted once
+    assert bool(p.mask[:, 0].any(-1).all())  # no position sees nothing (padding sees itself)
+    start = 0
+    for row in p.rows:
+        picked = p.pick[start:start + row.n_read]
+        start += row.n_read
+        b, last = int(picked[-1, 0]), int(p.keep[picked[-1, 1]])
+        seen = p.mask[b, 0, last].nonzero()[:, 0]
+        assert p.ids[b, seen].tolist() == row.ids
+        assert p.positions[b, seen].tolist() == list(range(len(row.ids)))
+        assert [int(p.keep[j]) for j in picked[:, 1]] == list(range(last - row.n_read + 1, last + 1))
+        assert bool((picked[:, 0] == b).all())
+    assert start == len(p.pick)
+    assert int(p.tokens.sum()) == sum(u.size for u in units)
+
+
+NOT_PACKED = ["bloom", "falcon", "opt", "gpt_neo"]  # ALiBi from the padding mask; attention that adds the mask
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS + ["mistral"] + NOT_PACKED[1:])
+def test_packed_loglikelihoods_equal_plain_path(arch, tiny_model, shared_data, monkeypatch):
+    """Packed inputs (several to a row, a question's shared prefix once) score as the plain
+    path does (to float rounding), on every architecture that packs (``PACKED_MODEL_TYPES``),
+    Gemma 3 and Mistral only within their sliding windows; the others run unpacked."""
+    from lens_heads import packing
+    from lens_heads.hooks import packed_length_limit
+
+    model = tiny_model(arch)
+    encoded = _packing_requests(model.tokenizer, shared_data)
+    packed_rows = []
+    real_pack = packing.pack
+
+    def counting_pack(batch, length, pad_id):
+        out = real_pack(batch, length, pad_id)
+        packed_rows.append((len(out.rows), len(batch), length))
+        return out
+
+    monkeypatch.setattr(packing, "pack", counting_pack)
+    plain = loglikelihoods_tokens(model, encoded, progress=False, reuse_prefix=False, last_only=False, batch_size=5)
+    packed = loglikelihoods_tokens(model, encoded, progress=False, batch_size=5)
+    unpacked = loglikelihoods_tokens(model, encoded, progress=False, batch_size=5, pack=False)
+    limit = packed_length_limit(model)
+    if arch in NOT_PACKED:
+        assert limit is None and not packed_rows
+    else:
+        assert limit == {"gemma3": 8, "mistral": 64}.get(arch, 1 << 30)
+        n_inputs = sum(n for n, _, _ in packed_rows)
+        assert n_inputs >= 6 and n_inputs > sum(b for _, b, _ in packed_rows)  # several inputs to a row
+    assert packed == pytest.approx(plain, abs=1e-4)
+    assert unpacked == pytest.approx(plain, abs=1e-4)
+    if arch in NOT_PACKED[1:]:  # were they packed, each input would see the others (or Falcon would fail)
+        from lens_heads.hooks import PACKED_MODEL_TYPES
+
+        monkeypatch.setattr("lens_heads.hooks.PACKED_MODEL_TYPES", PACKED_MODEL_TYPES | {model.hf_model.config.model_type})
+        monkeypatch.setattr(model, "attention", "eager")  # OPT's own eager attention adds the mask
+        try:
+            forced = loglikelihoods_tokens(model, encoded, progress=False, batch_size=5)
+        except Exception:  # noqa: BLE001 -- Falcon's ALiBi cannot read a 4-D mask
+            forced = None
+        assert forced is None or forced != pytest.approx(plain, abs=1e-4)
+
+
+@pytest.mark.parametrize("arch", ["llama", "gpt2"])
+def test_ablations_on_packed_rows(arch, tiny_model, shared_data, monkeypatch):
+    """A static ablation zeroes its heads in packed rows as in plain ones; a random one draws
+    per input, so its inputs are never packed."""
+    from lens_heads import packing
+    from lens_heads.ablation import parse_ablation
+
+    model = tiny_model(arch)
+    encoded = _packing_requests(model.tokenizer, shared_data)
+    calls = []
+    real_pack = packing.pack
+    monkeypatch.setattr(packing, "pack", lambda *a: calls.append(1) or real_pack(*a))
+    static = parse_ablation("static:0.1,1.2", model.geometry)
+    totals = {}
+    with static.counting() as counts:
+        plain = loglikelihoods_tokens(model, encoded, static, progress=False, reuse_prefix=False, last_only=False)
+    totals["plain"] = counts.totals()
+    with static.counting() as counts:  # a cached prefix's forward scores no input
+        loglikelihoods_tokens(model, encoded, static, progress=False, pack=False, min_prefix=8)
+    totals["cached"] = counts.totals()
+    base = loglikelihoods_tokens(model, encoded, None, progress=False, pack=False)
+    assert not calls
+    with static.counting() as counts:
+        packed = loglikelihoods_tokens(model, encoded, static, progress=False)
+    totals["packed"] = counts.totals()
+    assert calls
+    g = model.geometry
+    n_inputs = len(build_rows(model, encoded, list(range(len(encoded)))))
+    assert set(totals.values()) == {(2 * n_inputs, n_inputs * g.n_layers * g.n_heads)}  # each input counted once
+    assert packed == pytest.approx(plain, abs=1e-4)
+    assert packed != pytest.approx(base, abs=1e-3)  # the ablation did something
+    calls.clear()
+    rnd = parse_ablation("random:0.3@1", model.geometry)
+    loglikelihoods_tokens(model, encoded, rnd, progress=False)
+    assert not calls
+
+
+def test_packing_on_smollm2(smollm2, shared_data, monkeypatch):
+    """The real model: PIQA and WinoGrande 5-shot packed score as padded rows do (fp32, to 1e-4),
+    with the same predictions, in fewer positions."""
+    from lens_heads import packing
+
+    positions = []
+    real_pack = packing.pack
+    monkeypatch.setattr(packing, "pack", lambda b, n, pad: positions.append(len(b) * n) or real_pack(b, n, pad))
+    piqa, wino = load_task("piqa"), load_task("winogrande")
+    for task, k, n in [(piqa, 0, 16), (wino, 5, 8)]:
+        ids = [r.doc_id for r in task.records[:n]]
+        positions.clear()
+        packed = evaluate_task(smollm2, task, n_shot=k, doc_ids=ids, progress=False)
+        assert positions
+        plain = evaluate_task(smollm2, task, n_shot=k, doc_ids=ids, progress=False, reuse_prefix=False)
+        for a, b in zip(packed.questions, plain.questions):
+            assert a.lls == pytest.approx(b.lls, abs=1e-4)
+            assert a.pred == b.pred
+        reqs, keys, _ = task_requests(task, task.records[:n], k, DEFAULT_SEED)
+        rows = build_rows(smollm2, [encode_pair(smollm2.tokenizer, c, x) for c, x in reqs], keys)
+        assert sum(positions) < sum(len(r.ids) for r in rows)  # fewer than the inputs' own tokens
 
 
 def test_single_token_choices_read_from_one_forward(tiny_model, shared_data):

@@ -424,7 +424,7 @@ def test_cli_writes_results_and_samples(piqa_yaml, shared_manager, tiny_model_di
     assert res["results"]["lh_piqa_tiny"]["acc,none"] == pytest.approx(acc)
     ctx, cont = samples[0]["arguments"]["gen_args_0"]["arg_0"], samples[0]["arguments"]["gen_args_0"]["arg_1"]
     (ll, _), = lm.loglikelihood([_inst("loglikelihood", (ctx, cont), 0, 0)])
-    assert float(samples[0]["resps"][0][0][0]) == pytest.approx(ll, abs=1e-5)
+    assert float(samples[0]["resps"][0][0][0]) == pytest.approx(ll, abs=1e-4)  # packed with others / alone
 
 
 def _task_yaml(folder, name: str, rows_file, **fields) -> str:
