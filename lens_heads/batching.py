@@ -6,6 +6,12 @@ on a GPU the free memory over an estimate of what one position costs in activati
 found once per call, from the longest input; a forward that still runs out of memory is split
 in halves and retried, and the smaller size is kept for the rest of the call. Results do not
 depend on the batch size (every row is scored on its own; only float rounding differs).
+
+Inputs come longest first, and a batch of long ones closes early rather than pad
+(``even_batch``): once it holds ``MIN_BATCH_TOKENS`` real tokens, its matmuls run no faster for
+more rows, so an input much shorter than the batch's longest starts the next batch. Measured on
+SmolLM2, MMLU 5-shot (40 questions, 2 CPU cores): 22.7 s -> 16.5 s in fp32, 8.3 s -> 6.4 s in
+bf16; the floor (1,024 - 4,096 tokens) and the share (5 - 20 %) made no difference beyond noise.
 """
 
 from __future__ import annotations
@@ -24,6 +30,8 @@ AUTO = "auto"
 CPU_TOKEN_BUDGET = 4096  # padded positions per forward on a CPU (measured: beyond it no gain, more memory)
 MAX_AUTO = 256  # the largest batch auto picks
 GPU_MEMORY_SHARE = 0.6  # of the free memory, for activations
+MIN_BATCH_TOKENS = 2048  # real tokens from which a batch closes early rather than pad (even_batch)
+MAX_PAD_SHARE = 0.1  # the padding an input may bring to such a batch, of the batch's length
 
 T = TypeVar("T")
 
@@ -63,6 +71,30 @@ def auto_batch_size(model: LoadedModel, longest: int) -> int:
     return max(1, min(MAX_AUTO, budget))
 
 
+def even_batch(lengths: Sequence[int]) -> int:
+    """How many of these inputs (their lengths, longest first) one right-padded batch takes: all,
+    but it closes before an input that would be padded by more than ``MAX_PAD_SHARE`` of the
+    batch's length once the batch holds ``MIN_BATCH_TOKENS`` real tokens -- past that a larger
+    batch runs its matmuls no faster, and padding is work thrown away (long few-shot prompts)."""
+    longest, real = lengths[0], 0
+    for i, n in enumerate(lengths):
+        if i and real >= MIN_BATCH_TOKENS and longest - n > MAX_PAD_SHARE * longest:
+            return i
+        real += n
+    return len(lengths)
+
+
+def batch_bounds(lengths: Sequence[int], size: int) -> list[int]:
+    """Where the batches ``Batcher(size).run(items, fn, lengths)`` forms start, and the end: a
+    batch's extent depends only on the inputs from its start, so a contiguous run of these
+    batches, run on its own, forms the same batches (sharded scoring passes rely on it)."""
+    bounds = [0]
+    while bounds[-1] < len(lengths):
+        start = bounds[-1]
+        bounds.append(start + even_batch(lengths[start:start + size]))
+    return bounds
+
+
 def is_oom(exc: BaseException) -> bool:
     """Whether ``exc`` is an out-of-memory error of torch (CUDA, MPS or the CPU allocator)."""
     if isinstance(exc, torch.cuda.OutOfMemoryError):
@@ -82,10 +114,16 @@ class Batcher:
         batch_size = parse_batch_size(batch_size)
         return cls(auto_batch_size(model, longest) if batch_size == AUTO else batch_size)
 
-    def run(self, items: Sequence[T], fn: Callable[[Sequence[T]], None]) -> None:
+    def run(self, items: Sequence[T], fn: Callable[[Sequence[T]], None], lengths: Sequence[int] | None = None) -> None:
+        """``fn`` on consecutive batches of ``items``, ``size`` at most. With ``lengths`` (the
+        items' padded lengths, longest first) a batch also closes early where padding would be
+        waste (``even_batch``)."""
         start = 0
         while start < len(items):
-            chunk = items[start:start + self.size]
+            end = min(start + self.size, len(items))
+            if lengths is not None:
+                end = start + even_batch(lengths[start:end])
+            chunk = items[start:end]
             self._run(chunk, fn)
             start += len(chunk)
 

@@ -340,7 +340,8 @@ def diagnose(
         sums[2] += _batch_sum(loc.nan_to_num(0.0))
         local_n.add_((~loc.isnan()).sum(0).double().cpu())
 
-    Batcher.for_inputs(batch_size, model, max((len(x) for x in seqs), default=1)).run(order, run)
+    Batcher.for_inputs(batch_size, model, max((len(x) for x in seqs), default=1)).run(
+        order, run, [len(seqs[i]) for i in order])
     n = len(seqs)
     slopes = g.alibi_slopes()
     return Diagnosis((sums[0] / n).float(), (sums[1] / n).float(), (sums[2] / local_n).float(),

@@ -25,7 +25,9 @@ Speed, without changing what is computed:
 * Only the logits at positions that score a continuation token are computed, row by row
   (HF ``logits_to_keep`` for the union, then the unembedding on each row's own positions:
   ``scored_positions``); the unembedding over the whole prompt is skipped.
-* Inputs are batched longest-first with right padding.
+* Inputs are batched longest-first with right padding; a batch that already holds 2,048 real
+  tokens closes before an input it would pad by more than a tenth (``batching.even_batch``:
+  SmolLM2, MMLU 5-shot 40 questions, 1.37x faster in fp32, 1.3x in bf16).
 * When the ablation's zeroed set does not depend on the input (``reuses_prefix``: none /
   static), inputs sharing a long token prefix (an MMLU subject's description + shots, the
   two WinoGrande options' shots, a PIQA question) are grouped; the shared prefix is run once
@@ -308,7 +310,7 @@ def _run_plain(model: LoadedModel, rows: list[Row], out: list[float], ablation, 
         score_rows(out, batch, logits, observer)
         pbar.update(len(batch))
 
-    batcher.run(order, run)
+    batcher.run(order, run, [len(r.ids) for r in order])
 
 
 def _run_grouped(model: LoadedModel, prefix_len: int, rows: list[Row], out: list[float], ablation,
@@ -333,7 +335,7 @@ def _run_grouped(model: LoadedModel, prefix_len: int, rows: list[Row], out: list
         score_rows(out, batch, logits, observer)
         pbar.update(len(batch))
 
-    batcher.run(order, run)
+    batcher.run(order, run, [len(r.ids) - prefix_len for r in order])
 
 
 def _run_packed(model: LoadedModel, units: list[packing.Unit], out: list[float], ablation, batch_size: int | str,

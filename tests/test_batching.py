@@ -56,6 +56,51 @@ def test_batcher_halves_a_batch_that_runs_out_of_memory_and_keeps_the_smaller_si
         Batcher(4).run([1, 2], lambda c: (_ for _ in ()).throw(ValueError("no")))
 
 
+def test_batches_of_long_inputs_close_before_padding_is_waste():
+    """Longest first: once a batch holds MIN_BATCH_TOKENS real tokens it stops before an input
+    that would be padded by more than MAX_PAD_SHARE of its length; short inputs fill a batch."""
+    from lens_heads.batching import MAX_PAD_SHARE, MIN_BATCH_TOKENS
+
+    assert (MIN_BATCH_TOKENS, MAX_PAD_SHARE) == (2048, 0.1)  # the cases below are written for these
+    lengths = [1000, 990, 980, 700, 690, 680, 670, 300, 290]
+    seen = []
+    Batcher(16).run(list(range(len(lengths))), lambda c: seen.append(list(c)), lengths)
+    assert seen == [[0, 1, 2], [3, 4, 5, 6], [7, 8]]
+    padded = sum(len(c) * lengths[c[0]] for c in seen)
+    assert padded == 6400 < len(lengths) * lengths[0]  # one batch would run 9,000 positions
+    seen.clear()
+    Batcher(16).run(list(range(40)), lambda c: seen.append(len(c)), [50] * 20 + [20] * 20)
+    assert seen == [16, 16, 8]  # never 2,048 real tokens: the batch size decides
+    seen.clear()
+    Batcher(2).run(list(range(5)), lambda c: seen.append(len(c)), [3000, 1000, 1000, 900, 10])
+    assert seen == [1, 2, 2]  # a single input past the token floor closes its batch too
+
+
+def test_a_run_of_whole_batches_forms_the_same_batches_alone():
+    """What sharded scoring passes rely on (``thresholds.scoring_shards``): any contiguous run of
+    the batches a pass forms, run alone, forms the same batches -- early closes included."""
+    from lens_heads.batching import batch_bounds
+    from lens_heads.thresholds import scoring_shards
+
+    g = torch.Generator().manual_seed(0)
+    lengths = sorted(torch.randint(20, 1500, (80,), generator=g).tolist(), reverse=True)
+    bounds = batch_bounds(lengths, 16)
+    sizes = [b - a for a, b in zip(bounds, bounds[1:])]
+    assert any(n < 16 for n in sizes[:-1]) and any(n == 16 for n in sizes)  # both rules at work
+    seen = []
+    Batcher(16).run(list(range(len(lengths))), lambda c: seen.append(len(c)), lengths)
+    assert seen == sizes
+    for i in range(len(bounds) - 1):
+        for j in range(i + 1, len(bounds)):
+            assert batch_bounds(lengths[bounds[i]:bounds[j]], 16) == [b - bounds[i] for b in bounds[i:j + 1]]
+    inputs = [torch.zeros(n, dtype=torch.long) for n in lengths[::-1]]  # any order: shards sort them
+    order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))
+    for n_shards in (2, 3, 5):
+        for shard in filter(None, scoring_shards(inputs, 16, n_shards)):
+            at = [order.index(i) for i in shard]  # places in the whole pass
+            assert at == list(range(at[0], at[-1] + 1)) and at[0] in bounds and at[-1] + 1 in bounds
+
+
 def test_evaluation_and_scores_recover_from_a_simulated_oom(tiny_model, monkeypatch):
     import lens_heads.engine as engine
     import lens_heads.evaluate as ev

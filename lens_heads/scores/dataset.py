@@ -319,7 +319,8 @@ def score_heads(
         bar.update(len(idx))
 
     try:
-        Batcher.for_inputs(batch_size, model, max((len(x) for x in seqs), default=1)).run(order, run)
+        Batcher.for_inputs(batch_size, model, max((len(x) for x in seqs), default=1)).run(
+            order, run, [len(seqs[i]) for i in order])
     finally:
         bar.close()
     meta = {**score_metadata(model, seqs, max_len, data), "score_revisions": revision_key(ids)}
