@@ -70,6 +70,7 @@ def main() -> int:
         lines += [f"- MMLU 5-shot, 500 questions, {name}, batch auto: acc {res.metrics['acc']:.4f}, "
                   f"{time.perf_counter() - t:.1f} s"]
     lines += fused_check(bf16, mmlu)
+    lines += packing_check(bf16, piqa)
     out = ROOT / "benchmarks" / "results" / "gpu_check.md"
     from lens_heads.atomic import atomic_write_text
 
@@ -119,6 +120,26 @@ def fused_check(model, mmlu) -> list[str]:
         out.append(f"- one forward of {T} tokens: " + "; ".join(row))
     model.attention = "auto"
     return out
+
+
+def packing_check(model, piqa) -> list[str]:
+    """Packed vs padded rows on the GPU (docs/methods.md §4): PIQA 200 q, equality and speed."""
+    import torch
+
+    from lens_heads.evaluate import evaluate_task
+
+    res, times = {}, {}
+    for pack in (True, False):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        res[pack] = evaluate_task(model, piqa, limit=200, batch_size=16, progress=False, pack=pack)
+        torch.cuda.synchronize()
+        times[pack] = time.perf_counter() - t
+    dll = max(abs(a - b) for qa, qb in zip(res[True].questions, res[False].questions) for a, b in zip(qa.lls, qb.lls))
+    same = sum(qa.pred == qb.pred for qa, qb in zip(res[True].questions, res[False].questions))
+    return [f"- packed vs padded rows, PIQA 200 q ({model.dtype}, batch 16): max |d ll| {dll:.2e}, identical "
+            f"predictions {same}/200; packed {times[True]:.1f} s, padded {times[False]:.1f} s "
+            f"({times[False] / times[True]:.2f}x)"]
 
 
 if __name__ == "__main__":

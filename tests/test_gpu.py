@@ -57,6 +57,21 @@ def test_ablated_evaluation_and_diagnosis_equal_the_cpu(on_gpu, tiny_model, tmp_
     assert diagnose(cpu, cpu.to_tokens(TEXTS)).classes == diagnose(on_gpu, on_gpu.to_tokens(TEXTS)).classes
 
 
+def test_packed_rows_equal_padded_rows_on_the_gpu(on_gpu, tiny_model, shared_data):
+    """Packing (docs/methods.md §4) on the GPU: the same log-likelihoods as padded rows there and
+    as packed rows on the CPU (the CUDA kernels take the boolean mask)."""
+    from test_evaluate import _packing_requests
+
+    from lens_heads.engine import loglikelihoods_tokens
+
+    encoded = _packing_requests(on_gpu.tokenizer, shared_data)
+    packed = loglikelihoods_tokens(on_gpu, encoded, progress=False, batch_size=5)
+    padded = loglikelihoods_tokens(on_gpu, encoded, progress=False, batch_size=5, pack=False)
+    on_cpu = loglikelihoods_tokens(tiny_model("llama"), encoded, progress=False, batch_size=5)
+    assert packed == pytest.approx(padded, abs=1e-4)
+    assert packed == pytest.approx(on_cpu, abs=1e-4)
+
+
 def test_bf16_forward_is_close_to_fp32(device):
     from lens_heads import load_model
     from lens_heads.hooks import run_with_hooks
