@@ -7,7 +7,7 @@ found once per call, from the longest input; a forward that still runs out of me
 in halves and retried, and the smaller size is kept for the rest of the call. Results do not
 depend on the batch size (every row is scored on its own; only float rounding differs).
 
-Inputs come longest first, and a batch of long ones closes early rather than pad
+Inputs come longest first, and on a CPU a batch of long ones closes early rather than pad
 (``even_batch``): once it holds ``MIN_BATCH_TOKENS`` real tokens, its matmuls run no faster for
 more rows, so an input much shorter than the batch's longest starts the next batch. Measured on
 SmolLM2, MMLU 5-shot (40 questions, 2 CPU cores): 22.7 s -> 16.5 s in fp32, 8.3 s -> 6.4 s in
@@ -71,27 +71,37 @@ def auto_batch_size(model: LoadedModel, longest: int) -> int:
     return max(1, min(MAX_AUTO, budget))
 
 
-def even_batch(lengths: Sequence[int]) -> int:
-    """How many of these inputs (their lengths, longest first) one right-padded batch takes: all,
-    but it closes before an input that would be padded by more than ``MAX_PAD_SHARE`` of the
-    batch's length once the batch holds ``MIN_BATCH_TOKENS`` real tokens -- past that a larger
-    batch runs its matmuls no faster, and padding is work thrown away (long few-shot prompts)."""
+def batch_floor(model: LoadedModel) -> int | None:
+    """The real tokens from which a batch of the model's inputs closes early rather than pad
+    (``even_batch``): ``MIN_BATCH_TOKENS`` on a CPU, where it was measured; None (never) elsewhere
+    -- a GPU runs larger matmuls faster well past it."""
+    return MIN_BATCH_TOKENS if torch.device(model.device).type == "cpu" else None
+
+
+def even_batch(lengths: Sequence[int], floor: int | None) -> int:
+    """How many of these inputs (their lengths, longest first; at least one) one right-padded batch
+    takes: all, but with a ``floor`` it closes before an input that would be padded by more than
+    ``MAX_PAD_SHARE`` of the batch's length once the batch holds ``floor`` real tokens -- past that
+    a larger batch runs its matmuls no faster, and padding is work thrown away (few-shot prompts)."""
     longest, real = lengths[0], 0
     for i, n in enumerate(lengths):
-        if i and real >= MIN_BATCH_TOKENS and longest - n > MAX_PAD_SHARE * longest:
+        if i and floor is not None and real >= floor and longest - n > MAX_PAD_SHARE * longest:
             return i
         real += n
     return len(lengths)
 
 
-def batch_bounds(lengths: Sequence[int], size: int) -> list[int]:
-    """Where the batches ``Batcher(size).run(items, fn, lengths)`` forms start, and the end: a
-    batch's extent depends only on the inputs from its start, so a contiguous run of these
-    batches, run on its own, forms the same batches (sharded scoring passes rely on it)."""
+def batch_bounds(lengths: Sequence[int], size: int, floor: int | None) -> list[int]:
+    """Where the batches ``Batcher(size, floor).run(items, fn, lengths)`` forms start, and the end:
+    a batch's extent depends only on the inputs from its start, so a contiguous run of these
+    batches, run on its own, forms the same batches (sharded scoring passes rely on it; a forward
+    that runs out of memory and is split breaks it, as it always did)."""
+    if not isinstance(size, int) or size < 1:
+        raise LensHeadsError(f"batch size must be a positive integer, got {size!r}")
     bounds = [0]
     while bounds[-1] < len(lengths):
         start = bounds[-1]
-        bounds.append(start + even_batch(lengths[start:start + size]))
+        bounds.append(start + even_batch(lengths[start:start + size], floor))
     return bounds
 
 
@@ -106,23 +116,26 @@ class Batcher:
     """Runs a function over consecutive batches of a list; halves a batch that runs out of
     memory (down to one item, which then fails for real) and keeps the smaller size."""
 
-    def __init__(self, size: int):
+    def __init__(self, size: int, floor: int | None = None):
         self.size = int(size)
+        self.floor = floor  # even_batch's: None, batches of ``size``
 
     @classmethod
     def for_inputs(cls, batch_size: int | str, model: LoadedModel, longest: int) -> "Batcher":
         batch_size = parse_batch_size(batch_size)
-        return cls(auto_batch_size(model, longest) if batch_size == AUTO else batch_size)
+        return cls(auto_batch_size(model, longest) if batch_size == AUTO else batch_size, batch_floor(model))
 
     def run(self, items: Sequence[T], fn: Callable[[Sequence[T]], None], lengths: Sequence[int] | None = None) -> None:
         """``fn`` on consecutive batches of ``items``, ``size`` at most. With ``lengths`` (the
         items' padded lengths, longest first) a batch also closes early where padding would be
-        waste (``even_batch``)."""
+        waste (``even_batch`` with ``floor``)."""
+        if lengths is not None and len(lengths) != len(items):
+            raise LensHeadsError(f"{len(lengths)} lengths for {len(items)} items")
         start = 0
         while start < len(items):
             end = min(start + self.size, len(items))
             if lengths is not None:
-                end = start + even_batch(lengths[start:end])
+                end = start + even_batch(lengths[start:end], self.floor)
             chunk = items[start:end]
             self._run(chunk, fn)
             start += len(chunk)

@@ -25,9 +25,9 @@ Speed, without changing what is computed:
 * Only the logits at positions that score a continuation token are computed, row by row
   (HF ``logits_to_keep`` for the union, then the unembedding on each row's own positions:
   ``scored_positions``); the unembedding over the whole prompt is skipped.
-* Inputs are batched longest-first with right padding; a batch that already holds 2,048 real
-  tokens closes before an input it would pad by more than a tenth (``batching.even_batch``:
-  SmolLM2, MMLU 5-shot 40 questions, 1.37x faster in fp32, 1.3x in bf16).
+* Inputs are batched longest-first with right padding; on a CPU a batch that already holds
+  2,048 real tokens closes before an input it would pad by more than a tenth
+  (``batching.even_batch``: SmolLM2, MMLU 5-shot 40 questions, 1.37x faster in fp32, 1.3x in bf16).
 * When the ablation's zeroed set does not depend on the input (``reuses_prefix``: none /
   static), inputs sharing a long token prefix (an MMLU subject's description + shots, the
   two WinoGrande options' shots, a PIQA question) are grouped; the shared prefix is run once

@@ -153,17 +153,17 @@ def compute_thresholds(model: LoadedModel, inputs: list[Tensor], score_ids: Sequ
     return thresholds_of(hs, score_ids, fractions, rule)
 
 
-def scoring_shards(inputs: Sequence[Tensor], batch_size: int, n_shards: int) -> list[list[int]]:
+def scoring_shards(inputs: Sequence[Tensor], batch_size: int, n_shards: int, floor: int | None) -> list[list[int]]:
     """The inputs (their positions in ``inputs``) of each of ``n_shards`` shards of a scoring pass:
     contiguous runs of whole batches in the pass's own order (longest first, stable; batches as
-    ``batching.batch_bounds`` forms them). A shard's inputs, scored on their own with the same
-    batch size, form exactly the batches the whole pass forms for them, so the merged per-input
-    scores -- and the thresholds -- equal the unsharded pass's bit for bit. Shards beyond the
-    number of batches are empty."""
+    ``batching.batch_bounds`` forms them with ``floor``, the scoring model's ``batch_floor``). A
+    shard's inputs, scored on their own with the same batch size, form exactly the batches the
+    whole pass forms for them, so the merged per-input scores -- and the thresholds -- equal the
+    unsharded pass's bit for bit. Shards beyond the number of batches are empty."""
     if n_shards < 1:
         raise LensHeadsError(f"n_shards must be >= 1, got {n_shards}")
     order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))  # score_heads' order
-    bounds = batch_bounds([len(inputs[i]) for i in order], batch_size)
+    bounds = batch_bounds([len(inputs[i]) for i in order], batch_size, floor)
     batches = [order[a:b] for a, b in zip(bounds, bounds[1:])]
     cuts = [round(j * len(batches) / n_shards) for j in range(n_shards + 1)]
     return [[i for b in batches[cuts[j]:cuts[j + 1]] for i in b] for j in range(n_shards)]

@@ -64,16 +64,30 @@ def test_batches_of_long_inputs_close_before_padding_is_waste():
     assert (MIN_BATCH_TOKENS, MAX_PAD_SHARE) == (2048, 0.1)  # the cases below are written for these
     lengths = [1000, 990, 980, 700, 690, 680, 670, 300, 290]
     seen = []
-    Batcher(16).run(list(range(len(lengths))), lambda c: seen.append(list(c)), lengths)
+    Batcher(16, None).run(list(range(len(lengths))), lambda c: seen.append(len(c)), lengths)
+    assert seen == [9]  # no floor (a GPU): the batch size alone decides
+    seen.clear()
+    Batcher(16, 2048).run(list(range(len(lengths))), lambda c: seen.append(list(c)), lengths)
     assert seen == [[0, 1, 2], [3, 4, 5, 6], [7, 8]]
     padded = sum(len(c) * lengths[c[0]] for c in seen)
     assert padded == 6400 < len(lengths) * lengths[0]  # one batch would run 9,000 positions
     seen.clear()
-    Batcher(16).run(list(range(40)), lambda c: seen.append(len(c)), [50] * 20 + [20] * 20)
+    Batcher(16, 2048).run(list(range(40)), lambda c: seen.append(len(c)), [50] * 20 + [20] * 20)
     assert seen == [16, 16, 8]  # never 2,048 real tokens: the batch size decides
     seen.clear()
-    Batcher(2).run(list(range(5)), lambda c: seen.append(len(c)), [3000, 1000, 1000, 900, 10])
+    Batcher(2, 2048).run(list(range(5)), lambda c: seen.append(len(c)), [3000, 1000, 1000, 900, 10])
     assert seen == [1, 2, 2]  # a single input past the token floor closes its batch too
+    with pytest.raises(LensHeadsError, match="3 lengths for 5 items"):
+        Batcher(2, 2048).run(list(range(5)), lambda c: None, [3, 2, 1])
+
+
+def test_batches_close_early_on_a_cpu_only(tiny_model):
+    from types import SimpleNamespace
+
+    from lens_heads.batching import MIN_BATCH_TOKENS, batch_floor
+
+    assert batch_floor(tiny_model("llama")) == MIN_BATCH_TOKENS == Batcher.for_inputs(4, tiny_model("llama"), 9).floor
+    assert batch_floor(SimpleNamespace(device="cuda:0")) is None and batch_floor(SimpleNamespace(device="mps")) is None
 
 
 def test_a_run_of_whole_batches_forms_the_same_batches_alone():
@@ -84,21 +98,23 @@ def test_a_run_of_whole_batches_forms_the_same_batches_alone():
 
     g = torch.Generator().manual_seed(0)
     lengths = sorted(torch.randint(20, 1500, (80,), generator=g).tolist(), reverse=True)
-    bounds = batch_bounds(lengths, 16)
+    bounds = batch_bounds(lengths, 16, 2048)
     sizes = [b - a for a, b in zip(bounds, bounds[1:])]
     assert any(n < 16 for n in sizes[:-1]) and any(n == 16 for n in sizes)  # both rules at work
     seen = []
-    Batcher(16).run(list(range(len(lengths))), lambda c: seen.append(len(c)), lengths)
+    Batcher(16, 2048).run(list(range(len(lengths))), lambda c: seen.append(len(c)), lengths)
     assert seen == sizes
     for i in range(len(bounds) - 1):
         for j in range(i + 1, len(bounds)):
-            assert batch_bounds(lengths[bounds[i]:bounds[j]], 16) == [b - bounds[i] for b in bounds[i:j + 1]]
+            assert batch_bounds(lengths[bounds[i]:bounds[j]], 16, 2048) == [b - bounds[i] for b in bounds[i:j + 1]]
     inputs = [torch.zeros(n, dtype=torch.long) for n in lengths[::-1]]  # any order: shards sort them
     order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))
     for n_shards in (2, 3, 5):
-        for shard in filter(None, scoring_shards(inputs, 16, n_shards)):
+        for shard in filter(None, scoring_shards(inputs, 16, n_shards, 2048)):
             at = [order.index(i) for i in shard]  # places in the whole pass
             assert at == list(range(at[0], at[-1] + 1)) and at[0] in bounds and at[-1] + 1 in bounds
+    with pytest.raises(LensHeadsError, match="positive integer"):
+        scoring_shards(inputs, 0, 2, 2048)
 
 
 def test_evaluation_and_scores_recover_from_a_simulated_oom(tiny_model, monkeypatch):

@@ -66,20 +66,26 @@ def test_unit_refs_round_trip_and_bad_ones():
 
 
 @pytest.mark.parametrize("n_shards", [1, 2, 3, 7])
-def test_scoring_shards_merge_to_the_unsharded_thresholds_bit_for_bit(tiny_model, task_file, tmp_path, n_shards):
+def test_scoring_shards_merge_to_the_unsharded_thresholds_bit_for_bit(tiny_model, task_file, tmp_path, n_shards,
+                                                                      monkeypatch):
     from lens_heads.data import load_task
     from lens_heads.task_requests import task_inputs
     from lens_heads.scores import score_heads
     from lens_heads.store import ResultStore
     from lens_heads.sweep.plan import stored_thresholds
     from lens_heads.sweep.units import merge_score_shards, run_score_shard
+    from lens_heads import batching
     from lens_heads.thresholds import compute_thresholds, scoring_shards
 
     model, task = tiny_model("llama"), load_task(f"file:{task_file}")
     cfg = _cfg(task_file, threshold_batch_size=3)
     cfg.validate()
     inputs = task_inputs(model, task)
-    shards = scoring_shards(inputs, 3, n_shards)
+    monkeypatch.setattr(batching, "MIN_BATCH_TOKENS", 8)  # batches close early here too (even_batch)
+    floor = batching.batch_floor(model)
+    bounds = batching.batch_bounds(sorted(map(len, inputs), reverse=True), 3, floor)
+    assert floor == 8 and any(b - a < 3 for a, b in zip(bounds, bounds[1:-1]))
+    shards = scoring_shards(inputs, 3, n_shards, floor)
     assert sorted(i for s in shards for i in s) == list(range(len(inputs)))
     whole = score_heads(model, inputs, scores=cfg.score_ids, batch_size=3, keep_per_input=True, progress=False)
     for idx in shards:  # each shard scored alone reproduces its rows of the whole pass exactly

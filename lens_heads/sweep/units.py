@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Literal
 
 import torch
 
+from lens_heads.batching import batch_floor
 from lens_heads.claims import claim
 from lens_heads.errors import LensHeadsError
 from lens_heads.keys import RunIdentity, StoreKey
@@ -99,7 +100,7 @@ def run_score_shard(model: LoadedModel, task, identity: RunIdentity, cfg: SweepC
         import torch
 
         inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.protocol)
-        idx = scoring_shards(inputs, cfg.threshold_batch_size, n_shards)[index]
+        idx = scoring_shards(inputs, cfg.threshold_batch_size, n_shards, batch_floor(model))[index]
         tensors = {"input_index": torch.tensor(idx, dtype=torch.long),
                    "n_inputs": torch.tensor([len(inputs)], dtype=torch.long)}
         if idx:
