@@ -19,8 +19,8 @@ subject) and on ``--subjects`` subjects with many questions each (how a full MML
 their predictions compared; and one per-input sweep point (``score:ahon_ln`` at its 10 %
 threshold) on MMLU 5-shot, fused and eager, against the unablated fused evaluation without
 prefix reuse (what a per-input point must compute), and eager once more in a process of its own
-with glibc's malloc defaults (the point as it ran before the fused path and the malloc tuning).
-lm-eval is timed in this process (sharing lens_heads' malloc tuning) and in one of its own; with
+with glibc's malloc defaults and batches of the batch size (the point as it ran before the fused
+path, the malloc tuning and even batches). lm-eval is timed in this process (sharing lens_heads' malloc tuning) and in one of its own; with
 ``--lm-eval-by-subject`` it is also compared on the ``--subjects`` x ``--per-subject`` sample.
 Writes benchmarks/results/bench_evaluate.md.
 """
@@ -73,12 +73,13 @@ print(json.dumps({"s": time.perf_counter() - t0, "lls": lls}))
 # point as the issue that asked for the fused path found it (before the malloc tuning)
 POINT_OWN_PROCESS = r"""
 import json, sys, time
-from lens_heads import allocator, load_model
+from lens_heads import allocator, batching, load_model
 from lens_heads.ablation import parse_ablation
 from lens_heads.data import load_task
 from lens_heads.evaluate import evaluate_task
 model = load_model(sys.argv[1], dtype=sys.argv[2])
 assert not allocator.keep_freed_memory()
+batching.MIN_BATCH_TOKENS = None  # batches of the batch size, as before even_batch
 model.attention = sys.argv[4]
 ids = json.load(open(sys.argv[6]))
 task, abl = load_task("mmlu"), parse_ablation(sys.argv[5], model.geometry)
@@ -184,8 +185,8 @@ def per_input_point(model, model_name: str, task, recs, batch_size, lines, max_t
     """One per-input sweep point (``score:ahon_ln`` at the threshold that zeroes 10 % of the
     heads over these questions' 5-shot inputs) fused and eager, against the unablated fused
     evaluation without prefix reuse (a per-input point cannot reuse one); and eager once more in a
-    process of its own with glibc's malloc defaults, as the point ran before the fused path and the
-    malloc tuning."""
+    process of its own with glibc's malloc defaults and batches of the batch size, as the point ran
+    before the fused path, the malloc tuning and even batches."""
     from lens_heads.ablation import parse_ablation
     from lens_heads.evaluate import evaluate_task
     from lens_heads.task_requests import task_inputs
@@ -207,7 +208,7 @@ def per_input_point(model, model_name: str, task, recs, batch_size, lines, max_t
                                       reuse_prefix=reuse)
         times[name] = time.perf_counter() - t0
     model.attention = "auto"
-    before = "score:ahon_ln@10 %, eager, own process, glibc's malloc defaults"
+    before = "score:ahon_ln@10 %, eager, own process, glibc's malloc defaults, fixed batches"
     dtype = str(model.dtype).removeprefix("torch.")
     old = own_process(POINT_OWN_PROCESS, ids, model_name, dtype, str(batch_size), "eager", spec)
     times[before] = old["s"]
@@ -220,7 +221,8 @@ def per_input_point(model, model_name: str, task, recs, batch_size, lines, max_t
     lines += [f"| {k} | {t:.1f} | {t / t_base:.2f}x |" for k, t in times.items()]
     lines += ["", f"Fused per-input point {t_eager / t_fused:.2f}x faster than eager in this process; "
               f"{times[before] / t_fused:.2f}x faster than eager in a process of its own with glibc's malloc "
-              f"defaults (the point as it ran before the fused path and the malloc tuning); identical predictions "
+              f"defaults and batches of the batch size (the point as it ran before the fused path, the malloc tuning "
+              f"and even batches); identical predictions "
               f"{same}/{len(recs)} and {same_before}/{len(recs)}."]
     print("\n".join(lines[-9:]), flush=True)
 
