@@ -78,11 +78,14 @@ class StoreKey:
 
     def shard(self, index: int, n_shards: int, batch_size: int) -> "StoreKey":
         """The key of shard ``index`` of ``n_shards`` of this thresholds' scoring pass, whose
-        batches of ``batch_size`` it splits (``thresholds.scoring_shards``)."""
+        batches of ``batch_size`` it splits (``thresholds.scoring_shards``). ``batches``: the rule
+        that cut them (``batching.batch_bounds``' even batches), so a shard stored under the earlier
+        fixed cuts is never merged with these."""
         if self.kind is not Kind.THRESHOLDS:
             raise ValueError("only a thresholds key has scoring shards")
         return StoreKey(Kind.SCORE_SHARD, {**self.config, "kind": Kind.SCORE_SHARD.value, "shard": int(index),
-                                           "n_shards": int(n_shards), "batch_size": int(batch_size)})
+                                           "n_shards": int(n_shards), "batch_size": int(batch_size),
+                                           "batches": "even"})
 
 
 def task_fingerprint(task) -> str:
