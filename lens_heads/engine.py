@@ -47,8 +47,8 @@ in a cached forward) and the stable keys (``RowKey``) of the inputs it scores, o
 but where the zeroed heads do not depend on the input (``reuses_prefix``): a packed row scores
 several inputs, a cached prefix's forward none. A task's request for choice ``c`` of document
 ``d`` is ``RowKey(d, c)``, so a random ablation draws the same heads for an item whatever
-``limit``, batching or grouping is used, and "% zeroed" counts each input once. Whoever needs more than the sums (the
-lm-eval adapter's ``is_greedy``) passes an ``observer``.
+``limit``, batching or grouping is used, and "% zeroed" counts each input once. Whoever needs
+more than the sums (the lm-eval adapter's ``is_greedy``) passes an ``observer``.
 """
 
 from __future__ import annotations
