@@ -365,6 +365,37 @@ def test_lean_norms_return_the_bridge_norms_bit_for_bit(arch, tiny_model, monkey
     assert all("forward" not in n.__dict__ for n in norms)  # restored after the forward
 
 
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_zero_lm_head_bias_is_left_out_bit_for_bit(arch, dtype, tiny_model, tiny_model_dir, monkeypatch):
+    """The bridge's zero bias on a bias-free LM head is left out of the product (hooks._unembed):
+    the logits are the same tensor, bit for bit, as with it."""
+    from lens_heads import hooks
+
+    model = tiny_model(arch) if dtype == "float32" else load_model(str(tiny_model_dir(arch)), dtype=dtype)
+    ids = _ids(model)
+    head = hooks._zero_bias_head(model.bridge)
+    if arch == "llama":
+        assert head is not None  # the case this is for: TransformerLens gives Llama's head a zero bias
+    lean = run_with_hooks(model, ids, None, [])
+    monkeypatch.setattr(hooks, "_zero_bias_head", lambda bridge: None)
+    assert torch.equal(lean, run_with_hooks(model, ids, None, []))
+    assert head is None or "forward" not in head.__dict__  # restored after the forward
+
+
+def test_a_nonzero_lm_head_bias_is_added(tiny_model):
+    model = tiny_model("llama")
+    ids = _ids(model)
+    bias = model.bridge.unembed.original_component.bias
+    before = run_with_hooks(model, ids, None, [])
+    try:
+        bias.fill_(0.5)
+        after = run_with_hooks(model, ids, None, [])
+    finally:
+        bias.zero_()
+    assert (after - before - 0.5).abs().max() <= 1e-5
+
+
 def test_a_hook_inside_a_norm_still_fires_and_its_edit_propagates(tiny_model):
     model = tiny_model("llama")
     ids = _ids(model)
