@@ -22,6 +22,10 @@ prefix reuse (what a per-input point must compute), and eager once more in a pro
 with glibc's malloc defaults and batches of the batch size (the point as it ran before the fused
 path, the malloc tuning and even batches). lm-eval is timed in this process (sharing lens_heads' malloc tuning) and in one of its own; with
 ``--lm-eval-by-subject`` it is also compared on the ``--subjects`` x ``--per-subject`` sample.
+And what torch's kernels allow (``kernel_bound``): the block linears at the roof plus each
+call of the attention kernel, the LM head and the scored log-softmax that lens_heads made,
+replayed alone -- the fastest any engine computing the same positions with these kernels
+could run, so the most of the roof it could reach.
 Writes benchmarks/results/bench_evaluate.md.
 """
 
@@ -181,6 +185,75 @@ def matmul_flops(fn) -> tuple[int, int]:
     return fc.get_total_flops(), attn
 
 
+KERNEL_KINDS = ("attention kernel", "LM head", "log-softmax")
+
+
+def _kind(func, args, vocab: int) -> str | None:
+    """Which of the kernels an evaluation cannot do without ``func`` is, if any (under inference
+    mode a dispatch mode sees the composite ops -- ``linear``, ``scaled_dot_product_attention``;
+    elsewhere what they decompose to)."""
+    aten = torch.ops.aten
+    if func in (aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
+                aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default):
+        return "attention kernel"
+    if func in (aten.matmul.default, aten.bmm.default, aten.softmax.int, aten._softmax.default) and args[0].dim() == 4:
+        return "attention kernel"  # eager attention, where it runs
+    if (func is aten.linear.default and args[1].shape[0] == vocab) or (
+            func in (aten.mm.default, aten.addmm.default) and args[-1].shape[-1] == vocab):
+        return "LM head"
+    if func in (aten.log_softmax.int, aten._log_softmax.default) and args[0].shape[-1] == vocab:
+        return "log-softmax"
+    return None
+
+
+def kernel_bound(fn, vocab: int, repeats: int = 2) -> dict[str, float]:
+    """Seconds the kernels an evaluation cannot do without take at the calls ``fn()`` makes:
+    torch's fused attention kernel, the LM head's matmul and the log-softmax of the scored
+    logits. Each call is recorded (shapes, strides, dtypes, flags; masks kept) in an untimed run,
+    then replayed alone on random inputs of the same layout, the best of ``repeats`` per call.
+    With the block linears at the roof, their sum is the fastest an engine built on these kernels
+    could evaluate these requests (elementwise work, norms, copies and Python all free)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    calls = []
+
+    def shape_of(x):
+        if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 4096:
+            return ("random", tuple(x.shape), tuple(x.stride()), x.dtype)
+        return x.clone() if isinstance(x, torch.Tensor) else x
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            kind = _kind(func, args, vocab)
+            if kind is not None:
+                calls.append((kind, func, [shape_of(a) for a in args], {k: shape_of(v) for k, v in kwargs.items()}))
+            return func(*args, **kwargs)
+
+    with Record():
+        fn()
+
+    def make(x):
+        if isinstance(x, tuple) and x and x[0] == "random":
+            _, shape, stride, dtype = x
+            size = 1 + sum((n - 1) * st for n, st in zip(shape, stride))
+            return torch.randn(size, dtype=dtype).as_strided(shape, stride)
+        return x
+
+    spent = dict.fromkeys(KERNEL_KINDS, 0.0)
+    with torch.inference_mode():
+        for kind, func, args, kwargs in calls:
+            a, kw = [make(x) for x in args], {k: make(v) for k, v in kwargs.items()}
+            func(*a, **kw)  # warm
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                func(*a, **kw)
+                best = min(best, time.perf_counter() - t0)
+            spent[kind] += best
+    return spent
+
+
 def per_input_point(model, model_name: str, task, recs, batch_size, lines, max_tokens: int) -> None:
     """One per-input sweep point (``score:ahon_ln`` at the threshold that zeroes 10 % of the
     heads over these questions' 5-shot inputs) fused and eager, against the unablated fused
@@ -301,6 +374,8 @@ def main() -> int:
         n_ours = ours_count.take()
         flops, attn_flops = matmul_flops(lambda: evaluate_task(  # untimed: the counter slows every op
             model, task, n_shot=k, doc_ids=[r.doc_id for r in recs], batch_size=args.batch_size, progress=False))
+        spent = kernel_bound(lambda: evaluate_task(  # untimed
+            model, task, n_shot=k, doc_ids=[r.doc_id for r in recs], batch_size=args.batch_size, progress=False), vocab)
         ours_count.take()
         t0 = time.perf_counter()
         unpacked = evaluate_task(model, task, n_shot=k, doc_ids=[r.doc_id for r in recs],
@@ -331,8 +406,27 @@ def main() -> int:
                f"{100 * flops / t_us / roof_flops:.0f} % |")
         print(row, flush=True)
         lines.append(row)
+        t_linears = n_ours / roof
+        bound = t_linears + sum(spent.values())
+        brow = (f"| {name} | {t_linears:.2f} | " + " | ".join(f"{spent[kind]:.2f}" for kind in KERNEL_KINDS)
+                + f" | {bound:.2f} | {t_us:.2f} | {100 * t_linears / bound:.0f} % | "
+                  f"{100 * flops / roof_flops / bound:.0f} % | {100 * bound / t_us:.0f} % |")
+        print(brow, flush=True)
+        bound_lines.append(brow)
         return t_us
 
+    vocab = model.hf_model.get_output_embeddings().weight.shape[0]
+    bound_lines = [
+        "", "What torch's kernels allow: the block linears at the roof, plus the kernels the evaluation cannot do "
+        "without (`kernel_bound`: each call of torch's attention kernel, the LM head's matmul and the log-softmax "
+        "of the scored logits that lens_heads made, replayed alone in this run on random inputs of the same layout). "
+        "Their sum is the fastest any engine computing these positions with these kernels could run, with "
+        "elementwise work, norms, copies and Python free; its share of the roof is the most such an engine reaches.",
+        "",
+        "| task | block linears at the roof s | " + " | ".join(f"{kind} s" for kind in KERNEL_KINDS)
+        + " | bound s | lens_heads s | bound's share of the roof | bound's share of the FLOP roof | "
+          "lens_heads at the bound's speed |",
+        "|---|---|---|---|---|---|---|---|---|---|"]
     mmlu, piqa = load_task("mmlu"), load_task("piqa")
     # stratified, kept to 5-shot prompts of <= --max-prompt-tokens (lm-eval's eager attention on the
     # ~4k-token history/law prompts takes ~5 min per batch here)
@@ -351,6 +445,7 @@ def main() -> int:
     if args.winogrande:
         wino = load_task("winogrande")
         compare("WinoGrande 5-shot", wino, wino.records[:args.winogrande], 5)
+    lines += bound_lines
     per_input_point(model, args.model, mmlu, mmlu_recs, args.batch_size, lines, args.max_prompt_tokens)
 
     # 5-shot vs 0-shot cost in lens_heads
