@@ -185,7 +185,8 @@ def _unembed(bridge, rows: Tensor | None) -> Iterator[None]:
     runs without it. A bias makes the product an ``addmm``, which first copies the bias into
     every [n, vocab] row (measured, SmolLM2's head on 2,200 rows, 2 cores: ~70 vs ~54 ms in bf16,
     ~390 vs ~365 ms in fp32; PIQA 80 in bf16 1.80 vs 1.71 s); adding zeros changes no bit
-    (tests/test_models.py)."""
+    (tests/test_models.py). On the CPU only: a GPU's GEMM adds a bias in its epilogue, and the
+    check would cost a device sync per forward."""
     handles, head = [], _zero_bias_head(bridge)
     if rows is not None:
         def pick(module, args):
@@ -194,22 +195,25 @@ def _unembed(bridge, rows: Tensor | None) -> Iterator[None]:
             return (x[r[:, 0], r[:, 1]][None], *args[1:])
 
         handles.append(bridge.unembed.register_forward_pre_hook(pick))
+    def without_bias(x: Tensor) -> Tensor:
+        return F.linear(x, head.weight)
+
     try:
         if head is not None:
-            object.__setattr__(head, "forward", lambda x: F.linear(x, head.weight))
+            object.__setattr__(head, "forward", without_bias)
         yield
     finally:
-        if head is not None:
-            head.__dict__.pop("forward", None)
+        if head is not None and head.__dict__.get("forward") is without_bias:  # not one set meanwhile
+            del head.__dict__["forward"]
         for h in handles:
             h.remove()
 
 
 def _zero_bias_head(bridge) -> torch.nn.Linear | None:
-    """The LM head (a plain ``nn.Linear``) when its bias exists and is all zeros, else None."""
+    """The LM head (a plain ``nn.Linear`` on the CPU) when its bias exists and is all zeros, else None."""
     head = getattr(getattr(bridge, "unembed", None), "original_component", None)
     if (type(head) is not torch.nn.Linear or "forward" in head.__dict__  # accelerate's hooks set one
-            or head.bias is None or head.bias.is_meta or head.bias.any()):
+            or head.bias is None or head.bias.device.type != "cpu" or head.bias.any()):
         return None
     return head
 
