@@ -319,7 +319,8 @@ def _run_grouped(model: LoadedModel, prefix_len: int, rows: list[Row], out: list
     prefix = torch.tensor(rows[0].ids[:prefix_len])[None]
     pmask = torch.ones_like(prefix)
     hooks = ablation.hooks(model, pmask, []) if ablation is not None else []  # it scores no input
-    _, cache = forward(model, prefix, pmask, hooks, keep=torch.tensor([prefix_len - 1]), want_cache=True)
+    _, cache = forward(model, prefix, pmask, hooks, keep=torch.tensor([prefix_len - 1]), want_cache=True,
+                       pick=torch.zeros(0, 2, dtype=torch.long))  # the cache alone: the LM head on no row
     order = sorted(rows, key=lambda r: -len(r.ids))
 
     def run(batch: Sequence[Row]) -> None:
