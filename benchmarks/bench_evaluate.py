@@ -196,8 +196,8 @@ def _kind(func, args, vocab: int) -> str | None:
     if func in (aten.scaled_dot_product_attention.default, aten._scaled_dot_product_flash_attention_for_cpu.default,
                 aten._scaled_dot_product_flash_attention.default, aten._scaled_dot_product_efficient_attention.default):
         return "attention kernel"
-    if func in (aten.matmul.default, aten.bmm.default, aten.softmax.int, aten._softmax.default) and args[0].dim() == 4:
-        return "attention kernel"  # eager attention, where it runs
+    if func in (aten.matmul.default, aten.softmax.int, aten._softmax.default) and args[0].dim() == 4:
+        return "attention kernel"  # eager attention (short inputs on a CPU: attention.AUTO_MIN_KEYS)
     if (func is aten.linear.default and args[1].shape[0] == vocab) or (
             func in (aten.mm.default, aten.addmm.default) and args[-1].shape[-1] == vocab):
         return "LM head"
@@ -206,28 +206,45 @@ def _kind(func, args, vocab: int) -> str | None:
     return None
 
 
-def kernel_bound(fn, vocab: int, repeats: int = 2) -> dict[str, float]:
+def kernel_bound(fn, vocab: int, repeats: int = 5) -> dict[str, float]:
     """Seconds the kernels an evaluation cannot do without take at the calls ``fn()`` makes:
     torch's fused attention kernel, the LM head's matmul and the log-softmax of the scored
-    logits. Each call is recorded (shapes, strides, dtypes, flags; masks kept) in an untimed run,
-    then replayed alone on random inputs of the same layout, the best of ``repeats`` per call.
-    With the block linears at the roof, their sum is the fastest an engine built on these kernels
-    could evaluate these requests (elementwise work, norms, copies and Python all free)."""
+    logits. Each call is recorded in an untimed run -- the layout (shape, strides, dtype, device)
+    of its floating-point inputs, its flags, and its boolean masks and other small or integer
+    tensors as such (a large additive mask is random like the rest: its values do not change the
+    kernel's time) -- then replayed alone on random inputs of that layout, the best of ``repeats``.
+    Calls alike (the same layout and flags, masks of the same shape and count of True: a
+    forward's layers) are replayed once and counted as often as they were made. (The scored
+    log-softmax is taken a row's continuation at a time; one call over all rows measured slower,
+    its [rows, vocab] float32 output leaving the caches.) With the block linears at
+    the roof, the sum is the fastest an engine built on these kernels could evaluate these
+    requests (elementwise work, norms, copies and Python all free)."""
     from torch.utils._python_dispatch import TorchDispatchMode
 
-    calls = []
+    calls: dict[tuple, list] = {}  # signature -> [kind, func, args, kwargs, count]
 
-    def shape_of(x):
+    def layout(x):
         if isinstance(x, torch.Tensor) and x.is_floating_point() and x.numel() > 4096:
-            return ("random", tuple(x.shape), tuple(x.stride()), x.dtype)
-        return x.clone() if isinstance(x, torch.Tensor) else x
+            return ("random", tuple(x.shape), tuple(x.stride()), x.dtype, x.device)
+        return x
+
+    def signature(x):
+        if isinstance(x, torch.Tensor):
+            return (tuple(x.shape), x.dtype, int(x.sum()) if x.dtype == torch.bool else float(x.float().sum()))
+        return tuple(x) if isinstance(x, list) else x
 
     class Record(TorchDispatchMode):
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             kind = _kind(func, args, vocab)
             if kind is not None:
-                calls.append((kind, func, [shape_of(a) for a in args], {k: shape_of(v) for k, v in kwargs.items()}))
+                a, kw = [layout(x) for x in args], {k: layout(v) for k, v in kwargs.items()}
+                sig = (func, tuple(signature(x) for x in a), tuple((k, signature(v)) for k, v in kw.items()))
+                if sig in calls:
+                    calls[sig][4] += 1
+                else:
+                    calls[sig] = [kind, func, [x.clone() if isinstance(x, torch.Tensor) else x for x in a],
+                                  {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in kw.items()}, 1]
             return func(*args, **kwargs)
 
     with Record():
@@ -235,22 +252,29 @@ def kernel_bound(fn, vocab: int, repeats: int = 2) -> dict[str, float]:
 
     def make(x):
         if isinstance(x, tuple) and x and x[0] == "random":
-            _, shape, stride, dtype = x
+            _, shape, stride, dtype, device = x
             size = 1 + sum((n - 1) * st for n, st in zip(shape, stride))
-            return torch.randn(size, dtype=dtype).as_strided(shape, stride)
+            return torch.randn(size, dtype=dtype, device=device).as_strided(shape, stride)
         return x
+
+    def best_of(f, device) -> float:
+        sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
+        f()  # warm
+        best = float("inf")
+        for _ in range(repeats):
+            sync()
+            t0 = time.perf_counter()
+            f()
+            sync()
+            best = min(best, time.perf_counter() - t0)
+        return best
 
     spent = dict.fromkeys(KERNEL_KINDS, 0.0)
     with torch.inference_mode():
-        for kind, func, args, kwargs in calls:
+        for kind, func, args, kwargs, count in calls.values():
             a, kw = [make(x) for x in args], {k: make(v) for k, v in kwargs.items()}
-            func(*a, **kw)  # warm
-            best = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                func(*a, **kw)
-                best = min(best, time.perf_counter() - t0)
-            spent[kind] += best
+            device = next(x.device for x in a if isinstance(x, torch.Tensor))
+            spent[kind] += count * best_of(lambda: func(*a, **kw), device)
     return spent
 
 
