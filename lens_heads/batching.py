@@ -49,6 +49,15 @@ def parse_batch_size(value) -> int | str:
     return n
 
 
+def positive_batch_size(value) -> int:
+    """A positive integer batch size (``parse_batch_size`` without ``auto``, which needs a model
+    and its inputs); one clear error otherwise."""
+    n = parse_batch_size(value)
+    if n == AUTO:
+        raise LensHeadsError("batch size must be a positive integer here ('auto' needs a model: Batcher.for_inputs)")
+    return n
+
+
 def _position_bytes(model: LoadedModel, longest: int) -> int:
     """Bytes one padded position costs in a forward's live activations (the attention pattern of
     one layer at a time, the residual stream and MLP width, and the hooks' copies), estimated."""
@@ -73,9 +82,14 @@ def auto_batch_size(model: LoadedModel, longest: int) -> int:
 
 def batch_floor(model: LoadedModel) -> int | None:
     """The real tokens from which a batch of the model's inputs closes early rather than pad
-    (``even_batch``): ``MIN_BATCH_TOKENS`` on a CPU, where it was measured; None (never) elsewhere
-    -- a GPU runs larger matmuls faster well past it."""
-    return MIN_BATCH_TOKENS if torch.device(model.device).type == "cpu" else None
+    (``even_batch``): ``device_floor`` of the model's device."""
+    return device_floor(model.device)
+
+
+def device_floor(device: str | torch.device) -> int | None:
+    """``MIN_BATCH_TOKENS`` on a CPU, where it was measured; None (never close early) elsewhere --
+    a GPU runs larger matmuls faster well past it."""
+    return MIN_BATCH_TOKENS if torch.device(device).type == "cpu" else None
 
 
 def even_batch(lengths: Sequence[int], floor: int | None) -> int:
@@ -83,6 +97,8 @@ def even_batch(lengths: Sequence[int], floor: int | None) -> int:
     takes: all, but with a ``floor`` it closes before an input that would be padded by more than
     ``MAX_PAD_SHARE`` of the batch's length once the batch holds ``floor`` real tokens -- past that
     a larger batch runs its matmuls no faster, and padding is work thrown away (few-shot prompts)."""
+    if not lengths:
+        return 0
     longest, real = lengths[0], 0
     for i, n in enumerate(lengths):
         if i and floor is not None and real >= floor and longest - n > MAX_PAD_SHARE * longest:
@@ -96,8 +112,7 @@ def batch_bounds(lengths: Sequence[int], size: int, floor: int | None) -> list[i
     a batch's extent depends only on the inputs from its start, so a contiguous run of these
     batches, run on its own, forms the same batches (sharded scoring passes rely on it; a forward
     that runs out of memory and is split breaks it, as it always did)."""
-    if not isinstance(size, int) or size < 1:
-        raise LensHeadsError(f"batch size must be a positive integer, got {size!r}")
+    size = positive_batch_size(size)
     bounds = [0]
     while bounds[-1] < len(lengths):
         start = bounds[-1]
@@ -117,7 +132,7 @@ class Batcher:
     memory (down to one item, which then fails for real) and keeps the smaller size."""
 
     def __init__(self, size: int, floor: int | None = None):
-        self.size = int(size)
+        self.size = positive_batch_size(size)
         self.floor = floor  # even_batch's: None, batches of ``size``
 
     @classmethod

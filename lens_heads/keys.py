@@ -76,16 +76,17 @@ class StoreKey:
             raise ValueError("only a point has parts")
         return StoreKey(Kind.PART, {**self.config, "kind": Kind.PART.value, "doc_ids": list(doc_ids)})
 
-    def shard(self, index: int, n_shards: int, batch_size: int) -> "StoreKey":
+    def shard(self, index: int, n_shards: int, batch_size: int, floor: int | None) -> "StoreKey":
         """The key of shard ``index`` of ``n_shards`` of this thresholds' scoring pass, whose
         batches of ``batch_size`` it splits (``thresholds.scoring_shards``). ``batches``: the rule
-        that cut them (``batching.batch_bounds``' even batches), so a shard stored under the earlier
-        fixed cuts is never merged with these."""
+        that cut them (``batching.batch_bounds``' even batches with ``floor``, the device's: a CPU's
+        2,048 tokens, none on a GPU), so shards cut another way -- the earlier fixed cuts, or by a
+        worker on another kind of device -- are never merged with these."""
         if self.kind is not Kind.THRESHOLDS:
             raise ValueError("only a thresholds key has scoring shards")
         return StoreKey(Kind.SCORE_SHARD, {**self.config, "kind": Kind.SCORE_SHARD.value, "shard": int(index),
                                            "n_shards": int(n_shards), "batch_size": int(batch_size),
-                                           "batches": "even"})
+                                           "batches": "even" if floor is None else f"even/{int(floor)}"})
 
 
 def task_fingerprint(task) -> str:

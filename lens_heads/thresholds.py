@@ -160,8 +160,8 @@ def scoring_shards(inputs: Sequence[Tensor], batch_size: int, n_shards: int, flo
     shard's inputs, scored on their own with the same batch size, form exactly the batches the
     whole pass forms for them, so the merged per-input scores -- and the thresholds -- equal the
     unsharded pass's bit for bit. Shards beyond the number of batches are empty."""
-    if n_shards < 1:
-        raise LensHeadsError(f"n_shards must be >= 1, got {n_shards}")
+    if isinstance(n_shards, bool) or not isinstance(n_shards, int) or n_shards < 1:
+        raise LensHeadsError(f"n_shards must be a positive integer, got {n_shards!r}")
     order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))  # score_heads' order
     bounds = batch_bounds([len(inputs[i]) for i in order], batch_size, floor)
     batches = [order[a:b] for a, b in zip(bounds, bounds[1:])]

@@ -31,6 +31,37 @@ def test_parse_batch_size():
             parse_batch_size(bad)
 
 
+def test_sizes_that_must_be_a_number_are_one_clear_error(tmp_path):
+    """Where ``auto`` cannot apply (a Batcher, batch bounds, shard cuts, a sweep's scoring batch,
+    perplexity batches), a size that is not a positive integer is one LensHeadsError, never a
+    loop or a raw TypeError."""
+    from lens_heads.batching import batch_bounds, even_batch
+    from lens_heads.data.corpora import iter_batches
+    from lens_heads.thresholds import scoring_shards
+
+    calls = []
+    for bad in (0, -1, 2.5, "x", None, "auto"):
+        for make in (lambda b: Batcher(b), lambda b: batch_bounds([3, 2, 1], b, None),
+                     lambda b: list(iter_batches([[1, 2], [3]], b))):
+            with pytest.raises(LensHeadsError, match="positive integer"):
+                make(bad)
+    Batcher(2).run([], calls.append, [])
+    assert calls == [] and even_batch([], 8) == 0 and batch_bounds([], 2, 8) == [0]
+    seqs = [torch.ones(n, dtype=torch.long) for n in (3, 2, 1)]
+    for bad in (0, 2.5, "2", None, True):
+        with pytest.raises(LensHeadsError, match="n_shards must be a positive integer"):
+            scoring_shards(seqs, 2, bad, None)
+
+
+def test_a_sweep_checks_its_scoring_batch_size(tmp_path):
+    from lens_heads.sweep.config import SweepConfig
+
+    assert SweepConfig(task="piqa", score_ids=["ahon_ln"], threshold_batch_size="8").threshold_batch_size == 8
+    for bad in (0, "auto", 2.5):
+        with pytest.raises(LensHeadsError, match="positive integer"):
+            SweepConfig(task="piqa", score_ids=["ahon_ln"], threshold_batch_size=bad)
+
+
 def _oom_above(limit: int):
     def fn(chunk):
         if len(chunk) > limit:

@@ -96,9 +96,10 @@ def test_scoring_shards_merge_to_the_unsharded_thresholds_bit_for_bit(tiny_model
                 assert torch.equal(part.per_input[sid], whole.per_input[sid][idx])
     store, identity = ResultStore(tmp_path / "s"), cfg.identity(model, task)
     for j in reversed(range(n_shards)):
-        assert merge_score_shards(store, identity, cfg, n_shards) is None  # not all shards yet
+        assert merge_score_shards(store, identity, cfg, n_shards, floor) is None  # not all shards yet
         run_score_shard(model, task, identity, cfg, store, j, n_shards)
-    merged = merge_score_shards(store, identity, cfg, n_shards)
+    assert merge_score_shards(store, identity, cfg, n_shards, None) is None  # a GPU's cuts are other shards
+    merged = merge_score_shards(store, identity, cfg, n_shards, floor)
     expected = compute_thresholds(model, inputs, cfg.score_ids, cfg.fractions, 3, progress=False)
     assert merged.thresholds == expected and stored_thresholds(store, identity, cfg).thresholds == expected
     assert merged.n_inputs == len(inputs) and not list((tmp_path / "s").glob("score_shards/*"))
@@ -368,13 +369,14 @@ def test_status_counts_units_a_worker_stored(tiny_model_dir, task_file, tmp_path
     from lens_heads.store import ResultStore
     from lens_heads.sweep.units import UnitRef, Worker, merge_score_shards
     from lens_heads.sweep.executors import job_for
+    from lens_heads.batching import device_floor
 
     out = tmp_path / "partial"
     cfg = _cfg(task_file, threshold_batch_size=16)  # the CLI's default scoring batch
     job = job_for(str(tiny_model_dir("llama")), "float32", "cpu", cfg, out)
     worker = Worker(job)
     worker.run(UnitRef("score", 0))
-    merge_score_shards(ResultStore(out), worker.identity, cfg, 1)
+    merge_score_shards(ResultStore(out), worker.identity, cfg, 1, device_floor("cpu"))
     plan = worker.plan()
     n_base = len(plan.parts("none"))
     for i in range(n_base + 1):  # the baseline's parts, and one part of the next point

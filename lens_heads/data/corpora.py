@@ -477,8 +477,9 @@ def iter_batches(
     padding small; ``indices`` are the positions in ``seqs`` of each batch row, so
     ``results[indices[r]] = row_result`` puts everything back in input order.
     """
-    if batch_size < 1:
-        raise LensHeadsError(f"batch_size must be >= 1, got {batch_size}")
+    from lens_heads.batching import positive_batch_size
+
+    batch_size = positive_batch_size(batch_size)
     order = list(range(len(seqs)))
     if sort_by_length:
         order.sort(key=lambda i: -len(seqs[i]))

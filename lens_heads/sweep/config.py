@@ -12,7 +12,7 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.protocol import Protocol
 from lens_heads.scores.functions import SCORES
 from lens_heads.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fraction
-from lens_heads.batching import parse_batch_size
+from lens_heads.batching import parse_batch_size, positive_batch_size
 from lens_heads.keys import RunIdentity
 from lens_heads.interventions import AblationSpec, parse_spec
 from lens_heads.replacement import Replacement, Zero, parse_replacement
@@ -125,6 +125,7 @@ class SweepConfig:
             raise LensHeadsError("random seeds must be >= 0")
 
         self._set("batch_size", parse_batch_size(self.batch_size))
+        self._set("threshold_batch_size", positive_batch_size(self.threshold_batch_size))  # shards cut its batches
         if self.chunk_questions is not None and self.chunk_questions < 1:
             raise LensHeadsError(f"chunk_questions must be >= 1, got {self.chunk_questions}")
         if not isinstance(self.protocol, Protocol):

@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, Sequence
 
+from lens_heads.batching import device_floor
 from lens_heads.errors import LensHeadsError
 from lens_heads.registry import Registry
 from lens_heads.sweep.units import UnitRef, Worker, SweepJob
@@ -479,14 +480,15 @@ def launch(job: SweepJob, executor: str = "local", config=None, progress: bool =
     try:
         thresholds = read_thresholds(store, identity, cfg, task)
         if thresholds is None:
+            floor = device_floor(job.device)  # the workers' (they load the model on job.device)
             refs = [UnitRef("score", j) for j in range(job.n_shards)
-                    if not store.has(shard_key(identity, cfg, j, job.n_shards))]
-            with _watch(store, [shard_key(identity, cfg, j, job.n_shards) for j in range(job.n_shards)], [],
+                    if not store.has(shard_key(identity, cfg, j, job.n_shards, floor))]
+            with _watch(store, [shard_key(identity, cfg, j, job.n_shards, floor) for j in range(job.n_shards)], [],
                         "scoring shards", watch):
                 session.run(refs)
             thresholds = read_thresholds(store, identity, cfg, task)  # an in-process pass stores them whole
             if thresholds is None:
-                rec = merge_score_shards(store, identity, cfg, job.n_shards)
+                rec = merge_score_shards(store, identity, cfg, job.n_shards, floor)
                 if rec is None:
                     raise LensHeadsError(f"{job.out_dir}: scoring shards are missing after the executor finished")
                 thresholds = rec.thresholds

@@ -81,15 +81,18 @@ class UnitRef:
 # The scoring pass in shards
 
 
-def shard_key(identity: RunIdentity, cfg: SweepConfig, index: int, n_shards: int) -> StoreKey:
-    return thresholds_key(identity, cfg).shard(index, n_shards, cfg.threshold_batch_size)
+def shard_key(identity: RunIdentity, cfg: SweepConfig, index: int, n_shards: int, floor: int | None) -> StoreKey:
+    """Shard ``index`` of ``n_shards``, cut with ``floor`` (``batching.device_floor`` of the
+    scoring device)."""
+    return thresholds_key(identity, cfg).shard(index, n_shards, cfg.threshold_batch_size, floor)
 
 
 def run_score_shard(model: LoadedModel, task, identity: RunIdentity, cfg: SweepConfig, store: ResultStore, index: int,
                     n_shards: int) -> Outcome:
     """Score shard ``index`` of ``n_shards`` and store its per-input scores (with their input
     positions), unless it or the thresholds are stored or another live process holds it."""
-    key, done = shard_key(identity, cfg, index, n_shards), thresholds_key(identity, cfg)
+    floor = batch_floor(model)
+    key, done = shard_key(identity, cfg, index, n_shards, floor), thresholds_key(identity, cfg)
     if store.has(key) or store.has(done):
         return Outcome.STORED
     with claim(store.path(key)) as mine:
@@ -100,7 +103,7 @@ def run_score_shard(model: LoadedModel, task, identity: RunIdentity, cfg: SweepC
         import torch
 
         inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.protocol)
-        idx = scoring_shards(inputs, cfg.threshold_batch_size, n_shards, batch_floor(model))[index]
+        idx = scoring_shards(inputs, cfg.threshold_batch_size, n_shards, floor)[index]
         tensors = {"input_index": torch.tensor(idx, dtype=torch.long),
                    "n_inputs": torch.tensor([len(inputs)], dtype=torch.long)}
         if idx:
@@ -112,9 +115,9 @@ def run_score_shard(model: LoadedModel, task, identity: RunIdentity, cfg: SweepC
 
 
 def merge_score_shards(store: ResultStore, identity: RunIdentity, cfg: SweepConfig,
-                       n_shards: int) -> ThresholdsRecord | None:
-    """The thresholds from the stored shards (then stored, and the shards discarded); None while
-    a shard is missing. No model needed: per-input scores are put back in input order and
+                       n_shards: int, floor: int | None) -> ThresholdsRecord | None:
+    """The thresholds from the stored shards cut with ``floor`` (then stored, and the shards
+    discarded); None while a shard is missing. No model needed: per-input scores are put back in input order and
     pooled exactly as ``compute_thresholds`` pools them."""
     import torch
 
@@ -122,7 +125,7 @@ def merge_score_shards(store: ResultStore, identity: RunIdentity, cfg: SweepConf
     rec = stored_thresholds(store, identity, cfg)
     if rec is not None:
         return rec
-    keys = [shard_key(identity, cfg, j, n_shards) for j in range(n_shards)]
+    keys = [shard_key(identity, cfg, j, n_shards, floor) for j in range(n_shards)]
     shards = [store.get_tensors(k) for k in keys]
     if any(s is None for s in shards):
         return stored_thresholds(store, identity, cfg)  # merged meanwhile by another process
