@@ -49,6 +49,7 @@ from typing import Iterable, Iterator, Sequence
 
 import torch
 
+from lens_heads.batching import positive_batch_size
 from lens_heads.data.paths import DATA_ENV, hub_offline, load_hub_dataset, local_file
 from lens_heads.data.paths import data_root as resolve_root
 from lens_heads.errors import LensHeadsError
@@ -477,8 +478,6 @@ def iter_batches(
     padding small; ``indices`` are the positions in ``seqs`` of each batch row, so
     ``results[indices[r]] = row_result`` puts everything back in input order.
     """
-    from lens_heads.batching import positive_batch_size
-
     batch_size = positive_batch_size(batch_size)
     order = list(range(len(seqs)))
     if sort_by_length:
