@@ -195,6 +195,7 @@ def _unembed(bridge, rows: Tensor | None) -> Iterator[None]:
             return (x[r[:, 0], r[:, 1]][None], *args[1:])
 
         handles.append(bridge.unembed.register_forward_pre_hook(pick))
+
     def without_bias(x: Tensor) -> Tensor:
         return F.linear(x, head.weight)
 

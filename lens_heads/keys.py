@@ -86,7 +86,7 @@ class StoreKey:
             raise ValueError("only a thresholds key has scoring shards")
         return StoreKey(Kind.SCORE_SHARD, {**self.config, "kind": Kind.SCORE_SHARD.value, "shard": int(index),
                                            "n_shards": int(n_shards), "batch_size": int(batch_size),
-                                           "batches": "even" if floor is None else f"even/{int(floor)}"})
+                                           "batches": f"even/{'none' if floor is None else int(floor)}"})
 
 
 def task_fingerprint(task) -> str:

@@ -117,8 +117,8 @@ def run_score_shard(model: LoadedModel, task, identity: RunIdentity, cfg: SweepC
 def merge_score_shards(store: ResultStore, identity: RunIdentity, cfg: SweepConfig,
                        n_shards: int, floor: int | None) -> ThresholdsRecord | None:
     """The thresholds from the stored shards cut with ``floor`` (then stored, and the shards
-    discarded); None while a shard is missing. No model needed: per-input scores are put back in input order and
-    pooled exactly as ``compute_thresholds`` pools them."""
+    discarded); None while a shard is missing. No model needed: per-input scores are put back in
+    input order and pooled exactly as ``compute_thresholds`` pools them."""
     import torch
 
 
