@@ -4,6 +4,7 @@ refusals, and the page in a real headless browser."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 from pathlib import Path
@@ -126,7 +127,7 @@ def test_a_head_view_is_its_pattern(served):
     ("api/run", {"task": "file:/etc/passwd?question=a&choices=b&answer=c"}, 400, "unknown task"),
     ("api/run", {"task": "piqa", "index": 10**9}, 400, "questions 0.."),
     ("api/head", {"prompt": "hi", "layer": 5, "head": 0}, 400, "layer"),
-    ("api/head", {"prompt": "hi", "layer": "a", "head": 0}, 400, "integers"),
+    ("api/head", {"prompt": "hi", "layer": "a", "head": 0}, 400, "layer must be an integer"),
     ("api/run", [1, 2], 400, "JSON object"),
 ])
 def test_bad_requests_get_one_message_and_the_server_stays_up(served, path, body, status, message):
@@ -244,9 +245,40 @@ def test_the_page_in_a_browser(served, tmp_path):
         assert driver.find_element(By.ID, "spec").get_attribute("value") == "score:ahon_ln@1.0"
         shot = tmp_path / "explorer.png"
         driver.save_screenshot(str(shot))
-        assert shot.stat().st_size > 20_000
-        if os.environ.get("LENS_HEADS_UPDATE_SCREENSHOT"):  # the README's screenshot comes from this test
-            shutil.copyfile(shot, ROOT / "docs" / "explorer.png")
+        assert shot.stat().st_size > 20_000  # (the README's picture: docs/explorer_screenshot.py, on SmolLM2)
+    finally:
+        driver.quit()
+
+
+@pytest.mark.browser
+def test_the_page_works_with_a_token(served_with_token):
+    """A server that needs its token: the printed URL opens the page, whose own requests (same
+    origin, JSON, the cookie) all pass the guard; the bare URL is refused."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    server = served_with_token
+    driver = _driver()
+    try:
+        driver.get(server.base_url)
+        assert "needs its token" in driver.find_element(By.TAG_NAME, "body").text
+        driver.get_log("browser")  # that refusal's own console line
+        driver.get(server.url)
+        wait = WebDriverWait(driver, 60)
+        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
+        box = driver.find_element(By.ID, "prompt")
+        box.clear()
+        box.send_keys("The capital of France is")
+        driver.find_element(By.ID, "run").click()
+        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-runs") == "1")
+        assert len(driver.find_elements(By.CSS_SELECTOR, "#topk tr")) == 11
+        driver.find_element(By.CSS_SELECTOR, '#heads td[data-l="0"][data-h="1"]').click()
+        wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#cv-pattern canvas"))
+        assert driver.find_element(By.ID, "error").text == ""
+        driver.get(server.base_url)  # the cookie now opens the bare URL too
+        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
+        logs = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "favicon" not in e["message"]]
+        assert logs == [], logs
     finally:
         driver.quit()
 
@@ -263,9 +295,9 @@ def test_the_python_api_starts_and_stops_it(tiny_model, capsys):
         server.stop()
     with pytest.raises(httpx.ConnectError):
         httpx.get(server.url + "api/info", timeout=5)
-    public = lh.explore(tiny_model("llama"), host="0.0.0.0", port=0, show=False)  # warns: reachable by others
+    public = lh.explore(tiny_model("llama"), host="0.0.0.0", port=0, show=False)  # says: reachable by others
     public.stop()
-    assert "warning: the explorer listens on 0.0.0.0" in capsys.readouterr().err
+    assert "the explorer listens on 0.0.0.0" in capsys.readouterr().err
 
 
 def test_a_percentage_spec_is_calibrated_on_the_shipped_sample(served):
@@ -279,3 +311,264 @@ def test_a_percentage_spec_is_calibrated_on_the_shipped_sample(served):
     inputs = tokenize_texts(model.tokenizer, load_texts("c4-sample", n=48), 128)
     want = calibrated_spec(model, inputs, "ahon_ln", 0.25, progress=False)[0]
     assert r["next"]["ablation"] == want and want.startswith("score:ahon_ln@")
+
+
+# --- who may call it (docs/methods.md §11, threat model) ----------------------------------------
+
+
+def raw(url, path, content: bytes | str, content_type="application/json", headers=None, method="POST"):
+    """A request as a hostile page or client would send it: the body as given, any headers."""
+    h = {"content-type": content_type, **(headers or {})} if content_type else dict(headers or {})
+    return httpx.request(method, url + path, content=content, headers=h, timeout=60)
+
+
+def port_of(url: str) -> int:
+    return int(url.split(":")[2].split("/")[0])
+
+
+@pytest.mark.parametrize("host", ["evil.example.com", "evil.example.com:{port}", "127.0.0.1:1", "localhost:1",
+                                  "127.0.0.2:{port}", "192.168.1.5:{port}", "[::2]:{port}", "", "%%%"])
+@pytest.mark.parametrize("method, path", [("GET", "api/info"), ("POST", "api/run"), ("GET", "")])
+def test_a_foreign_host_is_refused(served, host, method, path):
+    """DNS rebinding: a page whose name resolves to 127.0.0.1 sends its own Host; the loopback
+    server answers only its own names on its own port."""
+    model, url = served
+    host = host.format(port=port_of(url))
+    r = raw(url, path, '{"prompt": "hi"}' if method == "POST" else b"", headers={"host": host}, method=method)
+    assert r.status_code == 400 and "this explorer answers only" in r.json()["error"] or \
+        (host in ("", "%%%") and r.status_code == 400), r.text
+
+
+@pytest.mark.parametrize("name", ["127.0.0.1", "localhost", "LOCALHOST", "[::1]"])
+def test_its_own_host_names_are_served(served, name):
+    model, url = served
+    r = httpx.get(url + "api/info", headers={"host": f"{name}:{port_of(url)}"}, timeout=30)
+    assert r.status_code == 200 and r.json()["n_layers"] == 2
+
+
+@pytest.mark.parametrize("headers", [{"origin": "http://evil.example.com"}, {"origin": "null"},
+                                     {"origin": "http://127.0.0.1:1"}, {"origin": "https://127.0.0.1:{port}"},
+                                     {"sec-fetch-site": "cross-site"}, {"sec-fetch-site": "same-site"}])
+@pytest.mark.parametrize("method, path", [("POST", "api/run"), ("POST", "api/head"), ("GET", "api/info")])
+def test_a_cross_site_request_is_refused(served, headers, method, path, monkeypatch):
+    model, url = served
+    calls = []
+    monkeypatch.setattr(session, "tokenize", lambda *a, **k: calls.append(1) or pytest.fail("computed"))
+    headers = {k: v.format(port=port_of(url)) for k, v in headers.items()}
+    body = '{"prompt": "hi", "layer": 0, "head": 0}' if path == "api/head" else '{"prompt": "hi"}'
+    r = raw(url, path, body if method == "POST" else b"", headers=headers, method=method)
+    assert r.status_code == 403 and "cross-site request refused" in r.json()["error"], r.text
+    assert calls == []
+
+
+def test_the_same_origin_is_served(served):
+    """What the page itself sends: Origin = the server's own, Sec-Fetch-Site: same-origin."""
+    model, url = served
+    origin = url.rstrip("/")
+    r = raw(url, "api/run", '{"prompt": "hi"}', headers={"origin": origin, "sec-fetch-site": "same-origin"})
+    assert r.status_code == 200 and r.json()["tokens"]
+    assert httpx.get(url, headers={"sec-fetch-site": "cross-site"}, timeout=30).status_code == 200  # a link to it
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data",
+                                          "text/plain; charset=utf-8", None, "application/jsonx"])
+def test_a_post_that_is_not_json_is_refused(served, content_type, monkeypatch):
+    """A plain HTML form or a no-cors fetch can send these without a preflight: 415, not parsed."""
+    model, url = served
+    monkeypatch.setattr(session, "tokenize", lambda *a, **k: pytest.fail("computed"))
+    r = raw(url, "api/run", '{"prompt": "hi"}', content_type=content_type)
+    assert r.status_code == 415 and "application/json" in r.json()["error"], r.text
+
+
+def test_json_with_a_charset_is_json(served):
+    model, url = served
+    r = raw(url, "api/run", '{"prompt": "hi"}', content_type="application/json; charset=utf-8")
+    assert r.status_code == 200
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_an_oversized_body_is_refused_before_it_is_read(served, chunked, monkeypatch):
+    """5 MB: refused by its Content-Length (or, sent in chunks without one, as it grows past the
+    cap), never tokenized, in well under a second; the server stays up."""
+    import time
+
+    model, url = served
+    calls = []
+    monkeypatch.setattr(session, "tokenize", lambda *a, **k: calls.append(1))
+    body = ('{"prompt": "' + "word " * 1_000_000 + '"}').encode()
+    t0 = time.monotonic()
+    content = (body[i:i + 65536] for i in range(0, len(body), 65536)) if chunked else body
+    r = httpx.post(url + "api/run", content=content, headers={"content-type": "application/json"}, timeout=60)
+    took = time.monotonic() - t0
+    assert r.status_code == 413 and "64 KiB" in r.json()["error"], r.text
+    assert calls == [] and took < 2.0
+    assert httpx.get(url + "api/info", timeout=30).status_code == 200
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("api/run", '{"prompt": "hi", "ablation": "static:0.1", "replacement": 5}', "replacement"),
+    ("api/run", '{"prompt": "hi", "ablation": "static:0.1", "replacement": ["mean:self"]}', "replacement"),
+    ("api/run", '{"prompt": "hi", "ablation": {"a": 1}}', "ablation"),
+    ("api/run", '{"prompt": 12}', "prompt"),
+    ("api/run", '{"task": "piqa", "index": 1e999}', "index"),
+    ("api/run", '{"task": "piqa", "index": -Infinity}', "index"),
+    ("api/run", '{"task": "piqa", "index": Infinity}', "index"),
+    ("api/run", '{"task": "piqa", "index": NaN}', "index"),
+    ("api/run", '{"task": "piqa", "index": 1.9}', "index"),
+    ("api/run", '{"task": "piqa", "index": 1.0}', "index"),
+    ("api/run", '{"task": "piqa", "index": true}', "index"),
+    ("api/run", '{"task": "piqa", "index": -1}', "index"),
+    ("api/run", '{"task": 3}', "task"),
+    ("api/run", '{"prompt": "hi", "index": 2}', "index"),
+    ("api/run", '{"prompt": "hi", "layer": 2}', "layer"),
+    ("api/head", '{"prompt": "hi", "layer": 1e999, "head": 0}', "layer"),
+    ("api/head", '{"prompt": "hi", "layer": 2.7, "head": 0.5}', "layer"),
+    ("api/head", '{"prompt": "hi", "layer": 1, "head": 0.5}', "head"),
+    ("api/head", '{"prompt": "hi", "layer": false, "head": 0}', "layer"),
+    ("api/head", '{"prompt": "hi", "layer": 1, "head": true}', "head"),
+    ("api/head", '{"prompt": "hi", "layer": 1}', "head"),
+    ("api/head", '{"prompt": "hi", "layer": 100000000000000000000000000000000, "head": 0}', "layer"),
+])
+def test_a_wrong_type_is_a_400_naming_the_field(served, path, body, field):
+    model, url = served
+    r = raw(url, path, body)
+    error = r.json()["error"]
+    assert r.status_code == 400 and re.match(rf"(unknown field '|give )?{field}\b", error), r.text
+    assert "\n" not in error
+
+
+@pytest.mark.parametrize("query, field", [("task=piqa&index=1.5", "index"), ("task=piqa&index=abc", "index"),
+                                          ("task=piqa&index=-3", "index"), ("index=2", "task"),
+                                          ("task=piqa&bogus=1", "bogus")])
+def test_a_question_query_is_checked_too(served, query, field):
+    model, url = served
+    r = httpx.get(url + "api/question?" + query, timeout=30)
+    assert r.status_code == 400 and field in r.json()["error"], r.text
+
+
+def test_a_question_by_query(served):
+    model, url = served
+    r = httpx.get(url + "api/question?task=piqa&index=2", timeout=60).json()
+    assert r["index"] == 2 and r["doc_id"] == load_task("piqa").records[2].doc_id
+
+
+@pytest.fixture(scope="module")
+def served_with_token(tiny_model):
+    server = Server(Explorer.open(tiny_model("llama"), max_tokens=200), "127.0.0.1", 0, token=True).start()
+    yield server
+    server.stop()
+
+
+def test_a_token_is_required_when_set(served_with_token):
+    """Without the token nothing is served; the printed URL's ?token= sets a cookie that the page's
+    requests then carry; an API client sends it as a header."""
+    server = served_with_token
+    base, token = server.base_url, server.policy.token
+    assert server.url == f"{base}?token={token}" and len(token) >= 24
+    for path in ("", "api/info", "circuitsvis.js"):
+        assert httpx.get(base + path, timeout=30).status_code == 403
+    assert raw(base, "api/run", '{"prompt": "hi"}').status_code == 403
+    assert httpx.get(base + "api/info", headers={"authorization": "token wrong"}, timeout=30).status_code == 403
+    assert httpx.get(base + "api/info", params={"token": token[:-1]}, timeout=30).status_code == 403
+    # the URL it printed: the page, and a cookie for what the page asks next
+    with httpx.Client(timeout=60) as client:
+        page = client.get(server.url)
+        assert page.status_code == 200 and "<html" in page.text.lower()
+        cookie = page.headers["set-cookie"]
+        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
+        assert client.get(base + "api/info").json()["n_layers"] == 2  # the cookie, no token in the URL
+        assert client.post(base + "api/run", json={"prompt": "hi"}).status_code == 200
+    r = httpx.post(base + "api/run", json={"prompt": "hi"}, headers={"authorization": f"token {token}"}, timeout=60)
+    assert r.status_code == 200 and r.json()["tokens"]
+    assert httpx.get(base + "api/info", params={"token": token}, timeout=30).status_code == 200
+
+
+def test_beyond_loopback_a_token_is_the_default(tiny_model, capsys):
+    import lens_heads as lh
+
+    server = lh.explore(tiny_model("llama"), host="0.0.0.0", port=0, show=False)
+    try:
+        assert server.policy.token and "?token=" in server.url
+        base = server.base_url
+        assert httpx.get(base + "api/info", timeout=30).status_code == 403
+        # reached by a name it cannot know (a cluster node's), the token still lets you in
+        r = httpx.get(base + "api/info", headers={"host": f"node-7:{port_of(base)}",
+                                                  "authorization": f"token {server.policy.token}"}, timeout=30)
+        assert r.status_code == 200
+        assert "note: the explorer listens on 0.0.0.0" in capsys.readouterr().err
+    finally:
+        server.stop()
+    open_server = lh.explore(tiny_model("llama"), host="0.0.0.0", port=0, show=False, token=False)
+    try:
+        assert open_server.policy.token is None
+        assert httpx.get(open_server.url + "api/info", timeout=30).status_code == 200
+        assert "warning: the explorer listens on 0.0.0.0 without a token" in capsys.readouterr().err
+    finally:
+        open_server.stop()
+
+
+def _json_values():
+    """Any JSON value, scalars of every type most often (±Infinity, NaN, huge integers, long text)."""
+    from hypothesis import strategies as st
+
+    scalars = [st.booleans(), st.integers(), st.integers(min_value=-10**40, max_value=10**40),
+               st.floats(allow_nan=True, allow_infinity=True), st.sampled_from([float("inf"), float("-inf"),
+                                                                                float("nan"), 1e308, -0.0, 0.5]),
+               st.text(max_size=300),
+               st.sampled_from(["", "none", "piqa", "mmlu", "static:0.1", "score:ahon_ln@0.5", "score:ahon_ln@10%",
+                                "random:0.1@0", "zero", "mean:self", "mean:c4-sample", "resample:self@1",
+                                "static:0.1|mean:self", "0", "-1", "1e999", "x" * 20000, "\x00", "static:",
+                                "score:nope@1", "random:2@0", "file:/etc/passwd", "static:0.1,0.1", "static:-1.0",
+                                "score:ahon_ln@150%", "score:ahon_ln@nan", "random:nan@0", "random:0.5@-1"])]
+    nested = st.recursive(st.one_of(st.none(), *scalars), lambda inner: st.lists(inner, max_size=4)
+                          | st.dictionaries(st.text(max_size=8), inner, max_size=4), max_leaves=8)
+    return st.one_of(st.none(), *scalars, nested)
+
+
+VALID = {"api/run": [{"prompt": "The capital of France is", "ablation": "static:0.1", "replacement": "zero"},
+                     {"task": "piqa", "index": 1, "ablation": "score:ahon_ln@0.5", "replacement": "mean:self"}],
+         "api/head": [{"prompt": "The capital of France is", "layer": 1, "head": 2},
+                      {"task": "piqa", "index": 0, "layer": 0, "head": 3}],
+         "api/question": [{"task": "piqa", "index": 2}], "api/info": [{}]}
+
+
+def test_no_body_is_a_500(served):
+    """Fuzz: a valid body of every endpoint with one to three of its fields (or a new one) set to
+    random JSON values of every type (±Infinity, NaN, huge numbers, nested objects, long strings),
+    and wholly random bodies: never a 500, always one message."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    model, url = served
+    fields = st.sampled_from(["prompt", "task", "index", "ablation", "replacement", "layer", "head", "extra"])
+    mutated = st.tuples(st.sampled_from(sorted(VALID)), st.integers(0, 1),
+                        st.lists(st.tuples(fields, _json_values()), min_size=1, max_size=3))
+
+    def body_of(draw):
+        path, which, changes = draw
+        body = dict(VALID[path][which % len(VALID[path])])
+        for name, value in changes:
+            body[name] = value
+        return path, body
+
+    cases = mutated.map(body_of) | st.tuples(st.sampled_from(sorted(VALID)), _json_values())
+
+    @settings(max_examples=int(os.environ.get("LENS_HEADS_FUZZ_EXAMPLES", "300")), deadline=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(case=cases)
+    def check(case):
+        import json
+
+        path, body = case
+        if path in ("api/run", "api/head"):
+            r = raw(url, path, json.dumps(body, allow_nan=True))
+        else:
+            params = body if isinstance(body, dict) else {"index": body}
+            r = httpx.get(url + path, params={str(k): v if isinstance(v, str) else json.dumps(v)
+                                              for k, v in params.items()}, timeout=60)
+        assert r.status_code < 500, (path, body, r.text)
+        if r.status_code >= 400:
+            error = r.json()["error"]
+            assert error and "Traceback" not in error
+
+    check()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
+import sys
 import time
 
 from lens_heads.cli.common import add_model_args, model_from_args
 from lens_heads.data import load_task
 from lens_heads.errors import LensHeadsError
-from lens_heads.explore import LOOPBACK, Explorer, Server
+from lens_heads.explore import Explorer, Server, exposure_warning
 
 
 def register(sub) -> None:
@@ -21,6 +23,9 @@ def register(sub) -> None:
                         "(a 'file:' spec or a task YAML; repeat for more)")
     p.add_argument("--host", default="127.0.0.1", help="interface to listen on (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0: a free one)")
+    p.add_argument("--token", action=argparse.BooleanOptionalAction, default=None,
+                   help="require a random token on every request, printed in the URL (default: on when --host is "
+                        "not loopback; --no-token serves anyone who can reach the port)")
     p.set_defaults(func=run)
 
 
@@ -31,11 +36,12 @@ def run(args) -> int:
         load_task(spec)
     Explorer.open(None, sweep=args.sweep, scores=args.scores)  # bad paths fail before the model loads
     model = model_from_args(args)
-    if args.host not in LOOPBACK:
-        print(f"warning: the explorer listens on {args.host}: anyone who can reach this machine can use the model "
-              f"(and see what you type)")
     explorer = Explorer.open(model, sweep=args.sweep, scores=args.scores, tasks=args.task)
-    server = Server(explorer, args.host, args.port).start()
+    server = Server(explorer, args.host, args.port, token=args.token)
+    message = exposure_warning(args.host, server.policy.token is not None)
+    if message:
+        print(message, file=sys.stderr)
+    server.start()
     print(f"lens_heads explorer on {model.name}: {server.url}  (Ctrl-C stops it)", flush=True)
     try:
         while server.thread.is_alive():

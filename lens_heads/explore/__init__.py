@@ -10,24 +10,37 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
+from lens_heads.explore.guard import LOOPBACK, is_loopback
 from lens_heads.explore.server import Explorer, Server
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+def exposure_warning(host: str, token: bool) -> str | None:
+    """What to tell a user who binds the explorer beyond loopback (None on loopback)."""
+    if is_loopback(host):
+        return None
+    if token:
+        return (f"note: the explorer listens on {host}: whoever can reach this machine and has the URL with its "
+                f"token can use the model (and see what you type)")
+    return (f"warning: the explorer listens on {host} without a token: anyone who can reach this machine can use "
+            f"the model (and see what you type), and any web page can drive it; an SSH tunnel to 127.0.0.1 "
+            f"keeps it local")
 
 
 def explore(model: LoadedModel, sweep: str | None = None, scores: str | None = None, tasks: list[str] | None = None,
-            host: str = "127.0.0.1", port: int = 8765, show: bool = True) -> Server:
+            host: str = "127.0.0.1", port: int = 8765, show: bool = True, token: bool | None = None) -> Server:
     """Start the explorer on ``model`` in a background thread and return its ``Server``
-    (``.url``, ``.stop()``). ``port=0`` picks a free port. In Jupyter (``show``) the page is
-    displayed inline in an iframe."""
+    (``.url``, ``.stop()``). ``port=0`` picks a free port. ``token``: require a random token on
+    every request (default: whenever ``host`` is not loopback; ``.url`` carries it). In Jupyter
+    (``show``) the page is displayed inline in an iframe."""
     explorer = Explorer.open(model, sweep=sweep, scores=scores, tasks=tasks)
-    if host not in LOOPBACK:
-        print(f"warning: the explorer listens on {host}: anyone who can reach this machine can use the model "
-              f"(and see what you type); use --host 127.0.0.1 to keep it local", file=sys.stderr)
-    server = Server(explorer, host, port).start()
+    server = Server(explorer, host, port, token=token)
+    message = exposure_warning(host, server.policy.token is not None)
+    if message:
+        print(message, file=sys.stderr)
+    server.start()
     print(f"lens_heads explorer: {server.url}")
     if show and "ipykernel" in sys.modules:
         from IPython.display import IFrame, display
@@ -36,4 +49,4 @@ def explore(model: LoadedModel, sweep: str | None = None, scores: str | None = N
     return server
 
 
-__all__ = ["Explorer", "Server", "explore"]
+__all__ = ["LOOPBACK", "Explorer", "Server", "explore"]

@@ -11,12 +11,17 @@ computation), so two browser tabs get the answers one tab would. Endpoints:
   scores and classes, next-token top-k (or a question's log-likelihoods), unablated and ablated.
 - ``POST /api/head``: ``{prompt | task+index, layer, head}`` -> that head's pattern and norms.
 
-Bad input (an empty or too long prompt, a malformed spec, an unknown head or task) gets a 4xx
-with one message; no endpoint reads a path that was not given on the command line.
+Every request passes ``explore.guard`` first (the host names and port it was started for, its
+token where one is set, same-origin only, JSON bodies of at most 64 KiB), then its body is parsed
+into a typed request (``explore.requests``: every field's type and range). Bad input (a foreign
+host or origin, a wrong type, an empty or too long prompt, a malformed spec, an unknown head or
+task) gets a 4xx with one message; no endpoint reads a path that was not given on the command
+line.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import threading
 from collections import OrderedDict
@@ -26,7 +31,9 @@ from typing import TYPE_CHECKING
 
 from lens_heads.data import load_task
 from lens_heads.errors import LensHeadsError
-from lens_heads.explore import session
+from lens_heads.explore import requests, session
+from lens_heads.explore.guard import WILDCARD, BodyTooLarge, Guard, Policy, is_loopback, new_token
+from lens_heads.explore.requests import HeadRequest, Input, RunRequest
 from lens_heads.scores import HeadScores
 from lens_heads.viz.patterns import bundle_js
 
@@ -84,11 +91,10 @@ class Explorer:
             out["sweep"] = [{c: _json_value(r[c]) for c in cols} for _, r in self.sweep.iterrows()]
         return out
 
-    def run(self, body: dict) -> dict:
+    def run(self, req: RunRequest) -> dict:
         with self.lock:
-            abl = session.ablation_of(self.model, body.get("ablation"), body.get("replacement"),
-                                      calibrated=self._calibrated)
-            task, rec, text = self._input(body)
+            abl = session.ablation_of(self.model, req.ablation, req.replacement, calibrated=self._calibrated)
+            task, rec, text = self._input(req.input)
             doc_id = None if rec is None else rec.doc_id
             ids = session.tokenize(self.model, text, self.max_tokens)
             known = self._unablated(ids, task, doc_id)  # an ablation toggle on the same input: one forward
@@ -98,7 +104,7 @@ class Explorer:
                 out["question"]["choices"] = list(rec.choices)
             else:
                 out["next"] = session.next_token(self.model, ids, abl, base=known["base"])
-            out["code"] = _code(self.model, body, task is not None)
+            out["code"] = _code(self.model, req)
             return out
 
     def _calibrated(self, score_id: str, fraction: float) -> str:
@@ -124,43 +130,34 @@ class Explorer:
         self._cache.move_to_end(key)
         return self._cache[key]
 
-    def head(self, body: dict) -> dict:
+    def head(self, req: HeadRequest) -> dict:
         with self.lock:
-            _, _, text = self._input(body)
+            _, _, text = self._input(req.input)
+            g = self.model.geometry
+            if not 0 <= req.layer < g.n_layers:
+                raise LensHeadsError(f"layer must be 0..{g.n_layers - 1}, got {req.layer}")
+            if not 0 <= req.head < g.n_heads:
+                raise LensHeadsError(f"head must be 0..{g.n_heads - 1}, got {req.head}")
             ids = session.tokenize(self.model, text, self.max_tokens)
-            try:
-                layer, head = int(body.get("layer")), int(body.get("head"))
-            except (TypeError, ValueError):
-                raise LensHeadsError("layer and head must be integers") from None
-            return session.head_view(self.model, ids, layer, head)
+            return session.head_view(self.model, ids, req.layer, req.head)
 
-    def question_text(self, body: dict) -> dict:
+    def question_text(self, inp: Input) -> dict:
         with self.lock:
-            name = str(body.get("task") or "")
-            if not name:
-                raise LensHeadsError("give a task")
-            task, rec, context = self._input({"task": name, "index": body.get("index", 0)})
-            return {"task": name, "index": int(body.get("index", 0)), "doc_id": rec.doc_id,
-                    "question": rec.question, "choices": list(rec.choices), "gold": rec.gold, "context": context}
+            task, rec, context = self._input(inp)
+            return {"task": inp.task, "index": inp.index, "doc_id": rec.doc_id, "question": rec.question,
+                    "choices": list(rec.choices), "gold": rec.gold, "context": context}
 
     # --- helpers ----------------------------------------------------------------------------
-    def _input(self, body: dict):
+    def _input(self, inp: Input):
         """(task, record, the text the model reads) of a request: a prompt (no task, no record),
         or a task question (its context as the model reads it, shots included)."""
-        if body.get("task"):
-            task = self._task(str(body["task"]))
-            try:
-                index = int(body.get("index", 0))
-            except (TypeError, ValueError):
-                raise LensHeadsError("index must be an integer") from None
-            if not 0 <= index < len(task.records):
-                raise LensHeadsError(f"{body['task']} has questions 0..{len(task.records) - 1}, not {index}")
-            rec = task.records[index]
+        if inp.task is not None:
+            task = self._task(inp.task)
+            if not 0 <= inp.index < len(task.records):
+                raise LensHeadsError(f"{inp.task} has questions 0..{len(task.records) - 1}, not {inp.index}")
+            rec = task.records[inp.index]
             return task, rec, task.build(rec, task.spec.n_shot)[0][0]
-        prompt = body.get("prompt")
-        if not isinstance(prompt, str):
-            raise LensHeadsError("give a prompt (text) or a task question")
-        return None, None, prompt
+        return None, None, inp.prompt
 
     def _task(self, name: str):
         if name not in self.tasks:
@@ -177,14 +174,15 @@ def _json_value(v):
     return v.item() if hasattr(v, "item") else v
 
 
-def _code(model: LoadedModel, body: dict, is_question: bool) -> dict:
+def _code(model: LoadedModel, req: RunRequest) -> dict:
     """The command line and the Python call that reproduce a view."""
-    spec = (body.get("ablation") or "").strip()
-    rep = (body.get("replacement") or "").strip()
+    spec = (req.ablation or "").strip()
+    rep = (req.replacement or "").strip()
     full = spec if not rep or rep == "zero" or not spec else f"{spec}|{rep}"
-    if is_question:
-        cli = f"lens-heads evaluate {model.name} --task {body['task']}" + (f" --ablate '{full}'" if full else "")
-        py = (f"lh.evaluate_task(model, {body['task']!r}, doc_ids=[DOC_ID]"
+    task = req.input.task
+    if task is not None:
+        cli = f"lens-heads evaluate {model.name} --task {task}" + (f" --ablate '{full}'" if full else "")
+        py = (f"lh.evaluate_task(model, {task!r}, doc_ids=[DOC_ID]"
               + (f", ablation=lh.parse_ablation({full!r}, model.geometry)" if full else "") + ")")
     else:
         cli = f"lens-heads explore {model.name}"
@@ -199,10 +197,12 @@ def _code(model: LoadedModel, body: dict, is_question: bool) -> dict:
 # The app
 
 
-def app(explorer: Explorer):
-    """The Starlette application serving ``explorer``."""
+def app(explorer: Explorer, policy: Policy | None = None):
+    """The Starlette application serving ``explorer``, every request first through the ``Guard``
+    of ``policy`` (default: loopback, no token)."""
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
+    from starlette.middleware import Middleware
     from starlette.requests import Request
     from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
@@ -216,16 +216,23 @@ def app(explorer: Explorer):
     async def circuitsvis(request: Request):
         return Response(bundle, media_type="application/javascript")
 
-    def guarded(fn):
+    def guarded(kind: str, fn):
         async def endpoint(request: Request):
             try:
-                body = await request.json() if request.method == "POST" else dict(request.query_params)
-            except ValueError:
+                if request.method == "POST":
+                    raw = await request.body()  # capped by the guard: BodyTooLarge past MAX_BODY
+                    body = json.loads(raw)
+                else:
+                    body = {k: v for k, v in request.query_params.items() if k != "token"}
+                req = requests.parse(kind, body)
+            except BodyTooLarge as e:
+                return JSONResponse({"error": str(e)}, status_code=413)
+            except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError)
                 return JSONResponse({"error": "the request body must be JSON"}, status_code=400)
-            if not isinstance(body, dict):
-                return JSONResponse({"error": "the request body must be a JSON object"}, status_code=400)
+            except LensHeadsError as e:
+                return JSONResponse({"error": str(e)}, status_code=400)
             try:
-                return JSONResponse(await run_in_threadpool(fn, body))
+                return JSONResponse(await run_in_threadpool(fn, req))
             except session.TooLong as e:
                 return JSONResponse({"error": str(e)}, status_code=413)
             except LensHeadsError as e:
@@ -235,27 +242,37 @@ def app(explorer: Explorer):
         return endpoint
 
     routes = [Route("/", index), Route("/circuitsvis.js", circuitsvis),
-              Route("/api/info", guarded(lambda body: explorer.info())),
-              Route("/api/question", guarded(explorer.question_text)),
-              Route("/api/run", guarded(explorer.run), methods=["POST"]),
-              Route("/api/head", guarded(explorer.head), methods=["POST"])]
-    return Starlette(routes=routes)
+              Route("/api/info", guarded("info", lambda req: explorer.info())),
+              Route("/api/question", guarded("question", explorer.question_text)),
+              Route("/api/run", guarded("run", explorer.run), methods=["POST"]),
+              Route("/api/head", guarded("head", explorer.head), methods=["POST"])]
+    return Starlette(routes=routes, middleware=[Middleware(Guard, policy=policy or Policy())])
 
 
 class Server:
     """uvicorn serving the app in a background thread (``start`` returns once it listens)."""
 
-    def __init__(self, explorer: Explorer, host: str = "127.0.0.1", port: int = 8765):
+    def __init__(self, explorer: Explorer, host: str = "127.0.0.1", port: int = 8765, token: bool | None = None):
+        """``token``: require a random token on every request (None: whenever ``host`` is not loopback)."""
         import uvicorn
 
-        self.config = uvicorn.Config(app(explorer), host=host, port=port, log_level="warning", access_log=False)
+        self.policy = Policy(host, new_token() if (not is_loopback(host) if token is None else token) else None)
+        self.config = uvicorn.Config(app(explorer, self.policy), host=host, port=port, log_level="warning",
+                                     access_log=False)
         self.server = uvicorn.Server(self.config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     @property
     def url(self) -> str:
-        host = self.config.host if self.config.host not in ("0.0.0.0", "::") else "127.0.0.1"
-        return f"http://{host}:{self.port}/"
+        host = self.config.host if self.config.host not in WILDCARD else "127.0.0.1"
+        host = f"[{host}]" if ":" in host and not host.startswith("[") else host
+        query = f"?token={self.policy.token}" if self.policy.token else ""
+        return f"http://{host}:{self.port}/{query}"
+
+    @property
+    def base_url(self) -> str:
+        """The URL without the token (for API clients that send it as a header)."""
+        return self.url.split("?")[0]
 
     @property
     def port(self) -> int:
