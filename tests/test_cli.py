@@ -16,7 +16,7 @@ import pytest
 from lens_heads.cli import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted(p for folder in ("analyses", "benchmarks") for p in (ROOT / folder).glob("*.py")
+SCRIPTS = sorted(p for folder in ("analyses", "benchmarks", "docs") for p in (ROOT / folder).glob("*.py")
                  if p.name != "common.py")
 
 
@@ -67,3 +67,41 @@ def test_info_first_token_attention_is_the_awft_score(tiny_model_dir, tiny_model
     seqs = tokenize_texts(model.tokenizer, load_texts(str(data), n=3), 16)
     want = score_heads(model, seqs, "awft", progress=False).mean["awft"].mean(-1)
     assert [float(r[2]) for r in rows] == pytest.approx(want.tolist(), abs=5e-4)
+
+
+def test_every_command_that_loads_a_model_takes_attention():
+    """The commands whose run loads a model (they call model_from_args) all parse --attention."""
+    import inspect
+    import importlib
+
+    from lens_heads.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command")
+    loads = [c for c in COMMANDS if "model_from_args(" in inspect.getsource(
+        importlib.import_module(f"lens_heads.cli.{c.replace('-', '_')}"))]
+    assert {"demo", "score", "diagnose", "evaluate", "explore"} <= set(loads)
+    for command in loads:
+        options = {o for a in sub.choices[command]._actions for o in a.option_strings}
+        assert "--attention" in options, command
+
+
+@pytest.mark.parametrize("attention", ["eager", "auto"])
+def test_outputs_record_the_attention_backend(attention, tiny_model_dir, shared_data, tmp_path, capsys):
+    """score's, diagnose's and evaluate's .meta.json sidecars name the backend that computed them
+    (fused and eager agree to float rounding, not bit for bit), with the model's digest."""
+    import json
+
+    from lens_heads.models.load import spec_digest
+
+    model = str(tiny_model_dir("llama"))
+    runs = {"scores.csv": ["score", model, "--data", "c4-sample", "--n-inputs", "2", "--max-len", "16",
+                           "--scores", "ahon_ln", "--out"],
+            "diag.csv": ["diagnose", model, "--data", "c4-sample", "--n-inputs", "2", "--max-len", "16", "--out"],
+            "piqa.jsonl": ["evaluate", model, "--task", "piqa", "--limit", "3", "--quiet", "--out"]}
+    for name, argv in runs.items():
+        out = tmp_path / name
+        assert main([*argv, str(out), "--attention", attention]) == 0, capsys.readouterr().err
+        meta = json.loads((tmp_path / f"{name}.meta.json").read_text())
+        assert meta["attention"] == attention and meta["model_digest"] == spec_digest(model), name
+        assert isinstance(meta["attention_eager_layers"], dict) and meta["versions"]["torch"]
+    assert json.loads((tmp_path / "piqa.jsonl.meta.json").read_text())["task"] == "piqa"

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING
 from lens_heads.data.corpora import default_corpus
 from lens_heads import attention
 from lens_heads.errors import LensHeadsError
-from lens_heads.models.load import check_revision, peek_geometry
+from lens_heads.atomic import atomic_write_text
+from lens_heads.models.load import check_revision, model_provenance, peek_geometry
 from lens_heads.protocol import BOS_CHOICES, resolve_protocol
 from lens_heads.thresholds import THRESHOLD_RULES
 from lens_heads import models
@@ -29,6 +32,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                         "{module: device} (devices: 0, 1, cuda:0, cpu, disk)")
     p.add_argument("--max-memory", default=None, help="with --device-map: per device, e.g. 0=20GiB,1=20GiB,cpu=60GiB")
     p.add_argument("--offload-folder", default=None, help="with --device-map: where disk-offloaded weights go")
+    add_attention_arg(p)
+
+
+def add_attention_arg(p: argparse.ArgumentParser) -> None:
+    """``--attention``: every command that loads a model has it."""
     p.add_argument("--attention", default="auto", choices=attention.CHOICES,
                    help="attention backend: auto (default: a fused kernel in every layer whose pattern nothing "
                         "reads, where the architecture allows it), fused (every layer; pattern-based scores from "
@@ -88,6 +96,19 @@ def model_from_args(args):
     """The model the arguments name, placed as they say."""
     return models.load_model(args.model, dtype=args.dtype, device=args.device,
                              attention=getattr(args, "attention", "auto"), **placement_from_args(args))
+
+
+def meta_path(out) -> Path:
+    """The ``OUT.meta.json`` sidecar of an output file (what computed it)."""
+    out = Path(out)
+    return out.with_name(out.name + ".meta.json")
+
+
+def write_meta(out, model: LoadedModel, **run) -> Path:
+    """Write ``OUT.meta.json`` atomically: the model's provenance (weights digest, dtype,
+    attention backend, versions) and what the run was given (``run``)."""
+    meta = {**model_provenance(model), **run}
+    return atomic_write_text(meta_path(out), json.dumps(meta, indent=2, default=str) + "\n")
 
 
 def check_positive(args, *names: str, minimum: int = 1) -> None:

@@ -11,7 +11,7 @@ Everything is stored under OUT; rerunning resumes the sweep from its store.
 
 from __future__ import annotations
 
-from lens_heads.cli.common import (add_protocol_args, check_positive, check_protocol_args, model_from_args,
+from lens_heads.cli.common import (add_attention_arg, add_protocol_args, check_positive, check_protocol_args, model_from_args,
                                    protocol_from_args)
 
 import dataclasses
@@ -47,6 +47,7 @@ def register(sub) -> None:
     p.add_argument("--dtype", default="auto", help="auto (default: bfloat16 where the hardware runs it natively, "
                                                    "else float32), float32 or bfloat16")
     p.add_argument("--device", default="cpu")
+    add_attention_arg(p)
     p.add_argument("--n-inputs", type=int, default=16, help="C4 texts to score and diagnose (default 16)")
     p.add_argument("--max-len", type=int, default=256, help="tokens per text (default 256)")
     p.add_argument("--limit", type=int, default=100,

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from lens_heads.cli.common import add_data_args, add_model_args, check_positive, model_from_args, no_texts
+import dataclasses
+
+from lens_heads.cli.common import (add_data_args, add_model_args, check_positive, meta_path, model_from_args,
+                                   no_texts, write_meta)
 from lens_heads.atomic import check_output_file
 from lens_heads.data import load_texts, tokenize_texts
 from lens_heads.diagnose import CLASSES, DiagnosisThresholds, SICK, diagnose, format_band
@@ -29,7 +32,7 @@ def run(args) -> int:
     # everything that can be checked without the model, before it loads
     if not str(args.out).endswith(".csv"):
         raise LensHeadsError(f"--out must be a .csv file, got {args.out}")
-    check_output_file(args.out)
+    check_output_file(args.out, sidecars=[meta_path(args.out)])
     thresholds = DiagnosisThresholds(args.dead, args.bos_sink, args.low_entropy, args.local, args.band_fraction)
     check_positive(args, "max_len", minimum=2)
     check_positive(args, "n_inputs", "batch_size")
@@ -48,6 +51,8 @@ def run(args) -> int:
         raise LensHeadsError(f"no inputs in {args.data}")
     diag = diagnose(model, inputs, thresholds, batch_size=args.batch_size)
     diag.save(args.out)
+    write_meta(args.out, model, data=None if args.prompt is not None else str(args.data),
+               prompt=args.prompt, n_inputs=len(inputs), max_len=args.max_len, thresholds=dataclasses.asdict(thresholds))
     counts = diag.counts()
     print(f"{model.name}: {diag.n_layers} layers x {diag.n_heads} heads, on {what}")
     for c in CLASSES:

@@ -8,9 +8,11 @@ sweep (``lens-heads sweep``, same ``--limit`` / ``--seed`` / ``--n-shot``) measu
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
-                                   config_geometry, model_from_args, protocol_from_args)
+                                   config_geometry, meta_path, model_from_args, protocol_from_args, write_meta)
 from lens_heads.ablation import parse_ablation
 from lens_heads.atomic import check_output_file
 from lens_heads.data import load_task
@@ -24,6 +26,9 @@ from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
 from lens_heads.task_requests import task_inputs
 from lens_heads.thresholds import calibrated_spec, score_ablation_spec
 from lens_heads import evaluate as evaluation
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 
 def register(sub) -> None:
@@ -58,7 +63,7 @@ def run(args) -> int:
 
     # everything that can be checked without the model, before it loads
     if args.out is not None:
-        check_output_file(args.out)
+        check_output_file(args.out, sidecars=[meta_path(args.out)])
     check_positive(args, "limit", "batch_size")
     check_positive(args, "n_shot", minimum=0)
     typed = parse_spec(args.ablate) if args.ablate is not None else None  # the one spec grammar
@@ -107,10 +112,11 @@ def run(args) -> int:
                         protocol=protocol)
     if protocol.key():
         print(f"protocol: {protocol}")
-    return show(args, res, f"{res.task} {res.n_shot}-shot  n={len(res.questions)}", len(res.questions), "questions")
+    return show(args, model, res, f"{res.task} {res.n_shot}-shot  n={len(res.questions)}", len(res.questions),
+                "questions")
 
 
-def show(args, res, head: str, n: int, what: str) -> int:
+def show(args, model: LoadedModel, res, head: str, n: int, what: str) -> int:
     """Print a result's metrics (and the zeroed fraction); write its per-item JSONL with --out."""
     line = f"{head}  " + "  ".join(f"{k} {v:.4f}" for k, v in res.metrics.items())
     if res.zeroed_fraction is not None and res.zeroed_fraction == res.zeroed_fraction:
@@ -118,6 +124,8 @@ def show(args, res, head: str, n: int, what: str) -> int:
     print(line)
     if args.out is not None:
         res.write_jsonl(args.out)
+        write_meta(args.out, model, task=res.task, metrics=res.metrics, n=n, zeroed_fraction=res.zeroed_fraction,
+                   config=res.config)
         print(f"wrote {n} {what} to {args.out}")
     return 0
 
@@ -138,4 +146,4 @@ def run_rolling(args, task, percent) -> int:
     ablation = None if args.ablate is None else \
         parse_ablation(str(with_replacement(parse_spec(args.ablate), args.ablate_with)), model.geometry)
     res = evaluate_rolling_task(model, task, ablation, args.limit, args.batch_size, progress=not args.quiet)
-    return show(args, res, f"{res.task}  docs={len(res.docs)}", len(res.docs), "documents")
+    return show(args, model, res, f"{res.task}  docs={len(res.docs)}", len(res.docs), "documents")

@@ -30,7 +30,8 @@ from lens_heads.data.paths import hub_offline
 from lens_heads.hooks import booting_pruned, bridge_made_parameters, pin_rotary_dtype, probe_shapes
 from lens_heads.models.gguf_size import Truncated, declared_size
 from lens_heads.pruned_model import pruned_class, shrink
-from lens_heads.attention import check_choice, check_model
+from lens_heads.attention import blockers, check_choice, check_model
+from lens_heads.provenance import package_versions
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -496,6 +497,17 @@ def model_digest(model: LoadedModel) -> str:
     if model.weights_digest is None:
         model.weights_digest = source_digest(model.source)
     return model.weights_digest
+
+
+def model_provenance(model: LoadedModel) -> dict:
+    """What computed a result, for its metadata: the model and its weights' digest, dtype, the
+    attention backend (``auto`` runs the fused kernel in every layer whose pattern nothing reads;
+    ``attention_eager_layers`` names the layers that cannot run it at all, with the reason), and
+    the package versions (docs/methods.md §10)."""
+    eager = {} if model.attention == "eager" else {str(L): why for L, why in enumerate(blockers(model)) if why}
+    return {"model": model.source.spec, "model_digest": model_digest(model), "architecture": model.geometry.arch.name,
+            "dtype": str(model.dtype).removeprefix("torch."), "attention": model.attention,
+            "attention_eager_layers": eager, "versions": package_versions()}
 
 
 def spec_digest(spec: str | os.PathLike, revision: str | None = None) -> str:

@@ -25,9 +25,8 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.hashing import sha256_tokens
 from lens_heads.engine import forward
 from lens_heads.heads import Head
-from lens_heads.models.load import model_digest
+from lens_heads.models.load import model_provenance
 from lens_heads.progress import progress_bar
-from lens_heads.provenance import package_versions
 from lens_heads.scores.collector import ScoreCollector
 from lens_heads.scores.functions import SCORES, resolve_score_ids, revision_key
 
@@ -329,17 +328,8 @@ def score_heads(
 
 
 def score_metadata(model: LoadedModel, seqs: Sequence[Tensor], max_len: int | None, data: str | None) -> dict:
-    return {
-        "model": model.source.spec,
-        "model_digest": model_digest(model),
-        "architecture": model.geometry.arch.name,
-        "dtype": str(model.dtype).removeprefix("torch."),
-        "data": data,
-        "max_len": max_len,
-        "tokens_sha256": sha256_tokens(seqs),
-        "n_tokens": int(sum(len(s) for s in seqs)),
-        "versions": package_versions(),
-    }
+    return {**model_provenance(model), "data": data, "max_len": max_len, "tokens_sha256": sha256_tokens(seqs),
+            "n_tokens": int(sum(len(s) for s in seqs))}
 
 
 def wasserstein_distances(samples: Mapping[str, Sequence[float] | np.ndarray]) -> pd.DataFrame:
