@@ -135,6 +135,7 @@ def shell_commands(block: str) -> list[str]:
 NOT_RUN = {
     "python3 -m venv .venv": "creates a virtual environment for the install (tests/test_install.py)",
     ".venv/bin/pip install -e . -c constraints.txt": "the install (tests/test_install.py)",
+    "source .venv/bin/activate": "puts lens-heads on the reader's PATH; this test runs it in-process",
     '.venv/bin/pip install -q -e ".[test]" -c constraints.txt': "the install (tests/test_install.py)",
     ".venv/bin/python -m pytest": "the test suite itself, of which this test is part",
     "--executor ray --ray-address auto": "needs a running Ray cluster (tests/test_scaleout.py runs a local one)",
@@ -153,7 +154,7 @@ SPEED = {
 # pytest -m slow: the demo as pasted (100 PIQA questions x 20 points; tests/test_report.py runs it
 # shrunk by default) and the paper's protocol (MMLU's 57 subjects, 16 sweep points)
 SLOW = {"demo", "The paper's protocol"}
-NEEDS_DATA = {"Make it smaller", "The paper's protocol"}  # named corpora and tasks: $LENS_HEADS_DATA
+NEEDS_DATA = {"Make it smaller", "The paper's protocol", "Command line"}  # named corpora and tasks: $LENS_HEADS_DATA
 REQUIRES = {"--tasks my_mc.yaml": "cat > my_mc.yaml"}  # route 3 reads route 1's YAML
 
 
