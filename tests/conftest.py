@@ -169,6 +169,20 @@ def shared_data() -> Path:
     return SHARED_DATA
 
 
+@pytest.fixture(scope="session")
+def tiny_llama_2k(tiny_model_dir, tmp_path_factory) -> Path:
+    """The tiny llama with a 2,048-token window (RoPE: the same weights), for long prompts
+    (PIQA's longest solutions exceed 256 tokens in the tiny tokenizer)."""
+    import json
+    import shutil
+
+    folder = tmp_path_factory.mktemp("tiny-llama-2k")
+    shutil.copytree(tiny_model_dir("llama"), folder, dirs_exist_ok=True)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
+    return folder
+
+
 @pytest.fixture
 def own_cache(tmp_path, monkeypatch):
     """A fresh ``LENS_HEADS_CACHE`` per test, so cached tables never leak between tests."""

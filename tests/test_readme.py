@@ -38,16 +38,6 @@ def python_block() -> str:
     return blocks[0]
 
 
-@pytest.fixture(scope="module")
-def tiny_llama_2k(tiny_model_dir, tmp_path_factory) -> Path:
-    """The tiny llama with a 2,048-token window (RoPE: the same weights), for long prompts."""
-    folder = tmp_path_factory.mktemp("tiny-llama-2k")
-    shutil.copytree(tiny_model_dir("llama"), folder, dirs_exist_ok=True)
-    config = json.loads((folder / "config.json").read_text())
-    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
-    return folder
-
-
 def test_readme_python_walkthrough(tiny_llama_2k, shared_data, tmp_path, monkeypatch, capsys):
     code = python_block()
     folder = tiny_llama_2k

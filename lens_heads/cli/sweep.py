@@ -31,6 +31,7 @@ from lens_heads.sweep.executors import check_ray_address
 from lens_heads.sweep import run as sweep_run
 from lens_heads.sweep import executors
 from lens_heads.sweep.executors import job_for
+from lens_heads.sweep.adaptive import SearchConfig, run_search
 
 
 def register(sub) -> None:
@@ -72,6 +73,21 @@ def register(sub) -> None:
     p.add_argument("--ablate-with", default="zero",
                    help="what ablated heads become: zero (default), mean:CORPUS[@N] (their mean output over the "
                         "first N texts of CORPUS), resample:CORPUS@SEED[@N] (another input's output)")
+    a = p.add_argument_group("adaptive search (docs/methods.md §13): each curve's crossing by bisection, every probe "
+                             "stopped as soon as a confidence sequence decides it")
+    a.add_argument("--search", choices=("grid", "crossing"), default="grid",
+                   help="grid (default): every --fractions point on every question; crossing: the largest %% of "
+                        "heads within --margin of the unablated accuracy, searched on a grid of --resolution up "
+                        "to the largest --fractions value, each probe on as few questions as decide it")
+    a.add_argument("--margin", type=float, default=1.0, help="crossing: accuracy points (default 1)")
+    a.add_argument("--alpha", type=float, default=0.05,
+                   help="crossing: the chance a curve's reported crossing is wrong (default 0.05)")
+    a.add_argument("--resolution", type=float, default=1.0, help="crossing: %% of heads between probes (default 1)")
+    a.add_argument("--search-batch", type=int, default=64, help="crossing: questions per sequential step (default 64)")
+    a.add_argument("--order-seed", type=int, default=0, help="crossing: seed of the questions' random order (default 0)")
+    a.add_argument("--max-items", type=int, default=None,
+                   help="crossing: at most this many questions per probe (default all: every probe decides); a "
+                        "probe still undecided there is reported unresolved")
     g = p.add_argument_group("scale-out (docs/methods.md §8; the store in --out is the only coordination)")
     g.add_argument("--executor", choices=("local", "ray", "slurm"), default="local",
                    help="where the units run: this machine (default: this process, or --workers processes), "
@@ -172,7 +188,15 @@ def run(args) -> int:
         raise LensHeadsError("--status reads the store: give it without --executor / --shard / --workers")
     if args.ray_address is not None and args.executor != "ray":
         raise LensHeadsError("--ray-address goes with --executor ray")
-    scale = _executor_config(args)
+    search = search_from_args(args)
+    if search is not None and (args.executor != "local" or args.workers is not None or args.status):
+        raise LensHeadsError("--search crossing runs in this process (and as --shard I/N by hand): give it without "
+                             "--executor / --workers / --status")
+    if search is not None and args.ablate:
+        raise LensHeadsError("--search crossing searches curves; --ablate points have none (run them as a grid sweep)")
+    if search is not None:
+        search.grid(max(cfg.fractions))  # a range that holds a step: checked before anything loads
+    scale = _executor_config(args) if search is None else None
     if in_process_only(cfg) and scale is not None:
         raise LensHeadsError(in_process_message(in_process_only(cfg)))
     if scale is not None and (args.thresholds_file is not None or args.paper_protocol):
@@ -221,8 +245,44 @@ def run(args) -> int:
     if cfg.protocol.key():
         print(f"protocol: {cfg.protocol}")
 
+    if search is not None:
+        shard = parse_shard(args.shard) if args.shard is not None else None
+        found = run_search(model, cfg, search, args.out, task=task, progress=not args.no_progress, shard=shard)
+        return report_search(args, found)
     result = run_sweep(model, cfg, args.out, task=task, progress=not args.no_progress)
     return report(args, result)
+
+
+def search_from_args(args) -> SearchConfig | None:
+    """The ``--search crossing`` settings (checked before anything loads); None for a grid sweep."""
+    if args.search == "grid":
+        given = [f"--{n.replace('_', '-')}" for n, d in (("margin", 1.0), ("alpha", 0.05), ("resolution", 1.0),
+                                                          ("search_batch", 64), ("order_seed", 0), ("max_items", None))
+                 if getattr(args, n) != d]
+        if given:
+            raise LensHeadsError(f"{given[0]} goes with --search crossing")
+        return None
+    return SearchConfig(margin=args.margin / 100, alpha=args.alpha, resolution=args.resolution / 100,
+                        batch=args.search_batch, order_seed=args.order_seed, max_items=args.max_items)
+
+
+def report_search(args, found) -> int:
+    """Print an adaptive search's crossings."""
+    for _, row in found.within.iterrows():
+        where = ("unresolved between {:g} and {:g} %".format(row["bracket_low_pct"], row["bracket_high_pct"])
+                 if row["crossing_status"] == "unresolved" else
+                 f"{row['crossing_pct']:g} %" + (" or more (the range's end)" if row["crossing_status"] == "lower bound"
+                                                  else ""))
+        flag = f"  NOT MONOTONE: {row['monotone_violation']}" if isinstance(row["monotone_violation"], str) and \
+            row["monotone_violation"] else ""
+        print(f"  {row['score_fn']:<12} within {row['margin_pts']:g} point up to {where}  "
+              f"({row['n_probes']} probes: {row['probes']}){flag}")
+    print(f"{found.new_items} question evaluations this run, {found.seconds:.1f} s")
+    if found.complete:
+        print(f"wrote {args.out}/within_1pt.csv and {args.out}/probes.csv")
+    else:
+        print("other shards' curves are still running: the last shard to finish writes the tables")
+    return 0
 
 
 def check_weights_before_load(args, cfg, task) -> None:

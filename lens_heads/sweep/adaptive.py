@@ -1,0 +1,536 @@
+"""Adaptive sweeps: each curve's within-margin crossing by bisection over fractions, every probe
+decided as soon as an anytime-valid confidence sequence is certain (docs/methods.md §13).
+
+A curve (a score function's per-input thresholds, random heads averaged over seeds, a static
+ranking) is a function of the fraction p of heads zeroed; its *crossing* is the largest p on
+the grid 0, r, 2r, ... (``SearchConfig.resolution`` r, up to the sweep's largest fraction) whose
+paired difference Δ(p) = acc(ablated) − acc(unablated) over the benchmark's N items is still
+≥ −margin. The search, in the order data flows:
+
+* ``bisect_crossing``: bisection over the grid's indices (pure; the probe decisions come from a
+  callback), assuming Δ is non-increasing in p between probes;
+* ``decide_probe``: one probe's items in a seeded random order, batch by batch, each batch's
+  differences fed to ``confseq.WoRConfidenceSequence`` at the per-probe level α / (most probes
+  a curve can take), until ``confseq.decide`` says within or outside (at n = N it always does:
+  the interval is then the exact Δ), or a cap on items runs out (``unresolved``);
+* ``StoreItems``: per-item results from the sweep's ``ResultStore``, under the very keys a
+  fixed-grid sweep writes (a stored point gives every item; stored parts give theirs); missing
+  items are evaluated a batch at a time, each batch claimed and stored as a part of its point,
+  so a killed run resumes without re-evaluating an item and two processes never evaluate the
+  same batch;
+* ``search_curve``: the three together for one curve of a ``SweepPlan`` built on the search's
+  grid; ``crossing_table`` turns the outcomes into ``within_1pt.csv`` rows and ``probes.csv``.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+
+import numpy as np
+
+from lens_heads import evaluate as evaluation
+from lens_heads.ablation import parse_ablation
+from lens_heads.atomic import atomic_write_csv
+from lens_heads.claims import claim, wait_for
+from lens_heads.errors import LensHeadsError
+from lens_heads.keys import Kind, RunIdentity, StoreKey, config_key
+from lens_heads.progress import progress_bar
+from lens_heads.store import ResultStore
+from lens_heads.sweep.confseq import WoRConfidenceSequence, decide
+from lens_heads.sweep.config import SweepConfig
+from lens_heads.sweep.plan import SweepPlan, stored_static
+from lens_heads.sweep.records import PointRecord
+from lens_heads.sweep.run import check_one_weights, check_sweep, ensure_static, ensure_thresholds, read_thresholds
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
+
+WITHIN, OUTSIDE, UNRESOLVED = "within", "outside", "unresolved"
+_EXACT = 1e-9  # Δ == -margin counts as within (the grid's ``acc >= base - tol``), float rounding aside
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """How the crossing is searched: ``margin`` (accuracy, 0.01 = one point), ``alpha`` (the
+    curve's error rate), ``resolution`` (the grid's step in fraction of heads), ``batch``
+    (items per sequential step), ``order_seed`` (the items' random order), ``max_items`` (a
+    cap per probe: a probe that reaches it undecided is ``unresolved``; None: the benchmark)."""
+
+    margin: float = 0.01
+    alpha: float = 0.05
+    resolution: float = 0.01
+    batch: int = 64
+    order_seed: int = 0
+    max_items: int | None = None
+
+    def __post_init__(self) -> None:
+        for name, lo, hi in (("margin", 0.0, 1.0), ("alpha", 0.0, 1.0), ("resolution", 0.0, 1.0)):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) \
+                    or not (lo < v < hi or (name == "margin" and v == 0)):
+                raise LensHeadsError(f"{name} must be in ({lo:g}, {hi:g}), got {v!r}")
+        if isinstance(self.batch, bool) or not isinstance(self.batch, int) or self.batch < 1:
+            raise LensHeadsError(f"the search batch must be an integer >= 1, got {self.batch!r}")
+        if self.max_items is not None and (isinstance(self.max_items, bool) or not isinstance(self.max_items, int)
+                                           or self.max_items < 1):
+            raise LensHeadsError(f"max_items must be an integer >= 1, got {self.max_items!r}")
+
+    def grid(self, top: float) -> list[float]:
+        """0, r, 2r, ... up to ``top`` (the sweep's largest fraction), rounded as fractions are
+        written (so 3 x 0.05 is the grid sweep's 0.15 and shares its thresholds and points)."""
+        k = int(math.floor(top / self.resolution + 1e-9))
+        if k < 1:
+            raise LensHeadsError(f"the search range 0..{top:g} holds no step of {self.resolution:g}: give a larger "
+                                 f"largest fraction or a finer resolution")
+        return [round(i * self.resolution, 9) for i in range(k + 1)]
+
+    def probe_alpha(self, n_grid: int) -> float:
+        """α per probe: α split over the most probes a bisection of ``n_grid`` points can take."""
+        return self.alpha / max_probes(n_grid)
+
+
+def max_probes(n_grid: int) -> int:
+    """The most probes ``bisect_crossing`` takes on a grid of ``n_grid`` points (index 0, the
+    unablated model, is never probed): ceil(log2(n_grid))."""
+    return max(1, math.ceil(math.log2(n_grid)))
+
+
+# -----------------------------------------------------------------------------
+# The search, pure
+
+
+@dataclass
+class ProbeOutcome:
+    """One probe: grid ``index``, the decision, the interval on Δ when it was taken, the items it
+    used (``n``) and of those the ones evaluated by this run (``new``)."""
+
+    index: int
+    decision: str
+    lo: float
+    hi: float
+    n: int
+    new: int = 0
+    pct_zeroed: float = math.nan
+
+
+@dataclass
+class CurveOutcome:
+    """A curve's search: the crossing's grid index (None when unresolved), its status
+    (``resolved``, ``lower bound``: within up to the grid's end, ``unresolved``), the bracket
+    (last index known within, first known outside; ``n_grid`` for beyond the grid) and the probes."""
+
+    crossing: int | None
+    status: str
+    bracket: tuple[int, int]
+    probes: list[ProbeOutcome] = field(default_factory=list)
+
+    def violations(self) -> list[tuple[int, int]]:
+        """Probe pairs (a, b), a < b on the grid, whose intervals say Δ(b) > Δ(a) for certain:
+        the curve visibly rises where the search assumed it does not."""
+        out = []
+        for pa in self.probes:
+            for pb in self.probes:
+                if pa.index < pb.index and pb.lo > pa.hi:
+                    out.append((pa.index, pb.index))
+        return out
+
+
+def bisect_crossing(n_grid: int, probe: Callable[[int], ProbeOutcome]) -> CurveOutcome:
+    """Bisection for the largest grid index whose Δ is within the margin. Index 0 (nothing
+    zeroed) is within by definition; ``n_grid`` stands for "beyond the grid" (outside). Each
+    step probes the middle of the bracket; an unresolved probe ends the search."""
+    lo, hi = 0, n_grid
+    probes: list[ProbeOutcome] = []
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        got = probe(mid)
+        probes.append(got)
+        if got.decision == WITHIN:
+            lo = mid
+        elif got.decision == OUTSIDE:
+            hi = mid
+        else:
+            return CurveOutcome(None, UNRESOLVED, (lo, hi), probes)
+    return CurveOutcome(lo, "lower bound" if hi == n_grid else "resolved", (lo, hi), probes)
+
+
+def decide_probe(N: int, order: Sequence[int], differences: Callable[[Sequence[int]], np.ndarray],
+                 alpha: float, margin: float, batch: int, levels: int = 1, max_items: int | None = None,
+                 on_batch: Callable[[int, float, float], None] | None = None) -> ProbeOutcome:
+    """Feed the items of ``order`` (the population's N item ids in a random order) to a
+    confidence sequence, ``batch`` at a time, until it decides; ``differences(ids)`` gives each
+    item's Δ on the lattice -1, -1 + 1/levels, ..., 1. The outcome's index is left at -1."""
+    cs = WoRConfidenceSequence(N, alpha, -1.0, 1.0, 1.0 / levels)
+    cap = N if max_items is None else min(N, max_items)
+    lo, hi, n = -1.0, 1.0, 0
+    while n < cap:
+        ids = order[n:min(n + batch, cap)]
+        lo, hi = cs.update(differences(ids))
+        n += len(ids)
+        if on_batch is not None:
+            on_batch(n, lo, hi)
+        got = decide(lo, hi, margin + _EXACT)
+        if got is not None:
+            return ProbeOutcome(-1, got, lo, hi, n)
+    return ProbeOutcome(-1, UNRESOLVED, lo, hi, n)
+
+
+def item_order(doc_ids: Sequence[int], seed: int) -> list[int]:
+    """The population's items in the seeded random order every probe reads them in."""
+    perm = np.random.default_rng(seed).permutation(len(doc_ids))
+    return [int(doc_ids[i]) for i in perm]
+
+
+# -----------------------------------------------------------------------------
+# Items from the store
+
+
+class StoreItems:
+    """Per-item results of sweep points, read from ``store`` (a point's record, or its parts)
+    and evaluated where missing (with ``model``; without one a missing item is an error: the
+    tables are rebuilt from the store alone)."""
+
+    def __init__(self, store: ResultStore, plan: SweepPlan, model: LoadedModel | None = None, task=None):
+        self.store, self.plan, self.model, self.task = store, plan, model, task
+        self.new = 0  # items this object evaluated
+        self._known: dict[str, dict[int, object]] = {}  # point digest -> doc_id -> QuestionResult
+        self._zeroed: dict[str, list[int]] = {}  # point digest -> [units zeroed, units seen] over its records
+        self._index_parts()
+
+    def _index_parts(self) -> None:
+        """Every stored part, grouped under its point's digest."""
+        self._parts: dict[str, list[dict]] = {}
+        for data in self.store.records(Kind.PART):
+            cfg = {k: v for k, v in data.get("config", {}).items() if k != "doc_ids"}
+            cfg["kind"] = Kind.POINT.value
+            self._parts.setdefault(config_key(cfg), []).append(data)
+
+    def _load(self, key: StoreKey) -> dict[int, object]:
+        digest = key.digest
+        if digest in self._known:
+            return self._known[digest]
+        got: dict[int, object] = {}
+        zeroed = [0, 0]
+        rec = self.store.load(key, PointRecord)
+        records = [rec] if rec is not None else [PointRecord.from_json(d) for d in self._parts.get(digest, [])]
+        for r in records:
+            self._add(got, zeroed, r)
+        self._known[digest], self._zeroed[digest] = got, zeroed
+        return got
+
+    @staticmethod
+    def _add(got: dict, zeroed: list[int], rec: PointRecord) -> None:
+        for q in rec.questions:
+            got.setdefault(q.doc_id, q)
+        units = rec.eval_config.get("zeroed_units")
+        if units:
+            zeroed[0] += units[0]
+            zeroed[1] += units[1]
+
+    def pct_zeroed(self, spec: str) -> float:
+        """% of (input, layer, head) units zeroed over the stored items of ``spec``'s point."""
+        key = self.plan.point_key(spec)
+        self._load(key)
+        z, u = self._zeroed.get(key.digest, [0, 0])
+        return 0.0 if spec == "none" else (100.0 * z / u if u else math.nan)
+
+    def correct(self, spec: str, doc_ids: Sequence[int]) -> np.ndarray:
+        """0/1 correctness of ``spec`` on ``doc_ids`` (evaluating, and storing, the missing ones)."""
+        key = self.plan.point_key(spec)
+        known = self._load(key)
+        missing = [d for d in doc_ids if d not in known]
+        while missing:
+            self._fetch(spec, key, missing)
+            missing = [d for d in doc_ids if d not in known]
+        return np.array([float(known[d].correct) for d in doc_ids])
+
+    def _fetch(self, spec: str, key: StoreKey, missing: list[int]) -> None:
+        """Evaluate ``missing`` under ``spec`` as one claimed part (or wait for the process that holds it)."""
+        part = key.part(missing)
+        path = self.store.path(part)
+        with claim(path) as mine:
+            if mine:
+                rec = self.store.load(part, PointRecord)
+                if rec is None:
+                    if self.model is None:
+                        raise LensHeadsError(f"{self.store.root}: items of {spec} are not stored; the search's "
+                                             f"tables are rebuilt from a complete store only")
+                    rec = self._evaluate(spec, missing)
+                    self.store.save(part, rec)
+                    self.new += len(missing)
+                self._add(self._known[key.digest], self._zeroed[key.digest], rec)
+                return
+        wait_for(path)
+        rec = self.store.load(part, PointRecord)
+        if rec is not None:
+            self._add(self._known[key.digest], self._zeroed[key.digest], rec)
+
+    def _evaluate(self, spec: str, doc_ids: list[int]) -> PointRecord:
+        cfg = self.plan.cfg
+        result = evaluation.evaluate_task(self.model, self.task, n_shot=cfg.n_shot, seed=cfg.seed,
+                                          ablation=None if spec == "none" else parse_ablation(spec, self.model.geometry),
+                                          batch_size=cfg.batch_size, progress=False, doc_ids=list(doc_ids),
+                                          protocol=cfg.protocol)
+        return PointRecord.from_result(result)
+
+    def complete_point(self, spec: str) -> bool:
+        """Once every item of ``spec`` is known from disjoint parts: store them as the point's
+        record (what a grid sweep then reads) and drop the parts. True when the point is stored."""
+        key = self.plan.point_key(spec)
+        if self.store.has(key):
+            return True
+        known = self._load(key)
+        ids = self.plan.doc_ids
+        if any(d not in known for d in ids):
+            return False
+        self._index_parts()
+        parts = [PointRecord.from_json(d) for d in self._parts.get(key.digest, [])]
+        docs = [q.doc_id for p in parts for q in p.questions]
+        if sorted(docs) != sorted(ids):  # overlapping or foreign parts: leave them as they are
+            return False
+        rank = {d: i for i, d in enumerate(ids)}
+        rec = PointRecord.merge(parts, self.plan.cfg.limit)
+        rec.questions = sorted(rec.questions, key=lambda q: rank[q.doc_id])
+        rec.point_hash = key.digest
+        self.store.save(key, rec)
+        for d in self._parts.get(key.digest, []):
+            self.store.discard(StoreKey(Kind.PART, d["config"]))
+        return True
+
+
+# -----------------------------------------------------------------------------
+# Curves of a plan
+
+
+@dataclass(frozen=True)
+class Curve:
+    """One searched curve: its name (a score id, ``random``, ``static:ID``) and, per grid
+    index, the specs whose mean correctness it reads (one, or one per random seed)."""
+
+    name: str
+    specs: tuple[tuple[str, ...], ...]  # [grid index] -> specs
+
+    @property
+    def levels(self) -> int:
+        return len(self.specs[-1])
+
+
+def curves_of(plan: SweepPlan, grid: Sequence[float]) -> list[Curve]:
+    """The plan's curves on ``grid`` (its fractions), in the plan's order: per-input functions,
+    random heads (the mean over seeds, as the grid sweep's curve), static curves."""
+    by: dict[str, dict[float, list[tuple[int | None, str]]]] = {}
+    for p in plan.points:
+        if math.isnan(p.fraction):
+            continue  # extra ablations have no curve
+        by.setdefault(p.score_fn, {}).setdefault(float(p.fraction), []).append((p.seed, p.spec))
+    out = []
+    for name, pts in by.items():
+        specs = []
+        for f in grid:
+            got = sorted(pts.get(float(f), []), key=lambda t: -1 if t[0] is None else t[0])
+            if not got:
+                raise LensHeadsError(f"curve {name} has no point at fraction {f:g}")
+            specs.append(tuple(s for _, s in got))
+        out.append(Curve(name, tuple(specs)))
+    return out
+
+
+@dataclass
+class SearchRun:
+    """What ``search_curve`` needs besides the curve: the plan on the search's grid, the items."""
+
+    plan: SweepPlan
+    search: SearchConfig
+    grid: list[float]
+    items: StoreItems
+    progress: bool = False
+
+    @property
+    def order(self) -> list[int]:
+        return item_order(self.plan.doc_ids, self.search.order_seed)
+
+
+def search_curve(run: SearchRun, curve: Curve) -> CurveOutcome:
+    """Bisect ``curve`` on the run's grid, each probe decided sequentially on the store's items."""
+    N, order, items, search = len(run.plan.doc_ids), run.order, run.items, run.search
+    alpha = search.probe_alpha(len(run.grid))
+
+    def probe(index: int) -> ProbeOutcome:
+        specs = curve.specs[index]
+        before = items.new
+        label = f"{curve.name}@{100 * run.grid[index]:g}%"
+        bar = progress_bar(N, label, enabled=run.progress, unit="item", leave=False)
+
+        def differences(ids: Sequence[int]) -> np.ndarray:
+            base = items.correct("none", ids)
+            ablated = np.mean([items.correct(s, ids) for s in specs], axis=0)
+            return ablated - base
+
+        def shown(n: int, lo: float, hi: float) -> None:
+            bar.n = n
+            bar.set_postfix_str(f"Δ in [{100 * lo:+.2f}, {100 * hi:+.2f}] pt, margin -{100 * search.margin:g}",
+                                refresh=True)
+
+        try:
+            got = decide_probe(N, order, differences, alpha, search.margin, search.batch, curve.levels,
+                               search.max_items, shown)
+        finally:
+            bar.close()
+        got.index, got.new = index, items.new - before
+        got.pct_zeroed = float(np.mean([items.pct_zeroed(s) for s in specs]))
+        if got.n == N:
+            for s in specs:
+                items.complete_point(s)  # a probe run to exhaustion is a whole point: a grid sweep reads it
+        return got
+
+    return bisect_crossing(len(run.grid), probe)
+
+
+# -----------------------------------------------------------------------------
+# Tables
+
+
+def probe_rows(curve: Curve, outcome: CurveOutcome, grid: Sequence[float]) -> list[dict]:
+    """``probes.csv`` rows of one curve: every probe in the order taken."""
+    return [{"score_fn": curve.name, "step": i + 1, "fraction": grid[p.index], "pct": 100 * grid[p.index],
+             "specs": ";".join(curve.specs[p.index]), "decision": p.decision, "delta_lo": p.lo, "delta_hi": p.hi,
+             "n_items": p.n, "new_items": p.new, "pct_zeroed": p.pct_zeroed}
+            for i, p in enumerate(outcome.probes)]
+
+
+def crossing_row(curve: Curve, outcome: CurveOutcome, grid: Sequence[float], search: SearchConfig, N: int) -> dict:
+    """The curve's ``within_1pt.csv`` row of an adaptive search."""
+    lo, hi = outcome.bracket
+    beyond = lambda i: math.inf if i >= len(grid) else 100 * grid[i]  # noqa: E731
+    violations = outcome.violations()
+    return {"score_fn": curve.name,
+            "crossing_pct": math.nan if outcome.crossing is None else 100 * grid[outcome.crossing],
+            "crossing_status": outcome.status, "bracket_low_pct": 100 * grid[lo], "bracket_high_pct": beyond(hi),
+            "resolution_pct": 100 * search.resolution, "range_pct": 100 * grid[-1], "alpha": search.alpha,
+            "margin_pts": 100 * search.margin, "n_probes": len(outcome.probes), "n_population": N,
+            "item_evaluations": sum(p.n * len(curve.specs[p.index]) for p in outcome.probes),
+            "new_item_evaluations": sum(p.new for p in outcome.probes),
+            "probes": "; ".join(f"{100 * grid[p.index]:g}%:{p.decision}@{p.n}" for p in outcome.probes),
+            "monotone_violation": "; ".join(f"{100 * grid[a]:g}%<{100 * grid[b]:g}%" for a, b in violations)}
+
+
+def search_tables(curves: Iterable[Curve], outcomes: Sequence[CurveOutcome], grid: Sequence[float],
+                  search: SearchConfig, N: int):
+    """(within, probes) DataFrames of an adaptive search."""
+    import pandas as pd
+
+    curves = list(curves)
+    within = pd.DataFrame([crossing_row(c, o, grid, search, N) for c, o in zip(curves, outcomes)])
+    probes = pd.DataFrame([r for c, o in zip(curves, outcomes) for r in probe_rows(c, o, grid)])
+    return within, probes
+
+
+# -----------------------------------------------------------------------------
+# The search of a sweep
+
+
+def search_config(cfg: SweepConfig, search: SearchConfig) -> tuple[SweepConfig, list[float]]:
+    """(the sweep's config on the search's grid, the grid): fractions 0, r, ... up to the
+    sweep's largest; extra ablations and ``first`` have no curve and are left out."""
+    grid = search.grid(max(cfg.fractions))
+    return replace(cfg, fractions=grid, first=(), extra_ablations=()), grid
+
+
+@dataclass
+class SearchResult:
+    """An adaptive search's tables (``within``: a row per curve, ``probes``: a row per probe),
+    the outcomes, and what this run evaluated."""
+
+    within: object
+    probes: object
+    outcomes: dict[str, CurveOutcome]
+    new_items: int = 0
+    seconds: float = 0.0
+    complete: bool = True
+
+    def save(self, out_dir) -> None:
+        """``within_1pt.csv`` (a grid sweep's table there gains the search's columns, row by
+        curve) and ``probes.csv``, each written atomically."""
+        import pandas as pd
+
+        out = Path(out_dir)
+        within = self.within
+        grid_table = out / "within_1pt.csv"
+        if grid_table.is_file():
+            old = pd.read_csv(grid_table)
+            if "max_pct_zeroed_within_1pt" in old.columns:  # a grid sweep's: keep its columns, add ours
+                keep = [c for c in old.columns if c == "score_fn" or c not in within.columns]
+                within = old[keep].merge(within, on="score_fn", how="outer")
+        atomic_write_csv(within, grid_table)
+        atomic_write_csv(self.probes, out / "probes.csv")
+
+
+def prepare_search(model: LoadedModel, cfg: SweepConfig, search: SearchConfig, out_dir, task=None,
+                   progress: bool = True) -> tuple[SearchRun, list[Curve]]:
+    """Everything a search needs before its first probe: the thresholds and static scores on the
+    search's grid (stored, or one scoring pass), the plan, the curves."""
+    task = check_sweep(model, cfg, task)
+    gcfg, grid = search_config(cfg, search)
+    identity = gcfg.identity(model, task)
+    store = ResultStore(out_dir)
+    check_one_weights(store, identity)
+    thresholds = ensure_thresholds(model, store, identity, gcfg, task, progress)
+    static = ensure_static(model, store, identity, gcfg, task, progress)
+    plan = SweepPlan.build(identity, gcfg, task, thresholds, static)
+    return SearchRun(plan, search, grid, StoreItems(store, plan, model, task), progress), curves_of(plan, grid)
+
+
+def run_search(model: LoadedModel, cfg: SweepConfig, search: SearchConfig, out_dir, task=None,
+               progress: bool = True, shard: tuple[int, int] | None = None) -> SearchResult:
+    """Search every curve of ``cfg`` (``shard`` (i, n): every n-th curve from i, then the tables
+    if every curve is done) and write the tables. Resumes from the store; reuses what a grid
+    sweep stored under the same keys."""
+    t0 = time.perf_counter()
+    run, curves = prepare_search(model, cfg, search, out_dir, task, progress)
+    mine = curves if shard is None else curves[shard[0]::shard[1]]
+    outcomes = {}
+    for curve in mine:
+        outcomes[curve.name] = search_curve(run, curve)
+    result = tabulate_search(out_dir, run.plan.identity, run.plan.cfg, run.plan, search, run.grid, curves)
+    if result is None:  # another shard's curves are still running: the last to finish writes the tables
+        within, probes = search_tables([c for c in mine], [outcomes[c.name] for c in mine], run.grid, search,
+                                       len(run.plan.doc_ids))
+        result = SearchResult(within, probes, outcomes, complete=False)
+    else:
+        result.save(out_dir)
+    result.new_items, result.seconds = run.items.new, time.perf_counter() - t0
+    return result
+
+
+def tabulate_search(out_dir, identity: RunIdentity, gcfg: SweepConfig, plan: SweepPlan | None,
+                    search: SearchConfig, grid: Sequence[float], curves: Sequence[Curve] | None = None,
+                    task=None) -> SearchResult | None:
+    """The search's tables from the store alone (no model): every curve's search replayed on its
+    stored items; None while any item a curve needs is missing."""
+    store = ResultStore(out_dir)
+    if plan is None:
+        thresholds = read_thresholds(store, identity, gcfg, task)
+        static = stored_static(store, identity, gcfg) if gcfg.static_ids else None
+        if thresholds is None or (gcfg.static_ids and static is None):
+            return None
+        plan = SweepPlan.build(identity, gcfg, task, thresholds, static)
+    curves = list(curves) if curves is not None else curves_of(plan, grid)
+    replay = SearchRun(plan, search, list(grid), StoreItems(store, plan))
+    outcomes = {}
+    try:
+        for c in curves:
+            outcomes[c.name] = search_curve(replay, c)
+    except LensHeadsError:
+        return None
+    within, probes = search_tables(curves, [outcomes[c.name] for c in curves], grid, search, len(plan.doc_ids))
+    return SearchResult(within, probes, outcomes)
+
+
+__all__ = ["SearchConfig", "ProbeOutcome", "CurveOutcome", "Curve", "SearchRun", "SearchResult", "StoreItems",
+           "bisect_crossing", "decide_probe", "item_order", "max_probes", "curves_of", "prepare_search",
+           "run_search", "search_config", "search_curve", "search_tables", "tabulate_search", "WITHIN", "OUTSIDE",
+           "UNRESOLVED"]

@@ -1,0 +1,291 @@
+"""Adaptive sweeps (docs/methods.md §13): the crossing search's error rate by simulation, its
+exactness at exhaustion, and on a real store: the grid's points reused, resume without
+re-evaluating an item, shards, the tables rebuilt from the store, the command line."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from lens_heads.errors import LensHeadsError
+from lens_heads.sweep import SweepConfig, run_sweep
+from lens_heads.sweep.adaptive import (OUTSIDE, WITHIN, SearchConfig, bisect_crossing, decide_probe, item_order,
+                                       max_probes, run_search)
+
+
+# --- synthetic curves --------------------------------------------------------------------------
+
+
+def synthetic_curve(N: int, n_grid: int, crossing: int, rng, margin: float = 0.01):
+    """(base [N], ablated [n_grid, N] 0/1, true Δ [n_grid]) with Δ non-increasing, Δ(crossing)
+    >= -margin > Δ(crossing + 1): each item that is right unablated turns wrong from its own
+    grid index on (nested sets), a few wrong items turn right, so no item is monotone alone but
+    the curve is."""
+    base = (rng.random(N) < 0.6).astype(float)
+    # losses per step: just within at the crossing, just outside after it
+    target = np.zeros(n_grid)
+    allowed = int(math.floor(margin * N))
+    for k in range(1, n_grid):
+        if k <= crossing:
+            target[k] = min(allowed, int(round(allowed * k / max(crossing, 1))))
+        else:
+            target[k] = allowed + 1 + 3 * (k - crossing - 1)
+    right = rng.permutation(np.flatnonzero(base == 1))  # the order in which right items turn wrong
+    wrong = np.flatnonzero(base == 0)
+    ablated = np.tile(base, (n_grid, 1))
+    gain = rng.permutation(wrong)[: max(1, N // 100)]  # wrong items that turn right from index 1 on
+    for k in range(1, n_grid):
+        ablated[k, right[:int(target[k]) + len(gain)]] = 0  # nested: each index loses the ones before too
+        ablated[k, gain] = 1
+    perm = rng.permutation(N)  # hide the nesting order from the item order
+    base, ablated = base[perm], ablated[:, perm]
+    delta = (ablated - base).mean(axis=1)
+    return base, ablated, delta
+
+
+def true_crossing(delta, margin):
+    ok = np.flatnonzero(delta >= -margin - 1e-12)
+    return int(ok.max())
+
+
+def simulate(base, ablated, alpha, margin, batch, seed):
+    N, n_grid = base.size, ablated.shape[0]
+    order = item_order(list(range(N)), seed)
+
+    def probe(index):
+        got = decide_probe(N, order, lambda ids: ablated[index, ids] - base[ids], alpha / max_probes(n_grid),
+                           margin, batch)
+        got.index = index
+        return got
+
+    return bisect_crossing(n_grid, probe)
+
+
+def test_bisection_on_exact_decisions_finds_the_last_within_index():
+    """With each probe's exact decision, bisection finds the largest index with Δ >= -margin on
+    every monotone curve of every length, in at most ceil(log2(n)) probes."""
+    for n_grid in range(2, 40):
+        for crossing in range(n_grid):
+            calls = []
+
+            def probe(i):
+                calls.append(i)
+                return type("P", (), {"decision": WITHIN if i <= crossing else OUTSIDE})()
+
+            out = bisect_crossing(n_grid, probe)
+            assert out.crossing == crossing, (n_grid, crossing)
+            assert len(calls) <= max_probes(n_grid) and 0 not in calls
+            assert out.status == ("lower bound" if crossing == n_grid - 1 else "resolved")
+
+
+def test_run_to_exhaustion_the_crossing_is_exact():
+    """A probe that reads all N items (one batch of N) has the exact Δ: the search then returns
+    the true crossing, always."""
+    rng = np.random.default_rng(1)
+    for trial in range(30):
+        N, n_grid = int(rng.integers(50, 300)), int(rng.integers(3, 20))
+        crossing = int(rng.integers(0, n_grid))
+        base, ablated, delta = synthetic_curve(N, n_grid, crossing, rng)
+        assert true_crossing(delta, 0.01) == crossing
+        out = simulate(base, ablated, 0.05, 0.01, N, seed=trial)
+        assert out.crossing == crossing and all(p.n == N for p in out.probes)
+
+
+def test_the_reported_crossing_is_wrong_in_at_most_alpha_of_runs():
+    """1,000 seeded orders of synthetic benchmarks with a known crossing (α = 0.05, 1-point
+    margin, 11-point grid): wrong by more than one grid step in <= α of them; and the search
+    reads far fewer items than the grid would."""
+    alpha, margin, n_runs = 0.05, 0.01, 1000
+    rng = np.random.default_rng(0)
+    curves = [synthetic_curve(600, 11, c, rng) for c in (2, 5, 8)]
+    wrong = far = 0
+    items = 0
+    for run in range(n_runs):
+        base, ablated, delta = curves[run % len(curves)]
+        truth = true_crossing(delta, margin)
+        out = simulate(base, ablated, alpha, margin, 40, seed=run)
+        assert out.crossing is not None
+        wrong += out.crossing != truth
+        far += abs(out.crossing - truth) > 1
+        items += sum(p.n for p in out.probes)
+    assert far / n_runs <= alpha, far
+    assert wrong / n_runs <= 2 * alpha, wrong  # even exact misses are rare
+    assert items / n_runs < 0.8 * 10 * 600  # the 10 ablated grid points on every item: 6,000 per curve
+
+
+def test_a_curve_that_rises_is_reported():
+    from lens_heads.sweep.adaptive import CurveOutcome, ProbeOutcome
+
+    out = CurveOutcome(3, "resolved", (3, 4), [ProbeOutcome(2, WITHIN, -0.05, -0.04, 100),
+                                               ProbeOutcome(5, OUTSIDE, 0.01, 0.02, 100)])
+    assert out.violations() == [(2, 5)]
+
+
+@pytest.mark.parametrize("kwargs", [{"alpha": 0}, {"alpha": 1.5}, {"margin": -0.01}, {"resolution": 0},
+                                    {"resolution": float("nan")}, {"batch": 0}, {"max_items": 0}, {"alpha": True}])
+def test_bad_search_settings_are_one_error(kwargs):
+    with pytest.raises(LensHeadsError):
+        SearchConfig(**kwargs)
+
+
+def test_the_grid_rounds_as_fractions_are_written():
+    assert SearchConfig(resolution=0.05).grid(0.3) == [0.0, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3]
+    assert len(SearchConfig(resolution=0.01).grid(0.6)) == 61
+    with pytest.raises(LensHeadsError, match="holds no step"):
+        SearchConfig(resolution=0.5).grid(0.3)
+
+
+# --- on a real store -------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Every question the evaluation runs, by (ablation, doc_id)."""
+    from lens_heads import evaluate as evaluation
+
+    seen: list[tuple[str, int]] = []
+    real = evaluation.evaluate_task
+
+    def wrapped(model, task, *a, doc_ids=None, ablation=None, **k):
+        res = real(model, task, *a, doc_ids=doc_ids, ablation=ablation, **k)
+        seen.extend((ablation.name if ablation is not None else "none", q.doc_id) for q in res.questions)
+        return res
+
+    monkeypatch.setattr(evaluation, "evaluate_task", wrapped)
+    return seen
+
+
+@pytest.fixture(scope="module")
+def model2k(tiny_llama_2k):
+    import lens_heads as lh
+
+    return lh.load_model(str(tiny_llama_2k))
+
+
+CFG = dict(task="piqa", score_ids=["ahon_ln", "awft"], random_seeds=[0, 1], limit=48, fractions=[0, 0.25, 0.5, 0.75],
+           chunk_questions=16, batch_size=16)
+
+
+def test_on_a_grid_sweeps_store_nothing_is_evaluated_and_the_crossing_is_the_grids(model2k, shared_data, tmp_path, counted):
+    """An adaptive search on the grid's own fractions, in the folder of that grid sweep, reads
+    every probe from the stored points (0 questions evaluated) and, run to exhaustion, picks the
+    last grid point within the margin wherever the grid's curve is monotone."""
+    model = model2k
+    cfg = SweepConfig(**CFG)
+    grid = run_sweep(model, cfg, tmp_path, progress=False)
+    counted.clear()
+    search = SearchConfig(margin=0.02, resolution=0.25, batch=48)  # one batch of all 48: exhaustion
+    found = run_search(model, cfg, search, tmp_path, progress=False)
+    assert counted == [] and found.new_items == 0
+    summary = grid.summary
+    monotone = []
+    for name in ("ahon_ln", "awft", "random"):
+        rows = summary[summary.score_fn == name].groupby("fraction")["accuracy"].mean().sort_index()
+        delta = (rows - rows.loc[0.0]).to_numpy()
+        ok = np.flatnonzero(delta >= -0.02 - 1e-12)
+        row = found.within.set_index("score_fn").loc[name]
+        got = row["crossing_pct"]
+        if (np.diff(delta) <= 1e-12).all():  # monotone: bisection and the grid's last point agree
+            monotone.append(name)
+            assert got == 100 * rows.index[ok.max()], name
+        # at exhaustion every probe is exact: its decision is the grid's
+        for probe in found.probes[found.probes.score_fn == name].itertuples():
+            exact = delta[list(rows.index).index(probe.fraction)]
+            assert probe.decision == ("within" if exact >= -0.02 - 1e-12 else "outside")
+            assert probe.delta_lo == pytest.approx(exact) and probe.delta_hi == pytest.approx(exact)
+        # and whatever the curve: the crossing is within, the next grid point (if any) is not
+        i = list(rows.index).index(got / 100)
+        assert delta[i] >= -0.02 - 1e-12 and (i + 1 == len(delta) or delta[i + 1] < -0.02 - 1e-12)
+    # the grid's table is there with the search's columns beside it
+    table = pd.read_csv(tmp_path / "within_1pt.csv")
+    assert {"max_pct_zeroed_within_1pt", "crossing_pct", "probes", "alpha"} <= set(table.columns)
+
+
+def test_a_killed_search_resumes_without_evaluating_an_item_twice(model2k, shared_data, tmp_path, monkeypatch,
+                                                                  counted):
+    from lens_heads.sweep import adaptive
+
+    model = model2k
+    cfg = SweepConfig(**{**CFG, "random_seeds": [0]})
+    search = SearchConfig(margin=0.05, resolution=0.25, batch=8, alpha=0.2)
+    ref = run_search(model, cfg, search, tmp_path / "ref", progress=False)
+    one_go = list(counted)
+    assert ref.new_items == len(one_go) > 0 and len(set(one_go)) == len(one_go)
+    counted.clear()
+    real, calls = adaptive.StoreItems._evaluate, []
+
+    def dies(self, spec, ids):
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        calls.append(spec)
+        return real(self, spec, ids)
+
+    monkeypatch.setattr(adaptive.StoreItems, "_evaluate", dies)
+    with pytest.raises(KeyboardInterrupt):
+        run_search(model, cfg, search, tmp_path / "run", progress=False)
+    monkeypatch.setattr(adaptive.StoreItems, "_evaluate", real)
+    again = run_search(model, cfg, search, tmp_path / "run", progress=False)
+    assert sorted(counted) == sorted(one_go)  # killed + resumed = one uninterrupted run, item for item
+    pd.testing.assert_frame_equal(again.within, ref.within)
+    assert (tmp_path / "run" / "within_1pt.csv").read_bytes() == (tmp_path / "ref" / "within_1pt.csv").read_bytes()
+    assert (tmp_path / "run" / "probes.csv").read_bytes() == (tmp_path / "ref" / "probes.csv").read_bytes()
+
+
+def test_shards_split_the_curves_and_the_last_writes_the_tables(model2k, shared_data, tmp_path, counted):
+    from lens_heads.sweep.adaptive import search_config, tabulate_search
+
+    model = model2k
+    cfg = SweepConfig(**CFG)
+    search = SearchConfig(margin=0.05, resolution=0.25, batch=16, alpha=0.2)
+    first = run_search(model, cfg, search, tmp_path, progress=False, shard=(0, 2))
+    assert not first.complete and not (tmp_path / "within_1pt.csv").exists()
+    assert list(first.within.score_fn) == ["ahon_ln", "random"]
+    second = run_search(model, cfg, search, tmp_path, progress=False, shard=(1, 2))
+    assert second.complete and list(second.within.score_fn) == ["ahon_ln", "awft", "random"]
+    evaluated = list(counted)
+    assert len(set(evaluated)) == len(evaluated)  # the shared baseline items: evaluated once
+    whole = run_search(model, cfg, search, tmp_path / "whole", progress=False)
+    pd.testing.assert_frame_equal(second.within.drop(columns="new_item_evaluations"),
+                                  whole.within.drop(columns="new_item_evaluations"))
+    # the tables again from the store alone, no model
+    from lens_heads.data import load_task
+
+    task = load_task("piqa")
+    gcfg, grid = search_config(cfg, search)
+    again = tabulate_search(tmp_path, gcfg.identity(model, task), gcfg, None, search, grid, task=task)
+    pd.testing.assert_frame_equal(again.within.drop(columns="new_item_evaluations"),
+                                  second.within.drop(columns="new_item_evaluations"))
+    assert list(again.within.crossing_pct) == list(second.within.crossing_pct)
+    assert list(again.probes.n_items) == list(second.probes.n_items)
+
+
+def test_the_command_line(tiny_llama_2k, shared_data, tmp_path, capsys, monkeypatch):
+    from lens_heads import models
+    from lens_heads.cli import main
+
+    model = str(tiny_llama_2k)
+    out = tmp_path / "run"
+    argv = ["sweep", model, "--task", "piqa", "--limit", "32", "--scores", "ahon_ln", "--random-seeds", "1",
+            "--fractions", "0,0.5", "--search", "crossing", "--resolution", "25", "--margin", "5",
+            "--search-batch", "16", "--out", str(out), "--no-progress"]
+    assert main(argv) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "ahon_ln" in printed and "probes" in printed and "within_1pt.csv" in printed
+    table = pd.read_csv(out / "within_1pt.csv")
+    assert list(table.score_fn) == ["ahon_ln", "random"] and set(table.crossing_status) <= {
+        "resolved", "lower bound", "unresolved"}
+    assert (table.resolution_pct == 25).all() and (table.alpha == 0.05).all()
+    probes = pd.read_csv(out / "probes.csv")
+    assert set(probes.decision) <= {"within", "outside", "unresolved"} and (probes.n_items <= 32).all()
+    # bad settings: one message, exit 2, before the model loads
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+    for bad, message in ((["--alpha", "2"], "alpha"), (["--resolution", "0"], "resolution"),
+                         (["--resolution", "80"], "holds no step"), (["--executor", "ray"], "in this process"),
+                         (["--search-batch", "0"], "batch")):
+        assert main([*argv, *bad]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["sweep", model, "--task", "piqa", "--alpha", "0.1", "--out", str(tmp_path / "x")]) == 2
+    assert "--alpha goes with --search crossing" in capsys.readouterr().err
