@@ -8,7 +8,7 @@ from lens_heads.errors import LensHeadsError
 
 Head = tuple[int, int]
 
-_HEAD = re.compile(r"^\s*[Ll]?\s*(-?\d+)\s*\.\s*[Hh]?\s*(-?\d+)\s*$")
+_HEAD = re.compile(r"^\s*[Ll]?\s*(-?[0-9]{1,9})\s*\.\s*[Hh]?\s*(-?[0-9]{1,9})\s*$")  # ASCII digits, int() takes them
 
 
 def parse_heads(text: str, geometry=None) -> list[Head]:

@@ -18,6 +18,7 @@ ablation spec with ``|``: ``static:3.1,4.2|mean:c4``, ``score:ahon_ln@0.41|resam
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
@@ -79,9 +80,14 @@ def _texts(corpus: str, n: int) -> list[str]:
     return texts
 
 
+def _is_int(text: str) -> bool:
+    """An integer written in ASCII digits (``str.isdigit`` takes '²', which ``int`` refuses)."""
+    return re.fullmatch(r"-?[0-9]{1,18}", text.strip()) is not None
+
+
 def _split_n(body: str, spec: str) -> tuple[str, int]:
     corpus, at, n = body.rpartition("@")
-    if at and n.strip().isdigit():
+    if at and _is_int(n) and not n.strip().startswith("-"):
         if int(n) < 1:
             raise LensHeadsError(f"bad replacement {spec!r}: N must be >= 1")
         return corpus.strip(), int(n)
@@ -138,7 +144,7 @@ def parse_replacement(text: str) -> Replacement:
             return Mean(corpus, n)
     if kind == "resample" and body.strip():
         parts = body.strip().split("@")
-        digits = [p.strip().lstrip("-").isdigit() for p in parts]
+        digits = [_is_int(p) for p in parts]
         if len(parts) >= 3 and digits[-1] and digits[-2]:
             corpus, seed, n = "@".join(parts[:-2]), int(parts[-2]), int(parts[-1])
         elif len(parts) >= 2 and digits[-1]:

@@ -253,18 +253,19 @@ def test_the_page_in_a_browser(served, tmp_path):
 @pytest.mark.browser
 def test_the_page_works_with_a_token(served_with_token):
     """A server that needs its token: the printed URL opens the page, whose own requests (same
-    origin, JSON, the cookie) all pass the guard; the bare URL is refused."""
+    origin, JSON, the token as a header) all pass the guard; the bare URL's page says so."""
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
     server = served_with_token
     driver = _driver()
     try:
-        driver.get(server.base_url)
-        assert "needs its token" in driver.find_element(By.TAG_NAME, "body").text
+        wait = WebDriverWait(driver, 60)
+        driver.get(server.base_url)  # without the token: the page, and one message where its answers would be
+        wait.until(lambda d: "needs its token" in d.find_element(By.ID, "error").text)
         driver.get_log("browser")  # that refusal's own console line
         driver.get(server.url)
-        wait = WebDriverWait(driver, 60)
+        assert "token=" not in driver.current_url  # taken out of the address bar (and the history)
         wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
         box = driver.find_element(By.ID, "prompt")
         box.clear()
@@ -275,7 +276,7 @@ def test_the_page_works_with_a_token(served_with_token):
         driver.find_element(By.CSS_SELECTOR, '#heads td[data-l="0"][data-h="1"]').click()
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#cv-pattern canvas"))
         assert driver.find_element(By.ID, "error").text == ""
-        driver.get(server.base_url)  # the cookie now opens the bare URL too
+        driver.get(server.base_url)  # the tab keeps it: the bare URL works now too
         wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
         logs = [e for e in driver.get_log("browser") if e["level"] == "SEVERE" and "favicon" not in e["message"]]
         assert logs == [], logs
@@ -359,6 +360,44 @@ def test_a_cross_site_request_is_refused(served, headers, method, path, monkeypa
     r = raw(url, path, body if method == "POST" else b"", headers=headers, method=method)
     assert r.status_code == 403 and "cross-site request refused" in r.json()["error"], r.text
     assert calls == []
+
+
+@pytest.mark.parametrize("path, body, field", [
+    ("api/run", '{"prompt": "The \\ud800 cat"}', "prompt"),
+    ("api/run", b'{"prompt": "The \xed\xa0\x80 cat"}', "JSON"),
+    ("api/run", '{"prompt": "hi", "ablation": "static:' + "9" * 5000 + '.0"}', "bad head"),
+    ("api/run", '{"prompt": "hi", "ablation": "static:0.0", "replacement": "resample:self@\u00b2"}', "replacement"),
+    ("api/run", '{"prompt": "hi", "ablation": "static:0.0", "replacement": "resample:self@--1"}', "replacement"),
+    ("api/run", '{"prompt": "hi", "ablation": "static:0.0", "replacement": "mean:c4-sample@\u00b2"}', "corpus"),
+    ("api/run", '{"prompt": "hi", "ablation": "static:0.0", "replacement": "resample:self@' + "1" * 5000 + '"}',
+     "replacement"),
+    ("api/run", '{"prompt": "hi", "ablation": "\\ud800"}', "ablation"),
+    ("api/run", b'\xef\xbb\xbf{"prompt": "hi"}', "JSON"),
+])
+def test_what_a_hostile_review_found_is_a_400(served, path, body, field):
+    """Lone surrogates, Unicode digits, 5,000-digit numbers, a BOM: each a 400, never a 500."""
+    model, url = served
+    r = raw(url, path, body)
+    assert r.status_code == 400 and field in r.json()["error"], r.text
+
+
+def test_a_malformed_token_or_host_is_refused_not_a_500(served, served_with_token):
+    model, url = served
+    port = port_of(url)
+    for host in (f"evil@127.0.0.1:{port}", f"127.0.0.1:{port}/x", f"127.0.0.1:{port}#x", "127.0.0.1"):
+        assert httpx.get(url + "api/info", headers={"host": host}, timeout=30).status_code == 400, host
+    base = served_with_token.base_url
+    for header in (b"token \xc3\xa9", b"token \xff", b"Bearer \xe9\xe9"):
+        assert httpx.get(base + "api/info", headers={"authorization": header}, timeout=30).status_code == 403
+
+
+def test_no_other_site_may_frame_it(served):
+    """A page on another site cannot frame the explorer (and trick a click into it)."""
+    model, url = served
+    for path in ("", "api/info", "circuitsvis.js"):
+        csp = httpx.get(url + path, timeout=30).headers["content-security-policy"]
+        assert csp.startswith("frame-ancestors 'self' http://127.0.0.1:* http://localhost:*")
+    assert "frame-ancestors" in raw(url, "api/run", "{}", content_type="text/plain").headers["content-security-policy"]
 
 
 def test_the_same_origin_is_served(served):
@@ -460,27 +499,25 @@ def served_with_token(tiny_model):
 
 
 def test_a_token_is_required_when_set(served_with_token):
-    """Without the token nothing is served; the printed URL's ?token= sets a cookie that the page's
-    requests then carry; an API client sends it as a header."""
+    """Without the token no /api/ request is served; with it (``Authorization: token``, what the
+    page sends once it read the printed URL's ?token=) everything is. The page and circuitsvis'
+    bundle are static and need none, and no cookie is ever set (cookies reach every port)."""
     server = served_with_token
     base, token = server.base_url, server.policy.token
     assert server.url == f"{base}?token={token}" and len(token) >= 24
-    for path in ("", "api/info", "circuitsvis.js"):
-        assert httpx.get(base + path, timeout=30).status_code == 403
+    page = httpx.get(server.url, timeout=30)
+    assert page.status_code == 200 and "<html" in page.text.lower() and "set-cookie" not in page.headers
+    assert httpx.get(base + "circuitsvis.js", timeout=30).status_code == 200
+    assert httpx.get(base + "api/info", timeout=30).status_code == 403
     assert raw(base, "api/run", '{"prompt": "hi"}').status_code == 403
-    assert httpx.get(base + "api/info", headers={"authorization": "token wrong"}, timeout=30).status_code == 403
-    assert httpx.get(base + "api/info", params={"token": token[:-1]}, timeout=30).status_code == 403
-    # the URL it printed: the page, and a cookie for what the page asks next
-    with httpx.Client(timeout=60) as client:
-        page = client.get(server.url)
-        assert page.status_code == 200 and "<html" in page.text.lower()
-        cookie = page.headers["set-cookie"]
-        assert "HttpOnly" in cookie and "SameSite=Strict" in cookie
-        assert client.get(base + "api/info").json()["n_layers"] == 2  # the cookie, no token in the URL
-        assert client.post(base + "api/run", json={"prompt": "hi"}).status_code == 200
+    for wrong in ("token wrong", f"token {token[:-1]}", f"Basic {token}", "token", "token \u00e9\u00e9",
+                  f"token {token}\u00e9"):
+        r = httpx.get(base + "api/info", headers={"authorization": wrong.encode("utf-8")}, timeout=30)
+        assert r.status_code == 403, (wrong, r.text)
+    assert httpx.get(base + "api/info", params={"token": token}, timeout=30).status_code == 403  # not in a URL
     r = httpx.post(base + "api/run", json={"prompt": "hi"}, headers={"authorization": f"token {token}"}, timeout=60)
     assert r.status_code == 200 and r.json()["tokens"]
-    assert httpx.get(base + "api/info", params={"token": token}, timeout=30).status_code == 200
+    assert httpx.get(base + "api/info", headers={"authorization": f"Bearer {token}"}, timeout=30).status_code == 200
 
 
 def test_beyond_loopback_a_token_is_the_default(tiny_model, capsys):

@@ -10,25 +10,27 @@ in this order, with one JSON message and no computation:
    A server bound beyond loopback (``0.0.0.0``, a LAN address) cannot know the names it is
    reached by, so its guard is the token.
 2. **Token**: when one is set (by default whenever the server listens beyond loopback), every
-   request carries it -- ``?token=`` in the URL the server prints (the page then keeps it in a
-   ``SameSite=Strict`` cookie), or ``Authorization: token …`` -- else 403.
+   ``/api/`` request carries it as ``Authorization: token …`` (the page reads it from the
+   ``?token=`` of the URL the server prints and keeps it in the tab's ``sessionStorage``, which,
+   unlike a cookie, no other port of the host can read), else 403. The page and circuitsvis'
+   bundle are static files and need none.
 3. **Cross-site**: a request whose ``Origin`` is not the server's own, or that the browser marks
    ``Sec-Fetch-Site: cross-site`` / ``same-site`` on ``/api/``, is a 403.
 4. **POST bodies**: only ``application/json`` (415 otherwise: an HTML form or a no-cors fetch
    cannot send it without a CORS preflight, which this server never grants), at most
    ``MAX_BODY`` bytes, counted before the body is read (413).
+5. **Framing**: every response says ``Content-Security-Policy: frame-ancestors`` the loopback
+   origins only, so a page on another site cannot frame the explorer and trick a click.
 
 The routes then parse the body into typed requests (``explore.requests``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
+import re
 import secrets
 from dataclasses import dataclass
-from http.cookies import SimpleCookie
-from urllib.parse import parse_qs, urlsplit
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 WILDCARD = ("0.0.0.0", "::", "")
@@ -43,13 +45,17 @@ def new_token() -> str:
     return secrets.token_urlsafe(24)
 
 
+_HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::([0-9]{1,5}))?")
+FRAME_ANCESTORS = "frame-ancestors 'self' http://127.0.0.1:* http://localhost:*"  # (CSP has no IPv6 literal sources)
+
+
 def _host_port(value: str) -> tuple[str, int | None] | None:
-    """(name, port) of a Host header or an origin's netloc; None if it does not parse."""
-    try:
-        parts = urlsplit("//" + value)
-        return (parts.hostname or "").lower(), parts.port
-    except ValueError:
+    """(name, port) of a Host header: a name or [IPv6] and an optional port, nothing else
+    (no user info, path or stray characters); None if it is not that."""
+    m = _HOST.fullmatch(value)
+    if m is None:
         return None
+    return m.group(1).strip("[]").lower(), None if m.group(2) is None else int(m.group(2))
 
 
 @dataclass(frozen=True)
@@ -59,11 +65,6 @@ class Policy:
     host: str = "127.0.0.1"
     token: str | None = None
     max_body: int = MAX_BODY
-
-    @property
-    def cookie(self) -> str:
-        """The token's cookie name (one per token: two explorers on one machine keep their own)."""
-        return "lens_heads_" + hashlib.sha256((self.token or "").encode()).hexdigest()[:12]
 
     def names(self) -> set[str] | None:
         """Host names a loopback server answers to; None: any (bound beyond loopback, where it may
@@ -91,19 +92,21 @@ class Guard:
             await self.app(scope, receive, send)
             return
         headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+        send = _framed(send)
         try:
-            set_cookie = self.check(scope, headers)
+            self.check(scope, headers)
         except Refused as e:
             await _json(send, e.status, {"error": str(e)})
             return
-        if set_cookie:
-            send = _with_cookie(send, set_cookie)
+        except Exception:  # noqa: BLE001 -- a request the checks cannot even read is refused, not a 500
+            await _json(send, 400, {"error": "malformed request"})
+            return
         if scope["method"] == "POST":
             receive = _capped(receive, self.policy.max_body)
         await self.app(scope, receive, send)
 
-    def check(self, scope, headers: dict) -> str | None:
-        """Refuse (``Refused``) what the policy forbids; the Set-Cookie value to add, if any."""
+    def check(self, scope, headers: dict) -> None:
+        """Refuse (``Refused``) what the policy forbids."""
         p = self.policy
         host = _host_port(headers.get("host", ""))
         server_port = (scope.get("server") or (None, None))[1]
@@ -113,15 +116,13 @@ class Guard:
         if names is not None and (host[0] not in names or (host[1] or 80) != server_port):
             raise Refused(400, f"this explorer answers only {', '.join(sorted(names))} on port {server_port}, "
                                f"not Host {headers.get('host')!r}")
-        set_cookie = None
-        if p.token is not None:
-            given = _token_of(scope, headers, p.cookie)
-            if given is None or not secrets.compare_digest(given[0], p.token):
+        path = scope.get("path", "")
+        if p.token is not None and path.startswith("/api/"):
+            given = _token_of(headers)
+            if given is None or not secrets.compare_digest(given.encode("utf-8", "surrogateescape"),
+                                                           p.token.encode()):
                 raise Refused(403, "this explorer needs its token: open the URL it printed (…/?token=…), or send "
                                    "'Authorization: token …'")
-            if given[1] == "query":
-                set_cookie = f"{p.cookie}={p.token}; Path=/; HttpOnly; SameSite=Strict"
-        path = scope.get("path", "")
         origin = headers.get("origin")
         if origin is not None and origin.lower() != f"http://{headers['host']}".lower():
             raise Refused(403, f"cross-site request refused (Origin {origin!r})")
@@ -135,26 +136,13 @@ class Guard:
             length = headers.get("content-length")
             if length is not None and (not length.isdigit() or int(length) > p.max_body):
                 raise Refused(413, f"the request body is over {p.max_body // 1024} KiB")
-        return set_cookie
 
 
-def _token_of(scope, headers: dict, cookie_name: str) -> tuple[str, str] | None:
-    """(the token a request carries, where): the query, an Authorization header, or the cookie."""
-    query = parse_qs(scope.get("query_string", b"").decode("latin-1")).get("token")
-    if query:
-        return query[0], "query"
-    auth = headers.get("authorization", "")
-    scheme, _, value = auth.partition(" ")
+def _token_of(headers: dict) -> str | None:
+    """The token an ``Authorization: token …`` (or ``Bearer …``) header carries."""
+    scheme, _, value = headers.get("authorization", "").partition(" ")
     if scheme.lower() in ("token", "bearer") and value.strip():
-        return value.strip(), "header"
-    if "cookie" in headers:
-        jar = SimpleCookie()
-        try:
-            jar.load(headers["cookie"])
-        except Exception:  # noqa: BLE001 -- a malformed cookie header carries no token
-            return None
-        if cookie_name in jar:
-            return jar[cookie_name].value, "cookie"
+        return value.strip()
     return None
 
 
@@ -176,10 +164,13 @@ def _capped(receive, limit: int):
     return wrapped
 
 
-def _with_cookie(send, cookie: str):
+def _framed(send):
+    """Every response says who may frame it (``FRAME_ANCESTORS``) and that nothing is sniffed."""
     async def wrapped(message):
         if message["type"] == "http.response.start":
-            message = {**message, "headers": [*message.get("headers", []), (b"set-cookie", cookie.encode())]}
+            message = {**message, "headers": [*message.get("headers", []),
+                                              (b"content-security-policy", FRAME_ANCESTORS.encode()),
+                                              (b"x-content-type-options", b"nosniff")]}
         await send(message)
     return wrapped
 

@@ -8,6 +8,7 @@ naming it (the server answers 400).
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from lens_heads.errors import LensHeadsError
@@ -77,7 +78,16 @@ def _input(body: dict) -> Input:
     if not isinstance(prompt, str):
         raise LensHeadsError("give a prompt (text) or a task question" if prompt is None
                              else f"prompt must be text, not {_kind(prompt)}")
-    return Input(prompt=prompt)
+    return Input(prompt=_unicode("prompt", prompt))
+
+
+def _unicode(name: str, value: str) -> str:
+    """``value``, refused if it holds a lone surrogate (JSON allows ``\\ud800``; no tokenizer does)."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise LensHeadsError(f"{name} holds a lone surrogate (an unpaired \\ud800-\\udfff escape): not text") from None
+    return value
 
 
 def _text(body: dict, name: str) -> str | None:
@@ -88,7 +98,7 @@ def _text(body: dict, name: str) -> str | None:
         raise LensHeadsError(f"{name} must be text, not {_kind(value)}")
     if len(value) > MAX_FIELD:
         raise LensHeadsError(f"{name} is over {MAX_FIELD} characters")
-    return value
+    return _unicode(name, value)
 
 
 def _integer(body: dict, name: str, default: int | None = None, minimum: int | None = None) -> int:
@@ -97,7 +107,7 @@ def _integer(body: dict, name: str, default: int | None = None, minimum: int | N
     value = body.get(name, default)
     if value is None:
         raise LensHeadsError(f"give {name} (an integer)")
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit() and len(value) < 20:  # a query string's
+    if isinstance(value, str) and re.fullmatch(r"-?[0-9]{1,18}", value):  # a query string's (ASCII digits only)
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise LensHeadsError(f"{name} must be an integer, not {_kind(value)}")

@@ -56,7 +56,7 @@ class Explorer:
     lock: threading.Lock = field(default_factory=threading.Lock)
     _loaded_tasks: dict = field(default_factory=dict)
     _cache: OrderedDict = field(default_factory=OrderedDict)
-    _thresholds: dict = field(default_factory=dict)
+    _thresholds: OrderedDict = field(default_factory=OrderedDict)
 
     @classmethod
     def open(cls, model: LoadedModel, sweep: str | None = None, scores: str | None = None,
@@ -112,6 +112,9 @@ class Explorer:
         key = (score_id, float(fraction))
         if key not in self._thresholds:
             self._thresholds[key] = session.calibrate(self.model, score_id, fraction)
+            while len(self._thresholds) > 64:  # each is one scoring pass: keep the latest 64
+                self._thresholds.popitem(last=False)
+        self._thresholds.move_to_end(key)
         return self._thresholds[key]
 
     def _unablated(self, ids, task, doc_id) -> dict:
@@ -203,7 +206,7 @@ def app(explorer: Explorer, policy: Policy | None = None):
     from starlette.applications import Starlette
     from starlette.concurrency import run_in_threadpool
     from starlette.middleware import Middleware
-    from starlette.requests import Request
+    from starlette.requests import ClientDisconnect, Request
     from starlette.responses import HTMLResponse, JSONResponse, Response
     from starlette.routing import Route
 
@@ -221,12 +224,14 @@ def app(explorer: Explorer, policy: Policy | None = None):
             try:
                 if request.method == "POST":
                     raw = await request.body()  # capped by the guard: BodyTooLarge past MAX_BODY
-                    body = json.loads(raw)
+                    body = json.loads(raw.decode("utf-8"))  # JSON is UTF-8 (RFC 8259)
                 else:
                     body = {k: v for k, v in request.query_params.items() if k != "token"}
                 req = requests.parse(kind, body)
             except BodyTooLarge as e:
                 return JSONResponse({"error": str(e)}, status_code=413)
+            except ClientDisconnect:  # the caller left mid-body: nobody reads the answer
+                return Response(status_code=400)
             except (ValueError, RecursionError):  # not JSON (UnicodeDecodeError is a ValueError)
                 return JSONResponse({"error": "the request body must be JSON"}, status_code=400)
             except LensHeadsError as e:
