@@ -289,3 +289,33 @@ def test_the_command_line(tiny_llama_2k, shared_data, tmp_path, capsys, monkeypa
         assert message in capsys.readouterr().err
     assert main(["sweep", model, "--task", "piqa", "--alpha", "0.1", "--out", str(tmp_path / "x")]) == 2
     assert "--alpha goes with --search crossing" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.slow)])  # ray: ~4 min here
+def test_executors_run_the_curves_as_units(executor, tiny_llama_2k, model2k, shared_data, tmp_path):
+    """Local worker processes and a local Ray cluster run one unit per curve (the model loaded in
+    the workers, none here) and write the tables an in-process search writes."""
+    from lens_heads.sweep.adaptive import search_config
+    from lens_heads.sweep.executors import LocalConfig, RayConfig, job_for, launch
+
+    if executor == "ray":
+        pytest.importorskip("ray")
+    cfg = SweepConfig(**{**CFG, "limit": 32, "random_seeds": [0]})
+    search = SearchConfig(margin=0.05, resolution=0.25, batch=16, alpha=0.2)
+    here = run_search(model2k, cfg, search, tmp_path / "here", progress=False)
+    job = job_for(str(tiny_llama_2k), "float32", "cpu", search_config(cfg, search)[0], tmp_path / executor,
+                  n_shards=2, search=search)
+    config = LocalConfig(processes=2) if executor == "local" else RayConfig(workers=2)
+    try:
+        out = launch(job, executor, config, progress=False)
+    finally:
+        if executor == "ray":
+            import ray
+
+            if ray.is_initialized():
+                ray.shutdown()
+    assert out.n_units == 3  # ahon_ln, awft, random
+    for name in ("within_1pt.csv", "probes.csv"):
+        a = pd.read_csv(tmp_path / "here" / name).drop(columns=["new_item_evaluations", "new_items"], errors="ignore")
+        b = pd.read_csv(tmp_path / executor / name).drop(columns=["new_item_evaluations", "new_items"], errors="ignore")
+        pd.testing.assert_frame_equal(a, b)

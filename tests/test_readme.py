@@ -140,6 +140,7 @@ NOT_RUN = {
 SPEED = {
     "--task mmlu --limit 500 --paper-protocol": ("--limit 500", "--limit 4 --n-shot 1 --fractions 0,0.3"),
     "--eval piqa --limit 200": ("--limit 200", "--limit 40"),
+    "--search crossing": ("--limit 200", "--limit 40"),
 }
 # pytest -m slow: the demo as pasted (100 PIQA questions x 20 points; tests/test_report.py runs it
 # shrunk by default) and the paper's protocol (MMLU's 57 subjects, 16 sweep points)
@@ -182,6 +183,8 @@ def expected_outputs(argv: list[str]) -> list[str]:
     sub = argv[0]
     if sub == "demo":
         return [f"{out}/{f}" for f in ("report.html", "scores.csv", "diagnosis.csv", "sweep/within_1pt.csv")]
+    if sub == "sweep" and "--search" in argv:
+        return [f"{out}/within_1pt.csv", f"{out}/probes.csv"]
     if sub == "sweep":
         return [f"{out}/summary.csv", f"{out}/within_1pt.csv"]
     if sub == "prune":

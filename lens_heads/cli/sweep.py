@@ -31,7 +31,7 @@ from lens_heads.sweep.executors import check_ray_address
 from lens_heads.sweep import run as sweep_run
 from lens_heads.sweep import executors
 from lens_heads.sweep.executors import job_for
-from lens_heads.sweep.adaptive import SearchConfig, run_search
+from lens_heads.sweep.adaptive import SearchConfig, run_search, search_config
 
 
 def register(sub) -> None:
@@ -189,14 +189,14 @@ def run(args) -> int:
     if args.ray_address is not None and args.executor != "ray":
         raise LensHeadsError("--ray-address goes with --executor ray")
     search = search_from_args(args)
-    if search is not None and (args.executor != "local" or args.workers is not None or args.status):
-        raise LensHeadsError("--search crossing runs in this process (and as --shard I/N by hand): give it without "
-                             "--executor / --workers / --status")
+    if search is not None and args.status:
+        raise LensHeadsError("--search crossing has no --status yet: its probes.csv and the progress bar say where "
+                             "it is")
     if search is not None and args.ablate:
         raise LensHeadsError("--search crossing searches curves; --ablate points have none (run them as a grid sweep)")
     if search is not None:
         search.grid(max(cfg.fractions))  # a range that holds a step: checked before anything loads
-    scale = _executor_config(args) if search is None else None
+    scale = _executor_config(args) if search is None or args.shard is None else None  # a shard searches here
     if in_process_only(cfg) and scale is not None:
         raise LensHeadsError(in_process_message(in_process_only(cfg)))
     if scale is not None and (args.thresholds_file is not None or args.paper_protocol):
@@ -233,7 +233,7 @@ def run(args) -> int:
         thresholds_for_sweep(load_authors_thresholds(args.thresholds_file, task.name, args.thresholds_model),
                              score_ids, fractions, args.thresholds_file)  # fail before the model loads
     if scale is not None:
-        return run_scaled(args, cfg, scale)
+        return run_scaled(args, cfg, scale, search)
     if args.status:
         return show_status(args, cfg, task)
     check_weights_before_load(args, cfg, task)
@@ -277,7 +277,8 @@ def report_search(args, found) -> int:
             row["monotone_violation"] else ""
         print(f"  {row['score_fn']:<12} within {row['margin_pts']:g} point up to {where}  "
               f"({row['n_probes']} probes: {row['probes']}){flag}")
-    print(f"{found.new_items} question evaluations this run, {found.seconds:.1f} s")
+    print((f"{found.new_items} question evaluations in this process, " if found.new_items is not None else "")
+          + f"{found.seconds:.1f} s")
     if found.complete:
         print(f"wrote {args.out}/within_1pt.csv and {args.out}/probes.csv")
     else:
@@ -325,17 +326,21 @@ def show_status(args, cfg, task) -> int:
     return report(args, result)
 
 
-def run_scaled(args, cfg, scale) -> int:
+def run_scaled(args, cfg, scale, search: SearchConfig | None = None) -> int:
     """The sweep on an executor (or as one --shard): planned, merged and tabulated here with no
-    weights loaded; the workers load the model."""
+    weights loaded; the workers load the model. ``search``: an adaptive search, one unit per curve."""
     name, config, n_shards = scale
     cfg = dataclasses.replace(cfg, protocol=protocol_from_args(args, None))
     if args.device_map is not None:
         raise LensHeadsError("--device-map with --executor / --shard: give each worker its devices instead "
                              "(--gpus-per-worker, CUDA_VISIBLE_DEVICES)")
+    if search is not None:
+        cfg = search_config(cfg, search)[0]
     job = job_for(args.model, args.dtype, args.device, cfg, args.out, args.include_path, n_shards, args.revision,
-                  args.attention)
+                  args.attention, search)
     out = executors.launch(job, name, config, progress=not args.no_progress)
+    if search is not None:
+        return report_search(args, out.result)
     computed = getattr(out.session, "computed", None)
     by_pid = getattr(out.session, "by_pid", None)
     print(f"{out.n_units} part units ({out.n_stored_before} stored before this launch)"

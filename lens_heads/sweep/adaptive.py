@@ -506,6 +506,24 @@ def run_search(model: LoadedModel, cfg: SweepConfig, search: SearchConfig, out_d
     return result
 
 
+def run_curve_unit(model: LoadedModel, task, identity: RunIdentity, gcfg: SweepConfig, store: ResultStore,
+                   search: SearchConfig, index: int) -> int:
+    """The ``curve/I`` unit of an executor (``sweep.units``): search curve ``index`` of the plan
+    the store's thresholds make (the launcher stored them first); the questions it evaluated."""
+    thresholds = read_thresholds(store, identity, gcfg, task)
+    static = stored_static(store, identity, gcfg) if gcfg.static_ids else None
+    if thresholds is None or (gcfg.static_ids and static is None):
+        raise LensHeadsError(f"{store.root}: curve units need the search's thresholds; run the score units first")
+    plan = SweepPlan.build(identity, gcfg, task, thresholds, static)
+    grid = [float(p) for p in gcfg.fractions]
+    curves = curves_of(plan, grid)
+    if not 0 <= index < len(curves):
+        raise LensHeadsError(f"unit curve/{index}: the search has {len(curves)} curves")
+    run = SearchRun(plan, search, grid, StoreItems(store, plan, model, task))
+    search_curve(run, curves[index])
+    return run.items.new
+
+
 def tabulate_search(out_dir, identity: RunIdentity, gcfg: SweepConfig, plan: SweepPlan | None,
                     search: SearchConfig, grid: Sequence[float], curves: Sequence[Curve] | None = None,
                     task=None) -> SearchResult | None:
@@ -532,5 +550,5 @@ def tabulate_search(out_dir, identity: RunIdentity, gcfg: SweepConfig, plan: Swe
 
 __all__ = ["SearchConfig", "ProbeOutcome", "CurveOutcome", "Curve", "SearchRun", "SearchResult", "StoreItems",
            "bisect_crossing", "decide_probe", "item_order", "max_probes", "curves_of", "prepare_search",
-           "run_search", "search_config", "search_curve", "search_tables", "tabulate_search", "WITHIN", "OUTSIDE",
+           "run_curve_unit", "run_search", "search_config", "search_curve", "search_tables", "tabulate_search", "WITHIN", "OUTSIDE",
            "UNRESOLVED"]

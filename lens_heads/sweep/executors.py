@@ -48,6 +48,7 @@ from lens_heads.sweep.result import SweepResult
 from lens_heads.sweep.run import CLAIM_POLL_S, check_sweep
 from lens_heads.sweep.stats import tables
 from lens_heads.sweep.units import merge_score_shards, shard_key
+from lens_heads.sweep.adaptive import curves_of, tabulate_search
 from lens_heads.sweep.run import check_one_weights, merge_point, read_thresholds
 
 if TYPE_CHECKING:
@@ -394,13 +395,13 @@ class Launch:
 
 
 def job_for(model: str, dtype: str, device: str, cfg, out_dir, include_path=None, n_shards: int = 1,
-            revision: str | None = None, attention: str = "auto") -> SweepJob:
+            revision: str | None = None, attention: str = "auto", search=None) -> SweepJob:
     """A ``SweepJob`` from a model spec, with the weights' digest, the concrete dtype (``auto``
     resolved here, so every worker loads the same) and a hub id's commit; no model loaded."""
 
     commit = resolve_source(model, revision).revision if revision is not None else None
     return SweepJob(str(model), dtype_name(dtype, device), device, cfg, str(out_dir), spec_digest(model, revision),
-                    include_path, n_shards, revision=commit, attention=attention)
+                    include_path, n_shards, revision=commit, attention=attention, search=search)
 
 
 def in_process_only(cfg) -> list[str]:
@@ -502,6 +503,8 @@ def launch(job: SweepJob, executor: str = "local", config=None, progress: bool =
                 static = stored_static(store, identity, cfg)
             if static is None:
                 raise LensHeadsError(f"{job.out_dir}: the static curves' scores are missing after the executor finished")
+        if job.search is not None:  # an adaptive search: one unit per curve, then its tables from the store
+            return _search_phase(job, session, store, identity, task, t0)
         plan = run.stored_plan(store, identity, cfg, task)  # the plan tabulate and --status read, from the store
         if plan is None:
             raise LensHeadsError(f"{job.out_dir}: the sweep's thresholds are missing after the executor finished")
@@ -525,6 +528,23 @@ def launch(job: SweepJob, executor: str = "local", config=None, progress: bool =
     finally:
         if own:
             session.close()
+
+
+def _search_phase(job: SweepJob, session, store, identity, task, t0: float) -> Launch:
+    """An adaptive search's curve units (``curve/I``), then its tables replayed from the store."""
+    cfg = job.cfg
+    plan = run.stored_plan(store, identity, cfg, task)
+    if plan is None:
+        raise LensHeadsError(f"{job.out_dir}: the search's thresholds are missing after the executor finished")
+    grid = [float(p) for p in cfg.fractions]
+    curves = curves_of(plan, grid)
+    session.run([UnitRef("curve", i) for i in range(len(curves))])
+    result = tabulate_search(job.out_dir, identity, cfg, plan, job.search, grid, curves)
+    if result is None:
+        raise LensHeadsError(f"{job.out_dir}: a curve's questions are missing after the executor finished")
+    result.save(job.out_dir)
+    result.seconds, result.new_items = time.perf_counter() - t0, None  # the workers evaluated (not counted here)
+    return Launch(result, len(curves), 0, result.seconds, session)
 
 
 class _watch:

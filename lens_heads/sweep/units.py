@@ -12,6 +12,9 @@ exists. ``UnitRef`` names a unit (``score/3``: shard 3 of the thresholds' scorin
   the static curves rank heads by (``run.static_pass``: input- and question-level scores, random
   orders), one pass by one worker, as ``run_sweep`` stores them.
 * phase ``part``: every part of every point (``SweepPlan``), as ``run_sweep`` runs them.
+* phase ``curve`` (an adaptive search, ``SweepJob.search``): one curve's bisection, its probes'
+  batches claimed and stored as parts (``adaptive.run_curve_unit``); a curve another worker is
+  searching is replayed from the store, waiting on the batches it holds.
 
 A ``SweepJob`` is everything a worker needs, picklable and model-free: the model spec, dtype,
 device, the sweep config, the output folder, and the weights digest the launcher planned with.
@@ -51,17 +54,19 @@ from lens_heads import scores as scoring
 from lens_heads import models
 from lens_heads.sweep import run as sweep_run
 from lens_heads.sweep.run import run_static_unit
+from lens_heads.sweep.adaptive import SearchConfig, run_curve_unit
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
 
-Phase = Literal["score", "static", "part"]
-PHASES = ("score", "static", "part")
+Phase = Literal["score", "static", "part", "curve"]
+PHASES = ("score", "static", "part", "curve")
 
 
 @dataclass(frozen=True, order=True)
 class UnitRef:
-    """One unit of a sweep by reference: ``score/I``, ``static/0`` or ``part/I``."""
+    """One unit of a sweep by reference: ``score/I``, ``static/0``, ``part/I`` or ``curve/I`` (an
+    adaptive search's curve I)."""
 
     phase: Phase
     index: int
@@ -70,7 +75,7 @@ class UnitRef:
     def parse(cls, text: str) -> "UnitRef":
         phase, _, index = text.strip().partition("/")
         if phase not in PHASES or not index.isdigit():
-            raise LensHeadsError(f"bad unit {text!r}; write score/INDEX, static/0 or part/INDEX")
+            raise LensHeadsError(f"bad unit {text!r}; write score/INDEX, static/0, part/INDEX or curve/INDEX")
         return cls(phase, int(index))  # type: ignore[arg-type]
 
     def __str__(self) -> str:
@@ -166,6 +171,7 @@ class SweepJob:
     threads: int | None = None  # torch threads per worker (None: torch's default)
     revision: str | None = None  # a hub id's commit: every worker loads the same weights
     attention: str = "auto"  # the attention backend each worker runs (lens_heads.attention)
+    search: SearchConfig | None = None  # an adaptive search (curve units; cfg is then on its grid)
 
 
 @dataclass
@@ -222,6 +228,9 @@ class Worker:
         store = ResultStore(self.job.out_dir)
         if ref.phase == "score":
             out = run_score_shard(model, task, self.identity, self.job.cfg, store, ref.index, self.job.n_shards)
+        elif ref.phase == "curve":
+            new = run_curve_unit(model, task, self.identity, self.job.cfg, store, self.job.search, ref.index)
+            out = Outcome.COMPUTED if new else Outcome.STORED
         elif ref.phase == "static":
             if ref.index != 0:
                 raise LensHeadsError(f"unit {ref}: a sweep has one static unit, static/0")
