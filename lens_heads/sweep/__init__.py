@@ -26,6 +26,9 @@ The package, in the order data flows through it:
   within-1-point, AUC; see its docstring and docs/methods.md §5);
 * ``confseq``: an anytime-valid confidence sequence for a mean over N items read in a random
   order (without replacement), and the within / outside decision on it (docs/methods.md §12);
+* ``adaptive``: ``--search crossing``: each curve's within-margin crossing by bisection over a
+  fine grid, every probe decided sequentially on the confidence sequence, its questions read
+  from and stored in the same store under the grid's point keys (docs/methods.md §13);
 * ``records`` / ``result``: the typed stored records and ``SweepResult`` (save / load).
 
 Every record is one JSON file in a ``ResultStore`` (``DIR/points``, ``DIR/parts``,
