@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Run, base_parser, check_positive, markdown_table, model_label, out_folder, script_main, \
     split_list, write_csv  # noqa: E402
 
-from lens_heads.atomic import atomic_write_text  # noqa: E402
+from lens_heads.files.atomic import atomic_write_text  # noqa: E402
 
 
 def parse_args(argv):

@@ -46,7 +46,7 @@ from common import Run, base_parser, check_positive, markdown_table, model_label
 
 from lens_heads.models import load_model  # noqa: E402
 from lens_heads.models import check_device  # noqa: E402
-from lens_heads.atomic import atomic_write_text  # noqa: E402
+from lens_heads.files.atomic import atomic_write_text  # noqa: E402
 from lens_heads.data import load_texts, tokenize_texts  # noqa: E402
 from lens_heads.diagnose import CLASSES, diagnose, format_band  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402

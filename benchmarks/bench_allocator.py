@@ -62,7 +62,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_allocator.md"))
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from lens_heads.atomic import atomic_write_text
+    from lens_heads.files.atomic import atomic_write_text
 
     tasks = ("PIQA 0-shot", "MMLU 5-shot")
     lines = [f"# bench_allocator (smollm2-135m, batch {args.batch_size}, {args.piqa} PIQA / {args.mmlu} MMLU "

@@ -30,7 +30,7 @@ def main() -> int:
     import torch
 
     from lens_heads import load_model
-    from lens_heads.atomic import atomic_write_text
+    from lens_heads.files.atomic import atomic_write_text
     from lens_heads.engine import forward
 
     lines = [f"# bench_attention_crossover ({args.model}, torch threads {torch.get_num_threads()}, "

@@ -349,7 +349,7 @@ def main() -> int:
 
     from lens_heads import load_model
     from lens_heads.data import load_task
-    from lens_heads.atomic import atomic_write_text
+    from lens_heads.files.atomic import atomic_write_text
     from lens_heads.task_requests import select_records
     from lens_heads.evaluate import evaluate_task
 

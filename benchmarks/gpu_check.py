@@ -67,7 +67,7 @@ class Report:
         self.write()
 
     def write(self) -> None:
-        from lens_heads.atomic import atomic_write_text
+        from lens_heads.files.atomic import atomic_write_text
 
         tail = ["", f"{len(self.failed)} section(s) failed: {', '.join(self.failed)}" if self.failed
                 else "Every section passed."]
@@ -94,7 +94,7 @@ def preflight(data: str | None) -> str | None:
         load_task("piqa"), load_task("mmlu")
     except LensHeadsError as e:
         return f"the evaluation data cannot be read: {e}"
-    from lens_heads.cache import cache_dir
+    from lens_heads.files.cache import cache_dir
     from lens_heads.models.zoo import ZOO
 
     gguf = cache_dir() / ZOO["smollm2-135m"].filename
@@ -148,7 +148,7 @@ def main() -> int:
 
 def gpu_tests(device: str) -> tuple[bool, list[str]]:
     """The suite's ``gpu`` tests; whole output to ``gpu_check_pytest.txt``."""
-    from lens_heads.atomic import atomic_write_text
+    from lens_heads.files.atomic import atomic_write_text
 
     try:
         tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", "--device", device,

@@ -109,7 +109,7 @@ def main() -> int:
     import torch
 
     from lens_heads import load_model
-    from lens_heads.atomic import atomic_write_text
+    from lens_heads.files.atomic import atomic_write_text
     from lens_heads.data import load_task
 
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"profile_evaluate_{args.dtype}.md")

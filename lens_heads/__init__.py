@@ -14,7 +14,7 @@ the threshold rule (the paper's settings, or lens_heads' defaults) for evaluate_
 from lens_heads.errors import LensHeadsError
 from lens_heads.models import ARCHITECTURES, ZOO, HeadGeometry, LoadedModel, load_model
 
-from lens_heads.provenance import lens_heads_version  # noqa: E402
+from lens_heads.files.provenance import lens_heads_version  # noqa: E402
 
 __version__ = lens_heads_version()
 

@@ -24,7 +24,7 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from lens_heads.atomic import atomic_write_text
+from lens_heads.files.atomic import atomic_write_text
 from lens_heads.data.tasks import DEFAULT_SEED, Task
 from lens_heads.engine import encode_pair, forward, loglikelihoods_tokens, token_nll
 from lens_heads.errors import LensHeadsError

@@ -47,7 +47,7 @@ from lens_heads.engine import Observer, RowKey, encode_pair, forward, loglikelih
 from lens_heads.errors import LensHeadsError
 from lens_heads.ablation import Ablation, NoAblation, RandomAblation, parse_ablation
 from lens_heads.progress import progress_bar
-from lens_heads.provenance import lens_heads_version
+from lens_heads.files.provenance import lens_heads_version
 from lens_heads import models
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval HFLM's default

@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions import Head
-from lens_heads.hashing import sha256_bytes
+from lens_heads.files.hashing import sha256_bytes
 from lens_heads.models.load import boot, model_digest
 from lens_heads import pruned_model
 from lens_heads.pruned_model import shrink

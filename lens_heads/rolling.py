@@ -21,7 +21,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-from lens_heads.atomic import atomic_write_text
+from lens_heads.files.atomic import atomic_write_text
 from lens_heads.data.lm_eval_tasks import RollingTask
 
 if TYPE_CHECKING:

@@ -24,10 +24,10 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Protocol, TypeVar
 
-from lens_heads.atomic import atomic_write_text
+from lens_heads.files.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
 from lens_heads.keys import Kind, StoreKey, config_key
-from lens_heads.atomic import atomic_path
+from lens_heads.files.atomic import atomic_path
 
 __all__ = ["ResultStore", "Record", "config_key"]
 

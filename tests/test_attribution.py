@@ -160,7 +160,7 @@ def test_per_input_atp_ablation_equals_each_questions_static_set(tiny_model, tas
 
 
 def test_atp_table_is_cached_per_question_and_keyed_by_replacement(tiny_model, task_file, tmp_path):
-    from lens_heads.cache import cache_dir
+    from lens_heads.files.cache import cache_dir
     from lens_heads.data import load_task
     from lens_heads.task_requests import select_records
     from lens_heads.replacement import parse_replacement

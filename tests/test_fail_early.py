@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lens_heads import LensHeadsError
-from lens_heads.atomic import atomic_write_all, check_output_dir, check_output_file
+from lens_heads.files.atomic import atomic_write_all, check_output_dir, check_output_file
 from lens_heads.cli import main as cli_main
 
 # -----------------------------------------------------------------------------
@@ -502,7 +502,7 @@ def test_claims_stale_rules(tmp_path, monkeypatch):
     import socket
     import time
 
-    from lens_heads import claims
+    from lens_heads.files import claims
 
     rec = tmp_path / "unit.json"
     c = claims.claim_path(rec)

@@ -19,7 +19,7 @@ import torch
 
 from lens_heads.curves import bootstrap_indices, crossing_gap, max_within, normalised_auc
 from lens_heads.errors import LensHeadsError
-from lens_heads.atomic import atomic_write_text
+from lens_heads.files.atomic import atomic_write_text
 from lens_heads.keys import Kind, StoreKey
 from lens_heads.store import ResultStore, config_key
 from lens_heads.sweep import plan_points, PointId, SweepConfig, SweepPoint, tables

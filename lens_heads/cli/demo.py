@@ -20,7 +20,7 @@ from importlib.resources import files
 from pathlib import Path
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.atomic import check_output_dir
+from lens_heads.files.atomic import check_output_dir
 from lens_heads.data import load_task, load_texts, tokenize_texts
 from lens_heads.diagnose import diagnose
 from lens_heads.study import ReportConfig, build_report

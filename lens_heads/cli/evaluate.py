@@ -12,7 +12,7 @@ from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
                                    config_geometry, model_from_args, protocol_from_args)
 from lens_heads.ablation import parse_ablation
-from lens_heads.atomic import check_output_file
+from lens_heads.files.atomic import check_output_file
 from lens_heads.data import load_task
 from lens_heads.data.lm_eval_tasks import RollingTask
 from lens_heads.errors import LensHeadsError

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from lens_heads.cli.common import add_data_args, add_model_args, check_positive, config_geometry, model_from_args, \
     no_texts
-from lens_heads.atomic import check_output_dir
+from lens_heads.files.atomic import check_output_dir
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions import parse_heads
 from lens_heads.prune import PruneSelection, REPORT_FILE, check_prunable, prune, save_pruned

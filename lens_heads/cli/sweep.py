@@ -25,7 +25,7 @@ from lens_heads.sweep.executors import LocalConfig, RayConfig, SlurmConfig, in_p
 from lens_heads.sweep.result import check_same_weights
 from lens_heads.sweep.run import check_one_weights
 from lens_heads.thresholds import parse_fractions
-from lens_heads.atomic import check_output_dir
+from lens_heads.files.atomic import check_output_dir
 from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
 from lens_heads.sweep.executors import check_ray_address
 from lens_heads.sweep import run as sweep_run

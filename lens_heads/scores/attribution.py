@@ -27,10 +27,10 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.engine import forward
 from lens_heads.hooks import hook_name
 from lens_heads.scores.functions import ScoreFn, register_score
-from lens_heads.cache import cache_dir, cached_tensors
+from lens_heads.files.cache import cache_dir, cached_tensors
 from lens_heads.data import load_task
 from lens_heads.engine import encode_pair
-from lens_heads.hashing import sha256_bytes
+from lens_heads.files.hashing import sha256_bytes
 from lens_heads.models.load import model_digest
 from lens_heads.progress import progress_bar
 from lens_heads.replacement import Mean, MeanValues, Zero, parse_replacement
@@ -94,7 +94,7 @@ def atp_table(model: LoadedModel, task, records, n_shot: int, seed: int, replace
     """``{doc_id: [layer, head] signed atp}`` of each record's gold request, built exactly as
     ``evaluate_task`` builds it (few-shot context, chat template, BOS), with ablated heads
     zeroed or replaced by ``replacement`` (a mean spec or runtime). One forward + backward per
-    question, cached on disk per question (``lens_heads.cache``, ``atp/``): the key is the
+    question, cached on disk per question (``lens_heads.files.cache``, ``atp/``): the key is the
     weights' digest, the dtype, the exact context and continuation, and the replacement."""
 
     runtime = _runtime(replacement)

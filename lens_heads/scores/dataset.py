@@ -18,16 +18,16 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from lens_heads.atomic import atomic_write_all
+from lens_heads.files.atomic import atomic_write_all
 from lens_heads.batching import Batcher, parse_batch_size
 from lens_heads.data import pad_batch, tokenize_texts
 from lens_heads.errors import LensHeadsError
-from lens_heads.hashing import sha256_tokens
+from lens_heads.files.hashing import sha256_tokens
 from lens_heads.engine import forward
 from lens_heads.heads import Head
 from lens_heads.models.load import model_digest
 from lens_heads.progress import progress_bar
-from lens_heads.provenance import package_versions
+from lens_heads.files.provenance import package_versions
 from lens_heads.scores.collector import ScoreCollector
 from lens_heads.scores.functions import SCORES, resolve_score_ids, revision_key
 

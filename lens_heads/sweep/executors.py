@@ -4,7 +4,7 @@
 it), has the executor run the missing scoring shards, merges them into the thresholds, has it
 run the missing part units, merges parts into points and writes the tables -- loading no
 weights itself. The store is the only coordination: units are idempotent and claimed
-(``lens_heads.claims``), so workers that die are replaced or their units taken over, and a
+(``lens_heads.files.claims``), so workers that die are replaced or their units taken over, and a
 launch that stops resumes from what is stored.
 
 Executors, by name (``EXECUTORS``; each a config dataclass and its class):

@@ -3,7 +3,7 @@ and points, resume; and tabulating a store.
 
 ``run_points`` evaluates what the plan's store lacks (the in-process executor's part phase;
 ``executors.run_sweep`` is the one driver around it); ``tabulate`` only reads the store (no model: a weights digest and dtype identify the run) and is what ``--status`` and
-``--from-store`` use. Every unit is claimed first (``lens_heads.claims``): processes sharing
+``--from-store`` use. Every unit is claimed first (``lens_heads.files.claims``): processes sharing
 one folder take different units, and one waits for a unit another live process holds.
 """
 
@@ -13,7 +13,7 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Sequence
 
-from lens_heads.claims import claim, wait_for
+from lens_heads.files.claims import claim, wait_for
 from lens_heads.errors import LensHeadsError
 from lens_heads.keys import Kind, RunIdentity
 from lens_heads.progress import progress_bar

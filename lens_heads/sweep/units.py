@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from lens_heads.batching import batch_floor
-from lens_heads.claims import claim
+from lens_heads.files.claims import claim
 from lens_heads.errors import LensHeadsError
 from lens_heads.keys import RunIdentity, StoreKey
 from lens_heads.store import ResultStore
