@@ -56,7 +56,8 @@ def lm_eval_lls(lm, reqs):
 # process then shares); the same weights, dtype, SDPA attention, batch size and requests
 OWN_PROCESS = r"""
 import json, sys, time
-from lens_heads import allocator, load_model
+from lens_heads import load_model
+from lens_heads.models import allocator
 sys.path.insert(0, sys.argv[5])
 from bench_evaluate import lm_eval_lls
 from lm_eval.models.huggingface import HFLM
@@ -77,7 +78,8 @@ print(json.dumps({"s": time.perf_counter() - t0, "lls": lls}))
 # point as the issue that asked for the fused path found it (before the malloc tuning)
 POINT_OWN_PROCESS = r"""
 import json, sys, time
-from lens_heads import allocator, batching, load_model
+from lens_heads import batching, load_model
+from lens_heads.models import allocator
 from lens_heads.ablation import parse_ablation
 from lens_heads.data import load_task
 from lens_heads.evaluate import evaluate_task

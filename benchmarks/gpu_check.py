@@ -170,7 +170,7 @@ def bf16_check(fp32, bf16, piqa) -> tuple[bool, list[str]]:
     import torch
 
     from lens_heads.evaluate import evaluate_task
-    from lens_heads.hooks import run_with_hooks
+    from lens_heads.models.hooks import run_with_hooks
 
     diffs, agree, n = [], 0, 0
     for rec in piqa.records[:64]:

@@ -42,7 +42,7 @@ from torch import Tensor
 
 from lens_heads.engine import RowKey, row_generator
 from lens_heads.errors import LensHeadsError
-from lens_heads.hooks import HookFn, hook_name
+from lens_heads.models.hooks import HookFn, hook_name
 from lens_heads.interventions import (ABLATION_FORMS, AblationSpec, Head, NoHeads, RandomHeads,  # noqa: F401
                                       Replaced, ScoreFraction, ScoreThreshold, StaticHeads, parse_heads, parse_spec)
 from lens_heads.scores import SCORES, ScoreCollector

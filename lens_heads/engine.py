@@ -68,7 +68,7 @@ from lens_heads.batching import Batcher, parse_batch_size
 from lens_heads.data.corpora import iter_batches, pad_batch
 from lens_heads.errors import LensHeadsError
 from lens_heads import packing
-from lens_heads.hooks import packed_length_limit, run_with_hooks
+from lens_heads.models.hooks import packed_length_limit, run_with_hooks
 from lens_heads.progress import progress_bar
 
 if TYPE_CHECKING:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.heads import Head, format_heads, parse_heads  # noqa: F401  (the head type and parser live there)
+from lens_heads.models.heads import Head, format_heads, parse_heads  # noqa: F401  (the head type and parser live there)
 from lens_heads.registry import Registry
 from lens_heads.replacement import Zero, parse_replacement
 from lens_heads.scores.functions import SCORES

@@ -12,7 +12,7 @@ from lens_heads.ablation import (NoAblation, RandomAblation, ScoreAblation, Stat
                                  parse_ablation, parse_heads)
 from lens_heads.data import pad_batch
 from lens_heads.errors import LensHeadsError
-from lens_heads.hooks import run_with_hooks
+from lens_heads.models.hooks import run_with_hooks
 from lens_heads.scores import ScoreCollector
 
 from conftest import BRIDGE_ARCHS, TABLE_ARCHS, TINY_ARCHS

@@ -6,13 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lens_heads import attention
+from lens_heads.models import attention
 from lens_heads.ablation import parse_ablation
 from lens_heads.data import load_task
 from lens_heads.engine import forward
 from lens_heads.errors import LensHeadsError
 from lens_heads.evaluate import evaluate_task
-from lens_heads.hooks import hook_name
+from lens_heads.models.hooks import hook_name
 from lens_heads.scores import score_heads
 from lens_heads.task_requests import select_records
 

@@ -17,7 +17,7 @@ from lens_heads.sweep import PointId
 PACKAGE = Path(__file__).resolve().parent.parent / "lens_heads"
 COMPUTING = ("lens_heads.scores", "lens_heads.diagnose", "lens_heads.sweep", "lens_heads.evaluate",
              "lens_heads.study", "lens_heads.surgery", "lens_heads.thresholds", "lens_heads.activations",
-             "lens_heads.hooks", "lens_heads.models", "lens_heads.ablation", "lens_heads.replacement")
+             "lens_heads.models.hooks", "lens_heads.models", "lens_heads.ablation", "lens_heads.replacement")
 
 
 def _imports(path: Path, skip_type_checking: bool = True) -> list[str]:

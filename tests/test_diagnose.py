@@ -137,7 +137,7 @@ def _hook_loop_diagnosis(model, texts, batch_size):
     over the batch per layer in float32, then float64 on the CPU."""
     from lens_heads.data import iter_batches
     from lens_heads.diagnose import as_token_inputs
-    from lens_heads.hooks import hook_name, layer_of, run_with_hooks
+    from lens_heads.models.hooks import hook_name, layer_of, run_with_hooks
 
     g = model.geometry
     seqs = as_token_inputs(model, texts)

@@ -187,7 +187,7 @@ def test_packed_loglikelihoods_equal_plain_path(arch, tiny_model, shared_data, m
     path does (to float rounding), on every architecture that packs (``PACKED_MODEL_TYPES``),
     Gemma 3 and Mistral only within their sliding windows; the others run unpacked."""
     from lens_heads import packing
-    from lens_heads.hooks import packed_length_limit
+    from lens_heads.models.hooks import packed_length_limit
 
     model = tiny_model(arch)
     encoded = _packing_requests(model.tokenizer, shared_data)
@@ -213,9 +213,9 @@ def test_packed_loglikelihoods_equal_plain_path(arch, tiny_model, shared_data, m
     assert packed == pytest.approx(plain, abs=1e-4)
     assert unpacked == pytest.approx(plain, abs=1e-4)
     if arch in NOT_PACKED[1:]:  # were they packed, each input would see the others (or Falcon would fail)
-        from lens_heads.hooks import PACKED_MODEL_TYPES
+        from lens_heads.models.hooks import PACKED_MODEL_TYPES
 
-        monkeypatch.setattr("lens_heads.hooks.PACKED_MODEL_TYPES", PACKED_MODEL_TYPES | {model.hf_model.config.model_type})
+        monkeypatch.setattr("lens_heads.models.hooks.PACKED_MODEL_TYPES", PACKED_MODEL_TYPES | {model.hf_model.config.model_type})
         monkeypatch.setattr(model, "attention", "eager")  # OPT's own eager attention adds the mask
         try:
             forced = loglikelihoods_tokens(model, encoded, progress=False, batch_size=5)

@@ -24,7 +24,7 @@ def on_gpu(tiny_model_dir, request):
 
 
 def test_logits_and_scores_equal_the_cpu(on_gpu, tiny_model):
-    from lens_heads.hooks import run_with_hooks
+    from lens_heads.models.hooks import run_with_hooks
     from lens_heads.scores import score_heads
 
     cpu = tiny_model("llama")
@@ -74,7 +74,7 @@ def test_packed_rows_equal_padded_rows_on_the_gpu(on_gpu, tiny_model, shared_dat
 
 def test_bf16_forward_is_close_to_fp32(device):
     from lens_heads import load_model
-    from lens_heads.hooks import run_with_hooks
+    from lens_heads.models.hooks import run_with_hooks
 
     fp32, bf16 = load_model("smollm2-135m", device=device), load_model("smollm2-135m", "bfloat16", device=device)
     ids = torch.tensor([fp32.tokenizer(" ".join(TEXTS))["input_ids"]])
@@ -87,7 +87,7 @@ def test_bf16_forward_is_close_to_fp32(device):
 def test_fused_attention_equals_eager_on_the_gpu(on_gpu):
     """The fused path on CUDA (SDPA's kernels; row statistics in blocks): logits and the
     pattern-free scores against eager on the same device."""
-    from lens_heads.hooks import run_with_hooks
+    from lens_heads.models.hooks import run_with_hooks
     from lens_heads.scores import score_heads
 
     ids = torch.tensor([on_gpu.tokenizer(TEXTS[0])["input_ids"]])

@@ -254,7 +254,7 @@ def test_generate_until_static_ablation_equals_zeroed_hf_loop(model, zeroed_hf):
 def test_generate_until_score_ablation_decides_per_step_on_the_whole_sequence(model):
     """Step t's token is the argmax of one full forward of prompt + generated[:t], with the
     score ablation decided on that forward (the documented definition)."""
-    from lens_heads.hooks import run_with_hooks
+    from lens_heads.models.hooks import run_with_hooks
     from lens_heads.scores import ScoreCollector
 
     tok = model.tokenizer

@@ -12,7 +12,7 @@ import torch
 
 from lens_heads import LensHeadsError
 from lens_heads.ablation import parse_ablation
-from lens_heads.hooks import run_with_hooks
+from lens_heads.models.hooks import run_with_hooks
 
 PRUNABLE = ["llama", "qwen2", "olmo2", "gemma3", "gpt2", "bloom"]  # the whole architecture table
 TEXTS = ["The capital of France is Paris. The capital of Italy is Rome.", "Attention heads that do nothing",
@@ -327,7 +327,7 @@ def test_booting_a_pruned_joint_qkv_model_restores_the_bridge_class_also_on_erro
     for the block only: the class method is the original again afterwards, and after an error."""
     from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import JointQKVAttentionBridge
 
-    from lens_heads.hooks import booting_pruned
+    from lens_heads.models.hooks import booting_pruned
 
     original = JointQKVAttentionBridge.set_original_component
     plan = {"layout": "blocked", "d_head": 16, "q": "c_attn"}

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from lens_heads.ablation import bind, parse_ablation
-from lens_heads.hooks import run_with_hooks
+from lens_heads.models.hooks import run_with_hooks
 from lens_heads.interventions import StaticHeads, parse_spec
 
 HEADS = {0: [1], 1: [2, 3]}

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from lens_heads import LensHeadsError, load_model
 from lens_heads.cli import main
-from lens_heads.hooks import hook_name, run_with_hooks
+from lens_heads.models.hooks import hook_name, run_with_hooks
 from lens_heads.surgery import (RepairConfig, RepairReport, TargetSelector, TrainConfig, parse_heads, parse_select,
                                 plan_surgery, reinitialise, train_surgery)
 from lens_heads.surgery.repair import prepare_data

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 from lens_heads.data.corpora import default_corpus
-from lens_heads import attention
+from lens_heads.models import attention
 from lens_heads.errors import LensHeadsError
 from lens_heads.models.load import check_revision, peek_geometry
 from lens_heads.protocol import BOS_CHOICES, resolve_protocol

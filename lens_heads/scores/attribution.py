@@ -25,7 +25,7 @@ from torch import Tensor
 from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.errors import LensHeadsError
 from lens_heads.engine import forward
-from lens_heads.hooks import hook_name
+from lens_heads.models.hooks import hook_name
 from lens_heads.scores.functions import ScoreFn, register_score
 from lens_heads.files.cache import cache_dir, cached_tensors
 from lens_heads.data import load_task

@@ -24,7 +24,7 @@ from lens_heads.data import pad_batch, tokenize_texts
 from lens_heads.errors import LensHeadsError
 from lens_heads.files.hashing import sha256_tokens
 from lens_heads.engine import forward
-from lens_heads.heads import Head
+from lens_heads.models.heads import Head
 from lens_heads.models.load import model_digest
 from lens_heads.progress import progress_bar
 from lens_heads.files.provenance import package_versions

@@ -165,7 +165,7 @@ class SweepJob:
     n_shards: int = 1  # shards of the scoring pass
     threads: int | None = None  # torch threads per worker (None: torch's default)
     revision: str | None = None  # a hub id's commit: every worker loads the same weights
-    attention: str = "auto"  # the attention backend each worker runs (lens_heads.attention)
+    attention: str = "auto"  # the attention backend each worker runs (lens_heads.models.attention)
 
 
 @dataclass

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor
 
-from lens_heads import attention
+from lens_heads.models import attention
 from lens_heads.errors import LensHeadsError
 
 if TYPE_CHECKING:
