@@ -51,8 +51,8 @@ def main(argv=None) -> int:
 
     from lens_heads.ablation import parse_ablation
     from lens_heads.data import load_task, load_texts, tokenize_texts
-    from lens_heads.engine import encode_pair, loglikelihoods_tokens
-    from lens_heads.task_requests import select_records
+    from lens_heads.forward.engine import encode_pair, loglikelihoods_tokens
+    from lens_heads.forward.task_requests import select_records
     from lens_heads.models import load_model
     from lens_heads.models.load import model_digest
     from lens_heads.scores import score_heads

@@ -61,7 +61,7 @@ from lens_heads.curves import bootstrap_indices, max_within, normalised_auc, pai
     percentile_interval  # noqa: E402
 from lens_heads.data import load_task  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
-from lens_heads.task_requests import select_records, task_inputs  # noqa: E402
+from lens_heads.forward.task_requests import select_records, task_inputs  # noqa: E402
 from lens_heads.scores import SCORES, least_active, resolve_score_ids, score_heads  # noqa: E402
 from lens_heads.store import ResultStore  # noqa: E402
 from lens_heads.interventions import StaticHeads  # noqa: E402

@@ -39,7 +39,7 @@ from common import Run, base_parser, markdown_table, model_label, out_folder, sc
 from lens_heads.curves import bootstrap_indices, normalised_auc, percentile_interval  # noqa: E402
 from lens_heads.data import load_task  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
-from lens_heads.task_requests import select_records, task_inputs  # noqa: E402
+from lens_heads.forward.task_requests import select_records, task_inputs  # noqa: E402
 from lens_heads.models import load_model  # noqa: E402
 from lens_heads.protocol import Protocol  # noqa: E402
 from lens_heads.store import ResultStore  # noqa: E402

@@ -41,7 +41,7 @@ def measure(backend: str, what: str, T: int, model_spec: str, dtype: str) -> dic
     from lens_heads import load_model
     from lens_heads.ablation import parse_ablation
     from lens_heads.data import load_texts
-    from lens_heads.engine import forward
+    from lens_heads.forward.engine import forward
     from lens_heads.scores import score_heads
     from lens_heads.scores.functions import input_level
 

@@ -288,7 +288,7 @@ def per_input_point(model, model_name: str, task, recs, batch_size, lines, max_t
     before the fused path, the malloc tuning and even batches."""
     from lens_heads.ablation import parse_ablation
     from lens_heads.evaluate import evaluate_task
-    from lens_heads.task_requests import task_inputs
+    from lens_heads.forward.task_requests import task_inputs
     from lens_heads.thresholds import compute_thresholds
 
     ids = [r.doc_id for r in recs]
@@ -352,7 +352,7 @@ def main() -> int:
     from lens_heads import load_model
     from lens_heads.data import load_task
     from lens_heads.files.atomic import atomic_write_text
-    from lens_heads.task_requests import select_records
+    from lens_heads.forward.task_requests import select_records
     from lens_heads.evaluate import evaluate_task
 
     model = load_model(args.model, dtype=args.dtype)

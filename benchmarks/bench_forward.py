@@ -72,7 +72,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from lens_heads.files.atomic import atomic_write_text
-    from lens_heads.task_requests import task_inputs
+    from lens_heads.forward.task_requests import task_inputs
     from lens_heads.models.hooks import run_with_hooks
     from lens_heads.models.load import load_hf, load_model, resolve_source
 

@@ -223,7 +223,7 @@ def fused_check(fp32, bf16, mmlu) -> tuple[bool, list[str]]:
     peak memory and tokens/s of one forward by length (bf16)."""
     import torch
 
-    from lens_heads.engine import forward
+    from lens_heads.forward.engine import forward
 
     out, ok = [], True
     for model in (fp32, bf16):

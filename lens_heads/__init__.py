@@ -26,7 +26,7 @@ from lens_heads.sweep import SweepConfig, SweepResult, run_sweep, tabulate  # no
 from lens_heads.diagnose import diagnose  # noqa: E402
 from lens_heads.surgery import RepairConfig, RepairReport, TargetSelector, TrainConfig, repair  # noqa: E402
 from lens_heads.study import ModelRef, ReportConfig, attention_heads, build_report  # noqa: E402
-from lens_heads.activations import HeadPatterns, head_patterns  # noqa: E402
+from lens_heads.forward.activations import HeadPatterns, head_patterns  # noqa: E402
 from lens_heads.explore import explore  # noqa: E402  (the function: lh.explore(model) starts the explorer)
 
 

@@ -40,7 +40,7 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from lens_heads.engine import RowKey, row_generator
+from lens_heads.forward.engine import RowKey, row_generator
 from lens_heads.errors import LensHeadsError
 from lens_heads.models.hooks import HookFn, hook_name
 from lens_heads.interventions import (ABLATION_FORMS, AblationSpec, Head, NoHeads, RandomHeads,  # noqa: F401
@@ -111,7 +111,7 @@ class Ablation:
     reuses_prefix: bool = True
     needs_task: bool = False  # decided by a task-level score: only evaluate_task can run it
     _counts_type = Counts
-    replacement = None  # what ablated heads become (lens_heads.replacement runtime); None: zero
+    replacement = None  # what ablated heads become (lens_heads.forward.replacement runtime); None: zero
 
     def _prepare(self, model: LoadedModel, attention_mask, row_keys) -> None:
         if self.replacement is not None:

@@ -26,7 +26,7 @@ from typing import ClassVar
 from lens_heads.errors import LensHeadsError
 from lens_heads.models.heads import Head, format_heads, parse_heads  # noqa: F401  (the head type and parser live there)
 from lens_heads.registry import Registry
-from lens_heads.replacement import Zero, parse_replacement
+from lens_heads.forward.replacement import Zero, parse_replacement
 from lens_heads.scores.functions import SCORES
 
 ABLATION_FORMS = "none | static:L.H,L.H | score:ID@THRESHOLD[:strict] | score:ID@P% | random:P@SEED"
@@ -197,10 +197,10 @@ class RandomHeads(AblationSpec):
 @dataclass(frozen=True)
 class Replaced(AblationSpec):
     """An ablation whose heads are replaced, not zeroed: ``SPEC|REPLACEMENT``
-    (``lens_heads.replacement``: ``mean:CORPUS``, ``resample:CORPUS@SEED``)."""
+    (``lens_heads.forward.replacement``: ``mean:CORPUS``, ``resample:CORPUS@SEED``)."""
 
     spec: AblationSpec
-    replacement: object  # a lens_heads.replacement.Replacement
+    replacement: object  # a lens_heads.forward.replacement.Replacement
 
     def __str__(self) -> str:
         return f"{self.spec}|{self.replacement}"

@@ -42,7 +42,7 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from torch import Tensor
 
-from lens_heads.engine import Observer, RowKey, encode_pair, forward, loglikelihoods_tokens, max_length, \
+from lens_heads.forward.engine import Observer, RowKey, encode_pair, forward, loglikelihoods_tokens, max_length, \
     prefix_token_id, tok_encode
 from lens_heads.errors import LensHeadsError
 from lens_heads.ablation import Ablation, NoAblation, RandomAblation, parse_ablation

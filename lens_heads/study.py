@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from lens_heads.models.heads import Head
-from lens_heads.activations import head_patterns
+from lens_heads.forward.activations import head_patterns
 from lens_heads.data import load_task, load_texts, tokenize_texts
 from lens_heads.diagnose import Diagnosis, diagnose
 from lens_heads.errors import LensHeadsError

@@ -39,7 +39,7 @@ def mc_task_file(tmp_path: Path, n: int = 6) -> str:
 def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     from lens_heads.ablation import StaticAblation
     from lens_heads.data import load_task
-    from lens_heads.task_requests import task_inputs
+    from lens_heads.forward.task_requests import task_inputs
     from lens_heads.evaluate import evaluate_task
     from lens_heads.scores import score_heads
 
@@ -355,7 +355,7 @@ def test_inactive_heads_dtype_check(tmp_path, tiny_model_dir):
     from lens_heads import load_model
     from lens_heads.ablation import parse_ablation
     from lens_heads.data import load_task
-    from lens_heads.task_requests import task_inputs
+    from lens_heads.forward.task_requests import task_inputs
     from lens_heads.evaluate import evaluate_task
     from lens_heads.thresholds import compute_thresholds
 

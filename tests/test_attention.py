@@ -9,12 +9,12 @@ import torch
 from lens_heads.models import attention
 from lens_heads.ablation import parse_ablation
 from lens_heads.data import load_task
-from lens_heads.engine import forward
+from lens_heads.forward.engine import forward
 from lens_heads.errors import LensHeadsError
 from lens_heads.evaluate import evaluate_task
 from lens_heads.models.hooks import hook_name
 from lens_heads.scores import score_heads
-from lens_heads.task_requests import select_records
+from lens_heads.forward.task_requests import select_records
 
 JOINT = ["phi3", "gpt_neox", "gpt2", "bloom"]  # one qkv projection: its hook_q / k / v are inside the fused attention
 FUSABLE = ["llama", "qwen2", "olmo2", "gemma3", "qwen3"] + JOINT  # all but BLOOM via transformers' AttentionInterface
@@ -263,7 +263,7 @@ def test_per_input_pattern_ablation_runs_fused(as_set, shared_data):
     """A per-input sweep point by awft on MMLU 5-shot: fused (no pattern) equals eager."""
     mmlu = load_task("mmlu")
     ids = [r.doc_id for r in select_records(mmlu, 4, seed=3)]
-    from lens_heads.task_requests import task_inputs
+    from lens_heads.forward.task_requests import task_inputs
     from lens_heads.thresholds import compute_thresholds
 
     model = as_set("qwen2", "eager")

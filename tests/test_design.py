@@ -16,8 +16,8 @@ from lens_heads.sweep import PointId
 
 PACKAGE = Path(__file__).resolve().parent.parent / "lens_heads"
 COMPUTING = ("lens_heads.scores", "lens_heads.diagnose", "lens_heads.sweep", "lens_heads.evaluate",
-             "lens_heads.study", "lens_heads.surgery", "lens_heads.thresholds", "lens_heads.activations",
-             "lens_heads.models.hooks", "lens_heads.models", "lens_heads.ablation", "lens_heads.replacement")
+             "lens_heads.study", "lens_heads.surgery", "lens_heads.thresholds", "lens_heads.forward.activations",
+             "lens_heads.models.hooks", "lens_heads.models", "lens_heads.ablation", "lens_heads.forward.replacement")
 
 
 def _imports(path: Path, skip_type_checking: bool = True) -> list[str]:
@@ -54,7 +54,7 @@ def test_the_report_imports_nothing_that_computes():
 
 @pytest.mark.parametrize("view", sorted(p.name for p in (PACKAGE / "viz").glob("*.py")))
 def test_the_views_import_nothing_that_computes(view):
-    """viz/ renders captured patterns and stored results; the model runs in activations.py."""
+    """viz/ renders captured patterns and stored results; the model runs in forward/activations.py."""
     imported = _imports(PACKAGE / "viz" / view)
     assert imported  # the test reads the real imports
     reads = {"lens_heads.scores.functions"}  # the score registry: which way is inactive, no computation
@@ -134,7 +134,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_package_has_no_import_cycle():
     """No module reaches itself through imports, in-function ones included (docs/architecture.md)."""
     graph = import_graph()
-    assert "lens_heads.engine" in graph["lens_heads.evaluate"]  # the test reads the real imports
+    assert "lens_heads.forward.engine" in graph["lens_heads.evaluate"]  # the test reads the real imports
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # and finds one
     assert cycles(graph) == []
 
@@ -170,7 +170,7 @@ def test_imports_follow_the_layers():
     upward = [f"{m} ({layers[layer(m)][0]}) imports {t} ({layers[layer(t)][0]})"
               for m, targets in sorted(graph.items()) for t in sorted(targets) if layer(t) > layer(m)]
     assert upward == []
-    assert layer("lens_heads.engine") < layer("lens_heads.evaluate") < layer("lens_heads.sweep.run")
+    assert layer("lens_heads.forward.engine") < layer("lens_heads.evaluate") < layer("lens_heads.sweep.run")
 
 
 def test_every_name_imported_from_the_package_exists():
@@ -308,7 +308,7 @@ def test_every_forward_goes_through_the_engine():
 
     callers = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "hooks.py"
                      and re.search(r"\brun_with_hooks\(", p.read_text()))
-    assert callers == ["engine.py"]
+    assert callers == ["forward/engine.py"]
     direct = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "hooks.py"
                     and re.search(r"\.bridge(\.run_with_hooks)?\(", p.read_text()))
     assert direct == []

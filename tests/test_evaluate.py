@@ -17,9 +17,9 @@ import torch
 from conftest import TINY_ARCHS
 from lens_heads.data import load_task
 from lens_heads.errors import LensHeadsError
-from lens_heads.engine import build_rows, encode_pair, loglikelihoods_tokens, prefix_groups
+from lens_heads.forward.engine import build_rows, encode_pair, loglikelihoods_tokens, prefix_groups
 from lens_heads.evaluate import evaluate_task, loglikelihoods, perplexity
-from lens_heads.task_requests import DEFAULT_SEED, select_records, task_inputs, task_requests
+from lens_heads.forward.task_requests import DEFAULT_SEED, select_records, task_inputs, task_requests
 
 ARCHS = ["llama", "gemma3", "bloom", "gpt2", "qwen3", "phi3", "gpt_neox"]  # the last three: outside the table
 
@@ -143,8 +143,8 @@ def _packing_requests(tok, shared_data):
 def test_packed_rows_see_only_their_own_tokens():
     """Every input in a packed row sees exactly its own tokens at its own positions, nothing of
     another input (a mask built the other way round: which tokens the last read position sees)."""
-    from lens_heads import packing
-    from lens_heads.engine import Row
+    from lens_heads.forward import packing
+    from lens_heads.forward.engine import Row
 
     g = torch.Generator().manual_seed(0)
     rows = []
@@ -186,7 +186,7 @@ def test_packed_loglikelihoods_equal_plain_path(arch, tiny_model, shared_data, m
     """Packed inputs (several to a row, a question's shared prefix once) score as the plain
     path does (to float rounding), on every architecture that packs (``PACKED_MODEL_TYPES``),
     Gemma 3 and Mistral only within their sliding windows; the others run unpacked."""
-    from lens_heads import packing
+    from lens_heads.forward import packing
     from lens_heads.models.hooks import packed_length_limit
 
     model = tiny_model(arch)
@@ -228,7 +228,7 @@ def test_packed_loglikelihoods_equal_plain_path(arch, tiny_model, shared_data, m
 def test_ablations_on_packed_rows(arch, tiny_model, shared_data, monkeypatch):
     """A static ablation zeroes its heads in packed rows as in plain ones; a random one draws
     per input, so its inputs are never packed."""
-    from lens_heads import packing
+    from lens_heads.forward import packing
     from lens_heads.ablation import parse_ablation
 
     model = tiny_model(arch)
@@ -264,7 +264,7 @@ def test_ablations_on_packed_rows(arch, tiny_model, shared_data, monkeypatch):
 def test_packing_on_smollm2(smollm2, shared_data, monkeypatch):
     """The real model: PIQA and WinoGrande 5-shot packed score as padded rows do (fp32, to 1e-4),
     with the same predictions, in fewer positions."""
-    from lens_heads import packing
+    from lens_heads.forward import packing
 
     positions = []
     real_pack = packing.pack

@@ -14,7 +14,7 @@ import torch
 
 from lens_heads.ablation import parse_ablation
 from lens_heads.data import load_task
-from lens_heads.engine import forward
+from lens_heads.forward.engine import forward
 from lens_heads.evaluate import evaluate_task
 from lens_heads.explore import Explorer, Server, session
 

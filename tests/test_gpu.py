@@ -62,7 +62,7 @@ def test_packed_rows_equal_padded_rows_on_the_gpu(on_gpu, tiny_model, shared_dat
     as packed rows on the CPU (the CUDA kernels take the boolean mask)."""
     from test_evaluate import _packing_requests
 
-    from lens_heads.engine import loglikelihoods_tokens
+    from lens_heads.forward.engine import loglikelihoods_tokens
 
     encoded = _packing_requests(on_gpu.tokenizer, shared_data)
     packed = loglikelihoods_tokens(on_gpu, encoded, progress=False, batch_size=5)
@@ -111,7 +111,7 @@ def test_fused_bloom_runs_a_memory_efficient_kernel_on_the_gpu(tiny_model_dir, d
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from lens_heads import load_model
-    from lens_heads.engine import forward
+    from lens_heads.forward.engine import forward
 
     model = load_model(str(tiny_model_dir("bloom")), device=device)
     ids = torch.randint(3, 200, (3, 40), generator=torch.Generator().manual_seed(0))

@@ -165,7 +165,7 @@ def zeroed_hf(tiny_model_dir):
 
 
 def test_static_ablation_loglikelihood_equals_engine_and_zeroed_hf(model, ll_requests, zeroed_hf):
-    from lens_heads.engine import encode_pair
+    from lens_heads.forward.engine import encode_pair
 
     tok = model.tokenizer
     reqs = [a for a, _, _ in ll_requests[:6]]

@@ -418,7 +418,7 @@ def test_a_hook_inside_a_norm_still_fires_and_its_edit_propagates(tiny_model):
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
 def test_logits_at_chosen_rows_equal_the_full_logits_there(arch, tiny_model):
     """logit_rows: the unembedding runs on the (batch row, kept position) pairs alone."""
-    from lens_heads.engine import Row, scored_positions
+    from lens_heads.forward.engine import Row, scored_positions
 
     model = tiny_model(arch)
     g = torch.Generator().manual_seed(0)

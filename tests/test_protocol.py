@@ -21,8 +21,8 @@ from lens_heads import LensHeadsError, load_model
 from lens_heads.ablation import ScoreAblation, parse_ablation
 from lens_heads.cli import main as cli_main
 from lens_heads.data import load_task
-from lens_heads.engine import encode_pair
-from lens_heads.task_requests import task_inputs
+from lens_heads.forward.engine import encode_pair
+from lens_heads.forward.task_requests import task_inputs
 from lens_heads.evaluate import evaluate_task
 from lens_heads.protocol import (Protocol, load_authors_thresholds, paper_protocol, parse_add_bos,
                                  resolve_protocol)

@@ -1,4 +1,4 @@
-"""Mean and resample ablation (``lens_heads.replacement``) against hand-written patching of the
+"""Mean and resample ablation (``lens_heads.forward.replacement``) against hand-written patching of the
 plain HF model's head outputs (the output projection's input), and their specs."""
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def test_unit_refs_round_trip_and_bad_ones():
 def test_scoring_shards_merge_to_the_unsharded_thresholds_bit_for_bit(tiny_model, task_file, tmp_path, n_shards,
                                                                       monkeypatch):
     from lens_heads.data import load_task
-    from lens_heads.task_requests import task_inputs
+    from lens_heads.forward.task_requests import task_inputs
     from lens_heads.scores import score_heads
     from lens_heads.store import ResultStore
     from lens_heads.sweep.plan import stored_thresholds

@@ -436,7 +436,7 @@ def test_sweep_config_holds_typed_values_parsed_once():
     import dataclasses
 
     from lens_heads.interventions import AblationSpec
-    from lens_heads.replacement import Mean, Replacement
+    from lens_heads.forward.replacement import Mean, Replacement
 
     cfg = SweepConfig(task="piqa", score_ids=["ahon_ln"], replacement="mean:c4-sample",
                       extra_ablations=["static:3.1,0.2", "random:0.1@0"], first=["ahon_ln@0.1"])
@@ -674,7 +674,7 @@ def test_static_curves_zero_the_least_active_heads_by_each_ranking(tiny_model, t
     every input: the sets equal HeadScores.least_active of an independent scoring pass, each
     point's accuracy equals evaluate_task with that set, and the tables come back from the store."""
     from lens_heads.data import load_task
-    from lens_heads.task_requests import task_inputs
+    from lens_heads.forward.task_requests import task_inputs
     from lens_heads.evaluate import evaluate_task
     from lens_heads.ablation import bind
     from lens_heads.interventions import StaticHeads, parse_spec

@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from lens_heads.ablation import Ablation, parse_ablation
 from lens_heads.diagnose import LOCAL_MASS, DiagnosisThresholds, classify
-from lens_heads.engine import forward
+from lens_heads.forward.engine import forward
 from lens_heads.errors import LensHeadsError
 from lens_heads.evaluate import evaluate_task
 from lens_heads.models.hooks import hook_name

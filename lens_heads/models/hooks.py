@@ -139,7 +139,7 @@ def run_with_hooks(
     runs on those rows alone). ``past_key_values`` continues
     from a cached prefix; ``return_cache=True`` returns ``(logits, cache)``. ``grad``: autograd
     on (attribution patching's backward), else inference mode. ``position_ids`` with a boolean
-    [batch, 1, pos, pos] ``attention_mask``: a packed batch (``lens_heads.packing``; models with
+    [batch, 1, pos, pos] ``attention_mask``: a packed batch (``lens_heads.forward.packing``; models with
     a ``packed_length_limit``).
     """
     bridge = model.bridge
@@ -282,7 +282,7 @@ def _rows_from_pattern(request) -> HookFn:
     return hook
 
 
-# Model types (HF ``config.model_type``) that read a packed batch (``lens_heads.packing``) as they
+# Model types (HF ``config.model_type``) that read a packed batch (``lens_heads.forward.packing``) as they
 # would read its inputs alone: positions only from ``position_ids``, and attention that applies a
 # boolean [batch, 1, q, k] mask as such (tests/test_evaluate.py packs each against the plain path).
 # Not BLOOM or Falcon (ALiBi positions from the 2-D padding mask), nor OPT or GPT-Neo (their own

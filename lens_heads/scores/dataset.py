@@ -23,7 +23,7 @@ from lens_heads.batching import Batcher, parse_batch_size
 from lens_heads.data import pad_batch, tokenize_texts
 from lens_heads.errors import LensHeadsError
 from lens_heads.files.hashing import sha256_tokens
-from lens_heads.engine import forward
+from lens_heads.forward.engine import forward
 from lens_heads.models.heads import Head
 from lens_heads.models.load import model_digest
 from lens_heads.progress import progress_bar

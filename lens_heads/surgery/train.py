@@ -28,7 +28,7 @@ from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.models.attention import plain_fused
-from lens_heads.engine import token_nll
+from lens_heads.forward.engine import token_nll
 from lens_heads.surgery.checkpoint import load_checkpoint, save_checkpoint
 from lens_heads.surgery.masks import freeze_and_mask
 from lens_heads.surgery.reinit import SurgeryPlan

@@ -15,7 +15,7 @@ from lens_heads.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fracti
 from lens_heads.batching import parse_batch_size, positive_batch_size
 from lens_heads.keys import RunIdentity
 from lens_heads.interventions import AblationSpec, parse_spec
-from lens_heads.replacement import Replacement, Zero, parse_replacement
+from lens_heads.forward.replacement import Replacement, Zero, parse_replacement
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel

@@ -22,7 +22,7 @@ from lens_heads.sweep.config import BASELINE, RANDOM, SEEDED, STATIC_RANDOM, Poi
 from lens_heads.sweep.records import StaticScoresRecord, Thresholds, ThresholdsRecord
 from lens_heads.thresholds import score_ablation_spec
 from lens_heads.scores.dataset import inactive_when, least_active
-from lens_heads.task_requests import select_records
+from lens_heads.forward.task_requests import select_records
 from lens_heads.interventions import parse_spec, with_replacement
 
 

@@ -28,7 +28,7 @@ from lens_heads.sweep.stats import point_summary, tables
 from lens_heads.ablation import parse_ablation
 from lens_heads.data import load_task
 from lens_heads.scores.functions import input_level, question_level
-from lens_heads.task_requests import task_inputs
+from lens_heads.forward.task_requests import task_inputs
 from lens_heads.thresholds import thresholds_of
 from lens_heads import scores as scoring
 from lens_heads import evaluate as evaluation

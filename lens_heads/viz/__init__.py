@@ -1,6 +1,6 @@
 """Views of lens_heads results: circuitsvis attention patterns (``patterns``) and matplotlib
 figures (``figures``). Views only read results: the patterns they show are captured by
-``lens_heads.activations`` (``attention_heads`` there captures and wraps in one call)."""
+``lens_heads.forward.activations`` (``attention_heads`` there captures and wraps in one call)."""
 
 from lens_heads.viz.figures import (
     DIAGNOSIS_COLOURS,

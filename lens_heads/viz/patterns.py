@@ -27,7 +27,7 @@ from lens_heads.interventions import Head
 from lens_heads.interventions import parse_heads  # noqa: F401  (the one head-list grammar, re-exported)
 
 if TYPE_CHECKING:
-    from lens_heads.activations import HeadPatterns
+    from lens_heads.forward.activations import HeadPatterns
 
 
 

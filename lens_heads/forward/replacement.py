@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from lens_heads.files.cache import cache_dir, cached_tensors
-from lens_heads.engine import forward, row_generator
+from lens_heads.forward.engine import forward, row_generator
 from lens_heads.errors import LensHeadsError
 from lens_heads.data import load_texts, pad_batch, tokenize_texts
 from lens_heads.models.hooks import hook_name

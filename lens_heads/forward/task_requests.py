@@ -14,7 +14,7 @@ from torch import Tensor
 
 from lens_heads.data.task_routes import load_task
 from lens_heads.data.tasks import DEFAULT_SEED, ChatFormat, MCRecord, Task
-from lens_heads.engine import RowKey, build_rows, encode_pair
+from lens_heads.forward.engine import RowKey, build_rows, encode_pair
 from lens_heads.errors import LensHeadsError
 
 if TYPE_CHECKING:
