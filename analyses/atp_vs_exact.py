@@ -49,7 +49,7 @@ def parse_args(argv):
 def main(argv=None) -> int:
     from scipy.stats import spearmanr
 
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.interventions.ablation import parse_ablation
     from lens_heads.data import load_task, load_texts, tokenize_texts
     from lens_heads.forward.engine import encode_pair, loglikelihoods_tokens
     from lens_heads.forward.task_requests import select_records

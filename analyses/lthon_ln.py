@@ -44,7 +44,7 @@ from lens_heads.models import load_model  # noqa: E402
 from lens_heads.protocol import Protocol  # noqa: E402
 from lens_heads.store import ResultStore  # noqa: E402
 from lens_heads.sweep import SweepConfig, put_thresholds, run_sweep, stored_thresholds  # noqa: E402
-from lens_heads.thresholds import compute_thresholds  # noqa: E402
+from lens_heads.interventions.thresholds import compute_thresholds  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 OLD = HERE / "results" / "inactive_heads"  # the tables measured with the old definition

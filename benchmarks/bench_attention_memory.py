@@ -39,7 +39,7 @@ def measure(backend: str, what: str, T: int, model_spec: str, dtype: str) -> dic
     import torch
 
     from lens_heads import load_model
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.interventions.ablation import parse_ablation
     from lens_heads.data import load_texts
     from lens_heads.forward.engine import forward
     from lens_heads.scores import score_heads

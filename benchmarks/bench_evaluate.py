@@ -80,7 +80,7 @@ POINT_OWN_PROCESS = r"""
 import json, sys, time
 from lens_heads import batching, load_model
 from lens_heads.models import allocator
-from lens_heads.ablation import parse_ablation
+from lens_heads.interventions.ablation import parse_ablation
 from lens_heads.data import load_task
 from lens_heads.evaluate import evaluate_task
 model = load_model(sys.argv[1], dtype=sys.argv[2])
@@ -286,10 +286,10 @@ def per_input_point(model, model_name: str, task, recs, batch_size, lines, max_t
     evaluation without prefix reuse (a per-input point cannot reuse one); and eager once more in a
     process of its own with glibc's malloc defaults and batches of the batch size, as the point ran
     before the fused path, the malloc tuning and even batches."""
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.interventions.ablation import parse_ablation
     from lens_heads.evaluate import evaluate_task
     from lens_heads.forward.task_requests import task_inputs
-    from lens_heads.thresholds import compute_thresholds
+    from lens_heads.interventions.thresholds import compute_thresholds
 
     ids = [r.doc_id for r in recs]
     # the threshold from a stratified sample of the same size (as a sweep takes it from its own run's inputs)

@@ -19,7 +19,7 @@ from lens_heads.files.provenance import lens_heads_version  # noqa: E402
 __version__ = lens_heads_version()
 
 from lens_heads.scores import SCORES, HeadScores, score_heads  # noqa: E402
-from lens_heads.ablation import StaticAblation, parse_ablation  # noqa: E402
+from lens_heads.interventions.ablation import StaticAblation, parse_ablation  # noqa: E402
 from lens_heads.protocol import Protocol, load_authors_thresholds, paper_protocol  # noqa: E402
 from lens_heads.evaluate import evaluate_task  # noqa: E402
 from lens_heads.sweep import SweepConfig, SweepResult, run_sweep, tabulate  # noqa: E402

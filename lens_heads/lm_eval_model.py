@@ -18,7 +18,7 @@ of ``static:3.1,4.2`` need no quoting (``create_from_arg_string``).
 Scoring is lens_heads' engine (``lens_heads.evaluate``), which reproduces lm-eval's HF backend
 (HFLM) tokenisation, truncation and log-softmax; with no ablation the numbers are HFLM's.
 
-Row keys (what a ``random:`` ablation's draw depends on, docs of ``lens_heads.ablation``): one
+Row keys (what a ``random:`` ablation's draw depends on, docs of ``lens_heads.interventions.ablation``): one
 stable integer per lm-eval request, ``doc_id * 1000 + idx`` (``Instance.doc_id`` is the
 document's index in the task's evaluation split, ``Instance.idx`` the request's index within
 its document: the choice of a multiple-choice question). These are the keys
@@ -45,7 +45,7 @@ from torch import Tensor
 from lens_heads.forward.engine import Observer, RowKey, encode_pair, forward, loglikelihoods_tokens, max_length, \
     prefix_token_id, tok_encode
 from lens_heads.errors import LensHeadsError
-from lens_heads.ablation import Ablation, NoAblation, RandomAblation, parse_ablation
+from lens_heads.interventions.ablation import Ablation, NoAblation, RandomAblation, parse_ablation
 from lens_heads.progress import progress_bar
 from lens_heads.files.provenance import lens_heads_version
 from lens_heads import models

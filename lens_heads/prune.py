@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import Head
+from lens_heads.interventions.specs import Head
 from lens_heads.files.hashing import sha256_bytes
 from lens_heads.models.load import boot, model_digest
 from lens_heads.models import pruned_model

@@ -25,7 +25,7 @@ import pandas as pd
 
 from lens_heads.files.atomic import atomic_write_text
 from lens_heads.head_classes import CLASSES, SHORT, label
-from lens_heads.interventions import Head
+from lens_heads.interventions.specs import Head
 from lens_heads.viz import AttentionView, bundle_script, diagnosis_map, head_label, score_distributions, \
     score_heatmap, sweep_curves
 

@@ -21,7 +21,7 @@ from lens_heads.forward.activations import head_patterns
 from lens_heads.data import load_task, load_texts, tokenize_texts
 from lens_heads.diagnose import Diagnosis, diagnose
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import parse_heads
+from lens_heads.interventions.specs import parse_heads
 from lens_heads.models.load import dtype_name, model_digest, spec_digest
 from lens_heads.protocol import resolve_protocol
 from lens_heads.files.provenance import package_versions

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lens_heads.ablation import (NoAblation, RandomAblation, ScoreAblation, StaticAblation,
+from lens_heads.interventions.ablation import (NoAblation, RandomAblation, ScoreAblation, StaticAblation,
                                  parse_ablation, parse_heads)
 from lens_heads.data import pad_batch
 from lens_heads.errors import LensHeadsError

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from lens_heads.models import attention
-from lens_heads.ablation import parse_ablation
+from lens_heads.interventions.ablation import parse_ablation
 from lens_heads.data import load_task
 from lens_heads.forward.engine import forward
 from lens_heads.errors import LensHeadsError
@@ -264,7 +264,7 @@ def test_per_input_pattern_ablation_runs_fused(as_set, shared_data):
     mmlu = load_task("mmlu")
     ids = [r.doc_id for r in select_records(mmlu, 4, seed=3)]
     from lens_heads.forward.task_requests import task_inputs
-    from lens_heads.thresholds import compute_thresholds
+    from lens_heads.interventions.thresholds import compute_thresholds
 
     model = as_set("qwen2", "eager")
     tau = compute_thresholds(model, task_inputs(model, mmlu, 5, limit=4, seed=3), ["awft"], [0.3],

@@ -16,8 +16,8 @@ from lens_heads.sweep import PointId
 
 PACKAGE = Path(__file__).resolve().parent.parent / "lens_heads"
 COMPUTING = ("lens_heads.scores", "lens_heads.diagnose", "lens_heads.sweep", "lens_heads.evaluate",
-             "lens_heads.study", "lens_heads.surgery", "lens_heads.thresholds", "lens_heads.forward.activations",
-             "lens_heads.models.hooks", "lens_heads.models", "lens_heads.ablation", "lens_heads.forward.replacement")
+             "lens_heads.study", "lens_heads.surgery", "lens_heads.interventions.thresholds", "lens_heads.forward.activations",
+             "lens_heads.models.hooks", "lens_heads.models", "lens_heads.interventions.ablation", "lens_heads.forward.replacement")
 
 
 def _imports(path: Path, skip_type_checking: bool = True) -> list[str]:
@@ -265,7 +265,7 @@ def test_every_name_keyed_registry_is_one_registry_idiom():
     an entry is added once, and a lookup that misses names the valid entries and a close one."""
     from lens_heads.data.corpora import CORPORA
     from lens_heads.data.tasks import TASKS
-    from lens_heads.interventions import SPEC_KINDS
+    from lens_heads.interventions.specs import SPEC_KINDS
     from lens_heads.models.geometry import ARCHITECTURES
     from lens_heads.registry import Registry
     from lens_heads.scores.functions import SCORES

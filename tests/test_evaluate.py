@@ -229,7 +229,7 @@ def test_ablations_on_packed_rows(arch, tiny_model, shared_data, monkeypatch):
     """A static ablation zeroes its heads in packed rows as in plain ones; a random one draws
     per input, so its inputs are never packed."""
     from lens_heads.forward import packing
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.interventions.ablation import parse_ablation
 
     model = tiny_model(arch)
     encoded = _packing_requests(model.tokenizer, shared_data)
@@ -304,7 +304,7 @@ def test_single_token_choices_read_from_one_forward(tiny_model, shared_data):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_static_ablation_with_prefix_cache_equals_plain(arch, tiny_model, shared_data):
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.interventions.ablation import parse_ablation
 
     model = tiny_model(arch)
     wino = load_task("winogrande")
@@ -322,7 +322,7 @@ def test_static_ablation_with_prefix_cache_equals_plain(arch, tiny_model, shared
 
 
 def test_random_ablation_independent_of_batching(tiny_model, shared_data):
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.interventions.ablation import parse_ablation
 
     model = tiny_model("qwen2")
     piqa = load_task("piqa")

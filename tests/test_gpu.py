@@ -40,7 +40,7 @@ def test_logits_and_scores_equal_the_cpu(on_gpu, tiny_model):
 def test_ablated_evaluation_and_diagnosis_equal_the_cpu(on_gpu, tiny_model, tmp_path):
     from test_sweep import TASK_ROWS
 
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.interventions.ablation import parse_ablation
     from lens_heads.data import load_task
     from lens_heads.diagnose import diagnose
     from lens_heads.evaluate import evaluate_task

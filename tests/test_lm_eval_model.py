@@ -12,7 +12,7 @@ import torch
 
 pytest.importorskip("lm_eval")
 
-from lens_heads.ablation import parse_ablation  # noqa: E402
+from lens_heads.interventions.ablation import parse_ablation  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
 from lens_heads.evaluate import loglikelihoods, perplexity  # noqa: E402
 

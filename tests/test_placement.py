@@ -51,7 +51,7 @@ def test_scores_ablation_and_diagnosis_equal_the_model_on_one_device(placed, tin
     rows.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in TASK_ROWS))
     task = load_task(f"file:{rows}")
     for spec in ("static:0.1,1.2,1.3", "score:ahon_ln@0.9", "random:0.5@1"):
-        from lens_heads.ablation import parse_ablation
+        from lens_heads.interventions.ablation import parse_ablation
 
         ra = evaluate_task(whole, task, limit=12, ablation=parse_ablation(spec, whole.geometry), progress=False)
         rb = evaluate_task(placed, task, limit=12, ablation=parse_ablation(spec, placed.geometry), progress=False)

@@ -18,7 +18,7 @@ import torch
 
 from conftest import tiny_config
 from lens_heads import LensHeadsError, load_model
-from lens_heads.ablation import ScoreAblation, parse_ablation
+from lens_heads.interventions.ablation import ScoreAblation, parse_ablation
 from lens_heads.cli import main as cli_main
 from lens_heads.data import load_task
 from lens_heads.forward.engine import encode_pair
@@ -27,7 +27,7 @@ from lens_heads.evaluate import evaluate_task
 from lens_heads.protocol import (Protocol, load_authors_thresholds, paper_protocol, parse_add_bos,
                                  resolve_protocol)
 from lens_heads.sweep import SweepConfig, run_sweep
-from lens_heads.thresholds import threshold_for
+from lens_heads.interventions.thresholds import threshold_for
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from lens_heads import LensHeadsError
-from lens_heads.ablation import parse_ablation
+from lens_heads.interventions.ablation import parse_ablation
 from lens_heads.models.hooks import run_with_hooks
 
 PRUNABLE = ["llama", "qwen2", "olmo2", "gemma3", "gpt2", "bloom"]  # the whole architecture table

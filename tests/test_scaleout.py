@@ -75,7 +75,7 @@ def test_scoring_shards_merge_to_the_unsharded_thresholds_bit_for_bit(tiny_model
     from lens_heads.sweep.plan import stored_thresholds
     from lens_heads.sweep.units import merge_score_shards, run_score_shard
     from lens_heads import batching
-    from lens_heads.thresholds import compute_thresholds, scoring_shards
+    from lens_heads.interventions.thresholds import compute_thresholds, scoring_shards
 
     model, task = tiny_model("llama"), load_task(f"file:{task_file}")
     cfg = _cfg(task_file, threshold_batch_size=3)

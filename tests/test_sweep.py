@@ -23,7 +23,7 @@ from lens_heads.files.atomic import atomic_write_text
 from lens_heads.keys import Kind, StoreKey
 from lens_heads.store import ResultStore, config_key
 from lens_heads.sweep import plan_points, PointId, SweepConfig, SweepPoint, tables
-from lens_heads.thresholds import parse_fractions, threshold_for, thresholds_from_scores
+from lens_heads.interventions.thresholds import parse_fractions, threshold_for, thresholds_from_scores
 
 # --- within 1 point: last crossing on the interpolated curve ------------------------------
 
@@ -435,7 +435,7 @@ def test_sweep_config_holds_typed_values_parsed_once():
     """Text in, typed values out (one parser each), checked at construction; the config is frozen."""
     import dataclasses
 
-    from lens_heads.interventions import AblationSpec
+    from lens_heads.interventions.specs import AblationSpec
     from lens_heads.forward.replacement import Mean, Replacement
 
     cfg = SweepConfig(task="piqa", score_ids=["ahon_ln"], replacement="mean:c4-sample",
@@ -523,7 +523,7 @@ def test_first_points_are_evaluated_first_and_a_stopped_run_shows_them(tiny_mode
 def test_a_narrower_sweep_reuses_a_wider_sweeps_thresholds(tiny_model, task_file, tmp_path, monkeypatch):
     """Thresholds stored by a sweep of (ahon_ln, awft) x (0, 0.25, 0.5) serve a sweep of (awft) x
     (0, 0.5), named in another order or not: no scoring pass, the same specs and records."""
-    import lens_heads.thresholds as th
+    import lens_heads.interventions.thresholds as th
     from lens_heads.data import load_task
     from lens_heads.sweep import run_sweep
 
@@ -676,8 +676,8 @@ def test_static_curves_zero_the_least_active_heads_by_each_ranking(tiny_model, t
     from lens_heads.data import load_task
     from lens_heads.forward.task_requests import task_inputs
     from lens_heads.evaluate import evaluate_task
-    from lens_heads.ablation import bind
-    from lens_heads.interventions import StaticHeads, parse_spec
+    from lens_heads.interventions.ablation import bind
+    from lens_heads.interventions.specs import StaticHeads, parse_spec
     from lens_heads.scores import score_heads
     from lens_heads.scores.attribution import atp_scores
     from lens_heads.sweep import run_sweep, tabulate

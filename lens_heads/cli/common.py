@@ -9,7 +9,7 @@ from lens_heads.models import attention
 from lens_heads.errors import LensHeadsError
 from lens_heads.models.load import check_revision, peek_geometry
 from lens_heads.protocol import BOS_CHOICES, resolve_protocol
-from lens_heads.thresholds import THRESHOLD_RULES
+from lens_heads.interventions.thresholds import THRESHOLD_RULES
 from lens_heads import models
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ from lens_heads.data import load_task, load_texts, tokenize_texts
 from lens_heads.diagnose import diagnose
 from lens_heads.study import ReportConfig, build_report
 from lens_heads.sweep import SweepConfig, run_sweep
-from lens_heads.thresholds import parse_fractions
+from lens_heads.interventions.thresholds import parse_fractions
 from lens_heads import scores as scoring
 from lens_heads.scores import resolve_score_ids
 

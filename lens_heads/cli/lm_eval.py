@@ -11,11 +11,11 @@ checked before the model loads; nothing is written unless the whole run succeeds
 from __future__ import annotations
 
 from lens_heads.cli.common import add_model_args, check_positive, config_geometry, model_from_args
-from lens_heads.ablation import parse_ablation
+from lens_heads.interventions.ablation import parse_ablation
 from lens_heads.files.atomic import atomic_write_all, check_output_dir
 from lens_heads.data.lm_eval_tasks import build_error, check_answers, check_metric_names, check_metrics, lm_eval_silenced, quiet_lm_eval, unknown_task, yaml_relative_files
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import parse_spec
+from lens_heads.interventions.specs import parse_spec
 
 
 def register(sub) -> None:

@@ -7,7 +7,7 @@ from lens_heads.files.atomic import check_output_dir, check_output_file
 from lens_heads.data import load_texts
 from lens_heads.errors import LensHeadsError
 from lens_heads.study import ReportConfig, build_report
-from lens_heads.interventions import parse_heads
+from lens_heads.interventions.specs import parse_heads
 
 
 def register(sub) -> None:

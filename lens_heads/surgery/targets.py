@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from lens_heads.diagnose import Diagnosis, check_classes, diagnose
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import Head
-from lens_heads.interventions import parse_heads as _parse_heads
+from lens_heads.interventions.specs import Head
+from lens_heads.interventions.specs import parse_heads as _parse_heads
 from lens_heads.scores import resolve_score_ids
 from lens_heads import scores as scoring
 

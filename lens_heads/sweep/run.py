@@ -25,11 +25,11 @@ from lens_heads.sweep.plan import PartUnit, StaticScores, SweepPlan, plan_points
 from lens_heads.sweep.records import PointRecord, StaticScoresRecord, Thresholds
 from lens_heads.sweep.result import SweepResult, check_same_weights
 from lens_heads.sweep.stats import point_summary, tables
-from lens_heads.ablation import parse_ablation
+from lens_heads.interventions.ablation import parse_ablation
 from lens_heads.data import load_task
 from lens_heads.scores.functions import input_level, question_level
 from lens_heads.forward.task_requests import task_inputs
-from lens_heads.thresholds import thresholds_of
+from lens_heads.interventions.thresholds import thresholds_of
 from lens_heads import scores as scoring
 from lens_heads import evaluate as evaluation
 from lens_heads.scores import SCORES

@@ -42,7 +42,7 @@ from lens_heads.scores import SCORES
 from lens_heads.sweep.plan import stored_thresholds
 from lens_heads.sweep.run import CLAIM_POLL_S
 from lens_heads.forward.task_requests import task_inputs
-from lens_heads.thresholds import scoring_shards, thresholds_from_scores
+from lens_heads.interventions.thresholds import scoring_shards, thresholds_from_scores
 from lens_heads.data import load_task
 from lens_heads.models.load import model_digest
 from lens_heads.sweep.plan import stored_static

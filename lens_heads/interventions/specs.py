@@ -2,7 +2,7 @@
 
     spec = parse_spec("score:ahon_ln@0.41:strict")   # ScoreThreshold("ahon_ln", 0.41, strict=True)
     str(spec) == "score:ahon_ln@0.41:strict"         # the printer; parse_spec(str(s)) == s
-    ablation = bind(spec, model.geometry)            # the runtime object (lens_heads.ablation.bind)
+    ablation = bind(spec, model.geometry)            # the runtime object (lens_heads.interventions.ablation.bind)
 
 Kinds (``SPEC_KINDS``, keyed by the word before the first ``:``; docs/methods.md §2):
 
@@ -56,7 +56,7 @@ def _score_id(text: str) -> str:
 @dataclass(frozen=True)
 class AblationSpec:
     """What to zero. Subclasses set ``kind`` and implement ``body`` / ``from_body``; the runtime
-    side (hooks and counters) is ``lens_heads.ablation.bind(spec, geometry)``."""
+    side (hooks and counters) is ``lens_heads.interventions.ablation.bind(spec, geometry)``."""
 
     kind: ClassVar[str] = ""
     needs_calibration: ClassVar[bool] = False  # a target fraction: a threshold must be set on inputs first

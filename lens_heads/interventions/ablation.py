@@ -1,6 +1,6 @@
 """Head ablations: zero a head's output z (all positions, before W_O, no rescaling).
 
-What to zero is a typed spec (``lens_heads.interventions``: one parser, one printer); this
+What to zero is a typed spec (``lens_heads.interventions.specs``: one parser, one printer); this
 module holds the runtime side: every ablation is an ``Ablation`` applied through ``hook_z``
 hooks, one set per forward pass of a batch, counting into the counts of a ``counting()`` block::
 
@@ -43,7 +43,7 @@ from torch import Tensor
 from lens_heads.forward.engine import RowKey, row_generator
 from lens_heads.errors import LensHeadsError
 from lens_heads.models.hooks import HookFn, hook_name
-from lens_heads.interventions import (ABLATION_FORMS, AblationSpec, Head, NoHeads, RandomHeads,  # noqa: F401
+from lens_heads.interventions.specs import (ABLATION_FORMS, AblationSpec, Head, NoHeads, RandomHeads,  # noqa: F401
                                       Replaced, ScoreFraction, ScoreThreshold, StaticHeads, parse_heads, parse_spec)
 from lens_heads.scores import SCORES, ScoreCollector
 
@@ -350,7 +350,7 @@ class TaskScoreAblation(ScoreAblation):
 
 
 # -----------------------------------------------------------------------------
-# Parsing: the one grammar lives in lens_heads.interventions
+# Parsing: the one grammar lives in lens_heads.interventions.specs
 
 
 BINDERS: dict[type[AblationSpec], Callable[[AblationSpec, object], Ablation]] = {
