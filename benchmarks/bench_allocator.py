@@ -29,7 +29,7 @@ import torch
 from lens_heads import load_model
 from lens_heads.models import allocator
 from lens_heads.data import load_task
-from lens_heads.evaluate import evaluate_task
+from lens_heads.evaluation.evaluate import evaluate_task
 dtype, piqa, mmlu, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 model = load_model("smollm2-135m", dtype=dtype)
 out = {"tuned": allocator.keep_freed_memory(), "threads": torch.get_num_threads()}

@@ -169,7 +169,7 @@ def gpu_tests(device: str) -> tuple[bool, list[str]]:
 def bf16_check(fp32, bf16, piqa) -> tuple[bool, list[str]]:
     import torch
 
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.evaluation.evaluate import evaluate_task
     from lens_heads.models.hooks import run_with_hooks
 
     diffs, agree, n = [], 0, 0
@@ -203,7 +203,7 @@ def mmlu_point(models, mmlu) -> tuple[bool, list[str]]:
 def _timed_eval(model, task, **kw):
     import torch
 
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.evaluation.evaluate import evaluate_task
 
     torch.cuda.synchronize()
     t = time.perf_counter()

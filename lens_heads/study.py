@@ -23,7 +23,7 @@ from lens_heads.diagnose import Diagnosis, diagnose
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions.specs import parse_heads
 from lens_heads.models.load import dtype_name, model_digest, spec_digest
-from lens_heads.protocol import resolve_protocol
+from lens_heads.evaluation.protocol import resolve_protocol
 from lens_heads.files.provenance import package_versions
 from lens_heads.report import KEY_SCORE, ReportData, ViewGroup, head_titles, pick_views, write_report
 from lens_heads.scores import resolve_score_ids

@@ -105,7 +105,7 @@ def test_static_fraction_and_name(tiny_model):
 
 def test_static_same_with_and_without_prefix_cache(tiny_model):
     """Static ablations may reuse a cached K/V prefix: the zeroed set does not depend on the input."""
-    from lens_heads.evaluate import loglikelihoods
+    from lens_heads.evaluation.evaluate import loglikelihoods
 
     model = tiny_model("llama")
     context = " ".join(TEXTS * 3) + " Question: which city?"

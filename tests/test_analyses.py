@@ -40,7 +40,7 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     from lens_heads.interventions.ablation import StaticAblation
     from lens_heads.data import load_task
     from lens_heads.forward.task_requests import task_inputs
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.evaluation.evaluate import evaluate_task
     from lens_heads.scores import score_heads
 
     mod = script("inactive_heads")
@@ -356,7 +356,7 @@ def test_inactive_heads_dtype_check(tmp_path, tiny_model_dir):
     from lens_heads.interventions.ablation import parse_ablation
     from lens_heads.data import load_task
     from lens_heads.forward.task_requests import task_inputs
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.evaluation.evaluate import evaluate_task
     from lens_heads.interventions.thresholds import compute_thresholds
 
     mod = script("inactive_heads")
@@ -466,7 +466,7 @@ def test_committed_store_records_rekey_to_their_file_names():
 
     from lens_heads.interventions.specs import parse_spec
     from lens_heads.keys import Kind, RunIdentity, config_key
-    from lens_heads.protocol import Protocol
+    from lens_heads.evaluation.protocol import Protocol
     from lens_heads.scores import SCORES
 
     store = ANALYSES / "results" / "inactive_heads" / "store"

@@ -11,7 +11,7 @@ from lens_heads.interventions.ablation import parse_ablation
 from lens_heads.data import load_task
 from lens_heads.forward.engine import forward
 from lens_heads.errors import LensHeadsError
-from lens_heads.evaluate import evaluate_task
+from lens_heads.evaluation.evaluate import evaluate_task
 from lens_heads.models.hooks import hook_name
 from lens_heads.scores import score_heads
 from lens_heads.forward.task_requests import select_records
@@ -415,7 +415,7 @@ def test_bloom_generates_fused_as_hf_generates(as_set, tiny_model_dir, monkeypat
     from test_lm_eval_model import PROMPTS, _reference_text, hf_greedy
     from transformers import AutoModelForCausalLM
 
-    from lens_heads.lm_eval_model import LensHeadsLM
+    from lens_heads.evaluation.lm_eval_model import LensHeadsLM
 
     model = as_set("bloom", "fused")
     hf = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir("bloom")), attn_implementation="eager").eval()

@@ -130,7 +130,7 @@ def test_per_input_atp_ablation_equals_each_questions_static_set(tiny_model, tas
     from lens_heads.interventions.ablation import parse_ablation
     from lens_heads.data import load_task
     from lens_heads.forward.task_requests import select_records
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.evaluation.evaluate import evaluate_task
     from lens_heads.interventions.specs import StaticHeads, parse_spec, with_replacement
 
     if replacement:
@@ -182,7 +182,7 @@ def test_atp_ablation_outside_evaluate_task_says_so(tiny_model, task_file):
     from lens_heads.interventions.ablation import parse_ablation
     from lens_heads.errors import LensHeadsError
     from lens_heads.forward.engine import encode_pair, loglikelihoods_tokens
-    from lens_heads.lm_eval_model import LensHeadsLM
+    from lens_heads.evaluation.lm_eval_model import LensHeadsLM
 
     model = tiny_model("llama")
     c, x = encode_pair(model.tokenizer, CTX, CONT)

@@ -150,7 +150,7 @@ def test_a_run_of_whole_batches_forms_the_same_batches_alone():
 
 def test_evaluation_and_scores_recover_from_a_simulated_oom(tiny_model, monkeypatch):
     import lens_heads.forward.engine as engine
-    import lens_heads.evaluate as ev
+    import lens_heads.evaluation.evaluate as ev
     import lens_heads.models.hooks as hooks
     import lens_heads.scores.dataset as ds
     from lens_heads.scores import score_heads

@@ -15,7 +15,7 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.sweep import PointId
 
 PACKAGE = Path(__file__).resolve().parent.parent / "lens_heads"
-COMPUTING = ("lens_heads.scores", "lens_heads.diagnose", "lens_heads.sweep", "lens_heads.evaluate",
+COMPUTING = ("lens_heads.scores", "lens_heads.diagnose", "lens_heads.sweep", "lens_heads.evaluation.evaluate",
              "lens_heads.study", "lens_heads.surgery", "lens_heads.interventions.thresholds", "lens_heads.forward.activations",
              "lens_heads.models.hooks", "lens_heads.models", "lens_heads.interventions.ablation", "lens_heads.forward.replacement")
 
@@ -134,7 +134,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_package_has_no_import_cycle():
     """No module reaches itself through imports, in-function ones included (docs/architecture.md)."""
     graph = import_graph()
-    assert "lens_heads.forward.engine" in graph["lens_heads.evaluate"]  # the test reads the real imports
+    assert "lens_heads.forward.engine" in graph["lens_heads.evaluation.evaluate"]  # the test reads the real imports
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # and finds one
     assert cycles(graph) == []
 
@@ -170,7 +170,7 @@ def test_imports_follow_the_layers():
     upward = [f"{m} ({layers[layer(m)][0]}) imports {t} ({layers[layer(t)][0]})"
               for m, targets in sorted(graph.items()) for t in sorted(targets) if layer(t) > layer(m)]
     assert upward == []
-    assert layer("lens_heads.forward.engine") < layer("lens_heads.evaluate") < layer("lens_heads.sweep.run")
+    assert layer("lens_heads.forward.engine") < layer("lens_heads.evaluation.evaluate") < layer("lens_heads.sweep.run")
 
 
 def test_every_name_imported_from_the_package_exists():
@@ -331,4 +331,4 @@ def test_project_imports_sit_at_the_top_but_for_optional_lm_eval():
                         inside.append((f"{p.relative_to(PACKAGE)}:{n.lineno}", lines[n.end_lineno - 1]))
     assert inside, "the lm-eval adapter is imported when used: this test must see it"
     assert [at for at, line in inside if "lm-eval is optional" not in line] == []
-    assert {line.split(" import ")[0].strip() for _, line in inside} == {"from lens_heads.lm_eval_model"}
+    assert {line.split(" import ")[0].strip() for _, line in inside} == {"from lens_heads.evaluation.lm_eval_model"}

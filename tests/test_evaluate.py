@@ -18,7 +18,7 @@ from conftest import TINY_ARCHS
 from lens_heads.data import load_task
 from lens_heads.errors import LensHeadsError
 from lens_heads.forward.engine import build_rows, encode_pair, loglikelihoods_tokens, prefix_groups
-from lens_heads.evaluate import evaluate_task, loglikelihoods, perplexity
+from lens_heads.evaluation.evaluate import evaluate_task, loglikelihoods, perplexity
 from lens_heads.forward.task_requests import DEFAULT_SEED, select_records, task_inputs, task_requests
 
 ARCHS = ["llama", "gemma3", "bloom", "gpt2", "qwen3", "phi3", "gpt_neox"]  # the last three: outside the table

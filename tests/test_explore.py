@@ -15,7 +15,7 @@ import torch
 from lens_heads.interventions.ablation import parse_ablation
 from lens_heads.data import load_task
 from lens_heads.forward.engine import forward
-from lens_heads.evaluate import evaluate_task
+from lens_heads.evaluation.evaluate import evaluate_task
 from lens_heads.explore import Explorer, Server, session
 
 ROOT = Path(__file__).resolve().parents[1]

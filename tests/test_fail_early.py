@@ -447,7 +447,7 @@ def test_a_killed_writers_temp_files_are_removed_by_the_next_write(tiny_model_di
 
 _WORKER = r"""
 import json, os, sys, time
-import lens_heads.evaluate as ev
+import lens_heads.evaluation.evaluate as ev
 from lens_heads import load_model
 from lens_heads.sweep import SweepConfig, run_sweep
 

@@ -23,8 +23,8 @@ from lens_heads.cli import main as cli_main
 from lens_heads.data import load_task
 from lens_heads.forward.engine import encode_pair
 from lens_heads.forward.task_requests import task_inputs
-from lens_heads.evaluate import evaluate_task
-from lens_heads.protocol import (Protocol, load_authors_thresholds, paper_protocol, parse_add_bos,
+from lens_heads.evaluation.evaluate import evaluate_task
+from lens_heads.evaluation.protocol import (Protocol, load_authors_thresholds, paper_protocol, parse_add_bos,
                                  resolve_protocol)
 from lens_heads.sweep import SweepConfig, run_sweep
 from lens_heads.interventions.thresholds import threshold_for

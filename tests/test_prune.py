@@ -100,7 +100,7 @@ def test_scores_evaluation_and_ablation_run_on_a_pruned_model(arch, tiny_model, 
 
     from lens_heads.data import load_task
     from lens_heads.diagnose import diagnose
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.evaluation.evaluate import evaluate_task
     from lens_heads.prune import prune
     from lens_heads.scores import score_heads
 

@@ -214,7 +214,7 @@ def test_cli_demo_end_to_end(tiny_model_dir, tiny_model, tmp_path, capsys):
     from lens_heads.cli import main
     from lens_heads.cli.demo import C4_SAMPLE, DEMO_DATA, piqa_sample_spec
     from lens_heads.data import load_texts, tokenize_texts
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.evaluation.evaluate import evaluate_task
     from lens_heads.scores import score_heads
 
     model_dir, out = str(tiny_model_dir(ARCH)), tmp_path / "demo"  # ALiBi: no 256-token cap on PIQA's answers

@@ -148,7 +148,7 @@ def test_atomic_write_failure_leaves_nothing(tmp_path):
 
 
 def _record(correct, zf):
-    from lens_heads.evaluate import QuestionResult
+    from lens_heads.evaluation.evaluate import QuestionResult
     from lens_heads.sweep import PointRecord
 
     qs = [QuestionResult(i, int(not c), 0, bool(c), [0.0, 0.0]) for i, c in enumerate(correct)]
@@ -374,7 +374,7 @@ def test_cli_evaluate_bad_percentage(tiny_model_dir, task_file, tmp_path, capsys
 def test_parts_merge_to_the_one_shot_point_and_resume(tiny_model, task_file, tmp_path, monkeypatch):
     """A point evaluated in parts of 2 questions equals the point evaluated at once; a run that
     dies after some parts recomputes only the missing ones, and merged parts are removed."""
-    import lens_heads.evaluate as ev
+    import lens_heads.evaluation.evaluate as ev
     from lens_heads.data import load_task
     from lens_heads.sweep import run_sweep
 
@@ -675,7 +675,7 @@ def test_static_curves_zero_the_least_active_heads_by_each_ranking(tiny_model, t
     point's accuracy equals evaluate_task with that set, and the tables come back from the store."""
     from lens_heads.data import load_task
     from lens_heads.forward.task_requests import task_inputs
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.evaluation.evaluate import evaluate_task
     from lens_heads.interventions.ablation import bind
     from lens_heads.interventions.specs import StaticHeads, parse_spec
     from lens_heads.scores import score_heads

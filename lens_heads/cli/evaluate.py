@@ -18,12 +18,12 @@ from lens_heads.data.lm_eval_tasks import RollingTask
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions.specs import ScoreFraction, parse_spec, with_replacement
 from lens_heads.forward.replacement import parse_replacement
-from lens_heads.rolling import evaluate_rolling_task
+from lens_heads.evaluation.rolling import evaluate_rolling_task
 from lens_heads.scores import resolve_score_ids
-from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
+from lens_heads.evaluation.protocol import load_authors_thresholds, thresholds_for_sweep
 from lens_heads.forward.task_requests import task_inputs
 from lens_heads.interventions.thresholds import calibrated_spec, score_ablation_spec
-from lens_heads import evaluate as evaluation
+from lens_heads.evaluation import evaluate as evaluation
 
 
 def register(sub) -> None:

@@ -158,7 +158,7 @@ def run(args) -> int:
                                  f"inputs; give score:ID@THRESHOLD (lens-heads evaluate --ablate "
                                  f"{args.ablate.strip()} prints the threshold it takes)")
         if parse_ablation(args.ablate, config_geometry(args)).needs_task:  # syntax, names, head ranges
-            from lens_heads.lm_eval_model import NEEDS_TASK  # lm-eval is optional: imported when used
+            from lens_heads.evaluation.lm_eval_model import NEEDS_TASK  # lm-eval is optional: imported when used
 
             raise LensHeadsError(f"--ablate {args.ablate.strip()}: {NEEDS_TASK}")
     out = Path(args.out)
@@ -182,7 +182,7 @@ def run(args) -> int:
     from lm_eval import simple_evaluate
     from lm_eval.utils import handle_non_serializable, make_table
 
-    from lens_heads.lm_eval_model import LensHeadsLM  # lm-eval is optional: imported when used
+    from lens_heads.evaluation.lm_eval_model import LensHeadsLM  # lm-eval is optional: imported when used
 
     model = model_from_args(args)
     lm = LensHeadsLM(model, ablation=args.ablate, batch_size=args.batch_size, progress=not args.quiet)

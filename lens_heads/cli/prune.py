@@ -13,7 +13,7 @@ from lens_heads.curves import bootstrap_indices, paired_difference
 from lens_heads.data import load_task, load_texts, tokenize_texts
 from lens_heads.prune import plan_prune
 from lens_heads.surgery.export import remove_stale_exports
-from lens_heads import evaluate as evaluation
+from lens_heads.evaluation import evaluate as evaluation
 
 
 def register(sub) -> None:

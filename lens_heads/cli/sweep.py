@@ -26,7 +26,7 @@ from lens_heads.sweep.result import check_same_weights
 from lens_heads.sweep.run import check_one_weights
 from lens_heads.interventions.thresholds import parse_fractions
 from lens_heads.files.atomic import check_output_dir
-from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
+from lens_heads.evaluation.protocol import load_authors_thresholds, thresholds_for_sweep
 from lens_heads.sweep.executors import check_ray_address
 from lens_heads.sweep import run as sweep_run
 from lens_heads.sweep import executors

@@ -26,7 +26,7 @@ from lens_heads.interventions.ablation import Ablation, parse_ablation
 from lens_heads.diagnose import LOCAL_MASS, DiagnosisThresholds, classify
 from lens_heads.forward.engine import forward
 from lens_heads.errors import LensHeadsError
-from lens_heads.evaluate import evaluate_task
+from lens_heads.evaluation.evaluate import evaluate_task
 from lens_heads.models.hooks import hook_name
 from lens_heads.data import load_texts, tokenize_texts
 from lens_heads.interventions.specs import ScoreFraction, parse_spec, with_replacement

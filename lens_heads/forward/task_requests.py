@@ -19,7 +19,7 @@ from lens_heads.errors import LensHeadsError
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
-    from lens_heads.protocol import Protocol
+    from lens_heads.evaluation.protocol import Protocol
 
 
 def select_records(task: Task, limit: int | None, seed: int = DEFAULT_SEED,

@@ -77,7 +77,7 @@ class TrainResult:
 
 def perplexity(hf_model, inputs: list[Tensor], batch_size: int = 4, pad_id: int = 0) -> float:
     """Token-weighted perplexity of a plain HF model on documents (each predicts tokens 1..T-1),
-    in eval mode; the same computation as ``lens_heads.evaluate.perplexity`` (``token_nll``,
+    in eval mode; the same computation as ``lens_heads.evaluation.evaluate.perplexity`` (``token_nll``,
     docs/methods.md §7). Documents of one token score nothing."""
     if not inputs:
         raise LensHeadsError("no held-out documents for perplexity")

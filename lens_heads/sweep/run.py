@@ -17,7 +17,7 @@ from lens_heads.files.claims import claim, wait_for
 from lens_heads.errors import LensHeadsError
 from lens_heads.keys import Kind, RunIdentity
 from lens_heads.progress import progress_bar
-from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
+from lens_heads.evaluation.protocol import load_authors_thresholds, thresholds_for_sweep
 from lens_heads.store import ResultStore
 from lens_heads.sweep.config import RANDOM, SweepConfig
 from lens_heads.sweep.plan import PartUnit, StaticScores, SweepPlan, plan_points, point_label, partial_config, put_thresholds, \
@@ -31,7 +31,7 @@ from lens_heads.scores.functions import input_level, question_level
 from lens_heads.forward.task_requests import task_inputs
 from lens_heads.interventions.thresholds import thresholds_of
 from lens_heads import scores as scoring
-from lens_heads import evaluate as evaluation
+from lens_heads.evaluation import evaluate as evaluation
 from lens_heads.scores import SCORES
 
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from lens_heads.forward.task_requests import chat_format, resolve_task, select_r
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
-    from lens_heads.protocol import Protocol
+    from lens_heads.evaluation.protocol import Protocol
 
 
 # -----------------------------------------------------------------------------

@@ -4,7 +4,7 @@ Any lm-eval task (multiple choice, perplexity, generation) runs on the Transform
 of a ``LoadedModel``, optionally with heads ablated::
 
     from lm_eval import simple_evaluate
-    from lens_heads.lm_eval_model import LensHeadsLM
+    from lens_heads.evaluation.lm_eval_model import LensHeadsLM
 
     lm = LensHeadsLM(load_model("smollm2-135m"), ablation="static:3.1,4.2")
     out = simple_evaluate(model=lm, tasks=["arc_easy"])
@@ -15,7 +15,7 @@ of a ``LoadedModel``, optionally with heads ablated::
 In a ``model_args`` string a piece without ``=`` continues the previous value, so the commas
 of ``static:3.1,4.2`` need no quoting (``create_from_arg_string``).
 
-Scoring is lens_heads' engine (``lens_heads.evaluate``), which reproduces lm-eval's HF backend
+Scoring is lens_heads' engine (``lens_heads.evaluation.evaluate``), which reproduces lm-eval's HF backend
 (HFLM) tokenisation, truncation and log-softmax; with no ablation the numbers are HFLM's.
 
 Row keys (what a ``random:`` ablation's draw depends on, docs of ``lens_heads.interventions.ablation``): one
