@@ -24,13 +24,13 @@ import numpy as np
 import pandas as pd
 
 from lens_heads.files.atomic import atomic_write_text
-from lens_heads.head_classes import CLASSES, SHORT, label
+from lens_heads.surgery.head_classes import CLASSES, SHORT, label
 from lens_heads.interventions.specs import Head
 from lens_heads.viz import AttentionView, bundle_script, diagnosis_map, head_label, score_distributions, \
     score_heatmap, sweep_curves
 
 if TYPE_CHECKING:  # types only: the report reads these results, it never makes them
-    from lens_heads.diagnose import Diagnosis
+    from lens_heads.surgery.diagnose import Diagnosis
     from lens_heads.scores import HeadScores
     from lens_heads.sweep import SweepResult
 

@@ -291,7 +291,7 @@ def test_distributions_wasserstein(tmp_path, tiny_model_dir, tiny_model):
 
 def test_collapse_repair_tables(tmp_path, tiny_model_dir, tiny_model, shared_data):
     from lens_heads.data import load_texts, tokenize_texts
-    from lens_heads.diagnose import CLASSES, diagnose
+    from lens_heads.surgery.diagnose import CLASSES, diagnose
     from lens_heads.scores import score_heads
 
     mod = script("collapse_repair")

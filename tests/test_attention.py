@@ -241,7 +241,7 @@ def test_pattern_scores_fused_equal_eager_without_a_pattern(arch, left, as_set):
     """With --attention fused: awft, aeqd (and their layer-normalised forms) and the diagnosis' local mass, per input,
     from the fused kernel's per-row statistics (log-sum-exp; no [q, k] tensor), within 1e-4
     relative of the eager pattern's -- Gemma 3's sliding window and left padding included."""
-    from lens_heads.diagnose import LOCAL_MASS
+    from lens_heads.surgery.diagnose import LOCAL_MASS
     from lens_heads.scores.collector import ScoreCollector
 
     ids, mask = _batch(4, 24, left=left)
@@ -298,7 +298,7 @@ def test_auto_runs_short_inputs_eager_on_a_cpu(as_set):
 def test_a_pruned_model_runs_fused(arch, tiny_model):
     """A physically pruned model (layers with different head counts, a GQA group gone; BLOOM's
     kept heads with their own ALiBi slopes) runs its own attention fused and agrees with eager."""
-    from lens_heads.prune import prune
+    from lens_heads.surgery.prune import prune
 
     model = tiny_model(arch)
     g = model.geometry

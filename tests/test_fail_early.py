@@ -557,7 +557,7 @@ def test_store_get_tolerates_a_record_removed_meanwhile(tmp_path, monkeypatch):
 ])
 def test_saved_results_that_cannot_be_read_give_one_message(tmp_path, kind, files, msg):
     """The readers the report (and notebooks) use: a bad file is one LensHeadsError, never a traceback."""
-    from lens_heads.diagnose import Diagnosis
+    from lens_heads.surgery.diagnose import Diagnosis
     from lens_heads.scores import HeadScores
     from lens_heads.sweep import SweepResult
 

@@ -42,7 +42,7 @@ def test_ablated_evaluation_and_diagnosis_equal_the_cpu(on_gpu, tiny_model, tmp_
 
     from lens_heads.interventions.ablation import parse_ablation
     from lens_heads.data import load_task
-    from lens_heads.diagnose import diagnose
+    from lens_heads.surgery.diagnose import diagnose
     from lens_heads.evaluation.evaluate import evaluate_task
 
     cpu = tiny_model("llama")

@@ -38,7 +38,7 @@ def test_scores_ablation_and_diagnosis_equal_the_model_on_one_device(placed, tin
     from test_sweep import TASK_ROWS
 
     from lens_heads.data import load_task
-    from lens_heads.diagnose import diagnose
+    from lens_heads.surgery.diagnose import diagnose
     from lens_heads.evaluation.evaluate import evaluate_task
     from lens_heads.scores import score_heads
 

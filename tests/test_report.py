@@ -33,7 +33,7 @@ ARCH = "bloom"  # ALiBi: the diagnosis map gets its slope axis
 @pytest.fixture(scope="module")
 def inputs(tiny_model, tmp_path_factory):
     """Real results of the tiny model: a sweep folder and a diagnosis CSV (lowered sink bar)."""
-    from lens_heads.diagnose import Diagnosis, DiagnosisThresholds, diagnose
+    from lens_heads.surgery.diagnose import Diagnosis, DiagnosisThresholds, diagnose
     from lens_heads.sweep import SweepConfig, run_sweep
 
     folder = tmp_path_factory.mktemp("report_inputs")

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 
 from lens_heads.interventions.ablation import Ablation, parse_ablation
-from lens_heads.diagnose import LOCAL_MASS, DiagnosisThresholds, classify
+from lens_heads.surgery.diagnose import LOCAL_MASS, DiagnosisThresholds, classify
 from lens_heads.forward.engine import forward
 from lens_heads.errors import LensHeadsError
 from lens_heads.evaluation.evaluate import evaluate_task

@@ -447,7 +447,7 @@ def _split_fused(fused: torch.nn.Module, layout: str, n_heads: int, d_head: int,
 
 @contextlib.contextmanager
 def booting_pruned(plan: dict | None, conv1d: bool) -> Iterator[None]:
-    """While the bridge boots a pruned model with a fused QKV projection (``lens_heads.prune``):
+    """While the bridge boots a pruned model with a fused QKV projection (``lens_heads.surgery.prune``):
     TransformerLens' joint-QKV attention splits the projection, shapes its hooks and rebuilds
     attention with the config's one head count. Give each attention layer, as it is set up, its
     own head count (``_LayerConfig``), the hook reshaping that goes with it, and a split of its

@@ -167,7 +167,7 @@ class LoadedModel:
 
     def load_hf_model(self):
         """A fresh, unwrapped copy of the HF model from the same source (for editing); a model
-        pruned in memory (``lens_heads.prune``) gives a copy pruned the same way."""
+        pruned in memory (``lens_heads.surgery.prune``) gives a copy pruned the same way."""
         hf = load_hf(self.source, self.dtype, self.device)[0]
         plan = getattr(self.hf_model.config, "lens_heads_pruned", None)
         if plan and not getattr(hf.config, "lens_heads_pruned", None):

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 
 from lens_heads.data import tokenize_texts
-from lens_heads.diagnose import DiagnosisThresholds, diagnose
+from lens_heads.surgery.diagnose import DiagnosisThresholds, diagnose
 from lens_heads.errors import LensHeadsError
 
 from lens_heads.models.load import boot, model_digest

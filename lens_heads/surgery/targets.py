@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import re
 from dataclasses import dataclass
 
-from lens_heads.diagnose import Diagnosis, check_classes, diagnose
+from lens_heads.surgery.diagnose import Diagnosis, check_classes, diagnose
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions.specs import Head
 from lens_heads.interventions.specs import parse_heads as _parse_heads

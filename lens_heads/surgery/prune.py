@@ -135,7 +135,7 @@ def save_pruned(model: LoadedModel, out_dir: str | os.PathLike, extra_files: dic
     """Export a pruned model: weights, config with the plan, tokenizer and the remote code (and
     ``extra_files``, name -> text, written with them)."""
     if not model.geometry.pruned:
-        raise LensHeadsError("not a pruned model (lens_heads.prune.prune makes one)")
+        raise LensHeadsError("not a pruned model (lens_heads.surgery.prune.prune makes one)")
     hf = model.load_hf_model()  # a plain (unbridged) copy, pruned as the model is
     base = type(hf).__name__.removeprefix("LensHeadsPruned")
     hf.config.auto_map = {"AutoModelForCausalLM": f"{REMOTE_CODE[:-3]}.{'LensHeadsPruned' + base}"}
