@@ -63,7 +63,7 @@ from lens_heads.data import load_task  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
 from lens_heads.forward.task_requests import select_records, task_inputs  # noqa: E402
 from lens_heads.scores import SCORES, least_active, resolve_score_ids, score_heads  # noqa: E402
-from lens_heads.store import ResultStore  # noqa: E402
+from lens_heads.results.store import ResultStore  # noqa: E402
 from lens_heads.interventions.specs import StaticHeads  # noqa: E402
 from lens_heads.study import ModelRef  # noqa: E402
 from lens_heads.sweep import RANDOM, StaticScoresRecord, SweepConfig, put_thresholds, stored_thresholds  # noqa: E402

@@ -42,7 +42,7 @@ from lens_heads.errors import LensHeadsError  # noqa: E402
 from lens_heads.forward.task_requests import select_records, task_inputs  # noqa: E402
 from lens_heads.models import load_model  # noqa: E402
 from lens_heads.evaluation.protocol import Protocol  # noqa: E402
-from lens_heads.store import ResultStore  # noqa: E402
+from lens_heads.results.store import ResultStore  # noqa: E402
 from lens_heads.sweep import SweepConfig, put_thresholds, run_sweep, stored_thresholds  # noqa: E402
 from lens_heads.interventions.thresholds import compute_thresholds  # noqa: E402
 

@@ -465,7 +465,7 @@ def test_committed_store_records_rekey_to_their_file_names():
     from dataclasses import fields
 
     from lens_heads.interventions.specs import parse_spec
-    from lens_heads.keys import Kind, RunIdentity, config_key
+    from lens_heads.results.keys import Kind, RunIdentity, config_key
     from lens_heads.evaluation.protocol import Protocol
     from lens_heads.scores import SCORES
 
@@ -507,7 +507,7 @@ def test_committed_stores_match_the_tasks_as_loaded_from_any_data_folder(tmp_pat
     does not depend on where the data folder lies (a copy elsewhere gives the same one): a clone
     at another path, or a user whose data moved, finds the stored results."""
     from lens_heads.data import load_task
-    from lens_heads.keys import task_fingerprint
+    from lens_heads.results.keys import task_fingerprint
 
     stored = {}
     for f in sorted((ANALYSES / "results" / "inactive_heads" / "store").rglob("*.json")):

@@ -530,8 +530,8 @@ def test_claims_stale_rules(tmp_path, monkeypatch):
 
 
 def test_store_get_tolerates_a_record_removed_meanwhile(tmp_path, monkeypatch):
-    from lens_heads.keys import Kind, StoreKey
-    from lens_heads.store import ResultStore
+    from lens_heads.results.keys import Kind, StoreKey
+    from lens_heads.results.store import ResultStore
 
     store, key = ResultStore(tmp_path), StoreKey(Kind.PART, {"a": 1})
     store.put(key, {"x": 1})

@@ -297,8 +297,8 @@ def test_default_protocol_keeps_store_keys_and_others_get_their_own(tiny_model, 
 
 def test_lthon_ln_revision_keeps_old_thresholds_out(tiny_model, tmp_path):
     """A thresholds record stored under the old LTHON(LN) definition is never reused."""
-    from lens_heads.store import ResultStore
-    from lens_heads.keys import StoreKey
+    from lens_heads.results.store import ResultStore
+    from lens_heads.results.keys import StoreKey
     from lens_heads.sweep import stored_thresholds, thresholds_key
 
     model, task = tiny_model("llama"), load_task("piqa")

@@ -20,8 +20,8 @@ import torch
 from lens_heads.curves import bootstrap_indices, crossing_gap, max_within, normalised_auc
 from lens_heads.errors import LensHeadsError
 from lens_heads.files.atomic import atomic_write_text
-from lens_heads.keys import Kind, StoreKey
-from lens_heads.store import ResultStore, config_key
+from lens_heads.results.keys import Kind, StoreKey
+from lens_heads.results.store import ResultStore, config_key
 from lens_heads.sweep import plan_points, PointId, SweepConfig, SweepPoint, tables
 from lens_heads.interventions.thresholds import parse_fractions, threshold_for, thresholds_from_scores
 
@@ -548,7 +548,7 @@ def test_partial_tables_hold_the_complete_curves_with_their_final_values(tiny_mo
     curves exactly as the finished sweep does, writes nothing, and says how much is stored."""
     from lens_heads.curves import max_within
     from lens_heads.data import load_task
-    from lens_heads.store import ResultStore
+    from lens_heads.results.store import ResultStore
     from lens_heads.sweep import run_sweep
 
     model, task = tiny_model("llama"), load_task(f"file:{task_file}")

@@ -13,7 +13,7 @@ from lens_heads.evaluation.protocol import Protocol
 from lens_heads.scores.functions import SCORES
 from lens_heads.interventions.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fraction
 from lens_heads.batching import parse_batch_size, positive_batch_size
-from lens_heads.keys import RunIdentity
+from lens_heads.results.keys import RunIdentity
 from lens_heads.interventions.specs import AblationSpec, parse_spec
 from lens_heads.forward.replacement import Replacement, Zero, parse_replacement
 

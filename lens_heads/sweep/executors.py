@@ -40,7 +40,7 @@ from lens_heads.data import load_task
 from lens_heads.models.load import dtype_name, model_digest, resolve_source, spec_digest
 from lens_heads.progress import progress_bar
 from lens_heads.scores.functions import SCORES
-from lens_heads.store import ResultStore
+from lens_heads.results.store import ResultStore
 from lens_heads.sweep import run
 from lens_heads.sweep.plan import static_key, static_rankings, stored_static
 from lens_heads.sweep.records import PointRecord

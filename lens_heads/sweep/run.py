@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING, Sequence
 
 from lens_heads.files.claims import claim, wait_for
 from lens_heads.errors import LensHeadsError
-from lens_heads.keys import Kind, RunIdentity
+from lens_heads.results.keys import Kind, RunIdentity
 from lens_heads.progress import progress_bar
 from lens_heads.evaluation.protocol import load_authors_thresholds, thresholds_for_sweep
-from lens_heads.store import ResultStore
+from lens_heads.results.store import ResultStore
 from lens_heads.sweep.config import RANDOM, SweepConfig
 from lens_heads.sweep.plan import PartUnit, StaticScores, SweepPlan, plan_points, point_label, partial_config, put_thresholds, \
     static_key, static_rankings, stored_static, stored_thresholds, thresholds_key

@@ -32,8 +32,8 @@ import torch
 from lens_heads.batching import batch_floor
 from lens_heads.files.claims import claim
 from lens_heads.errors import LensHeadsError
-from lens_heads.keys import RunIdentity, StoreKey
-from lens_heads.store import ResultStore
+from lens_heads.results.keys import RunIdentity, StoreKey
+from lens_heads.results.store import ResultStore
 from lens_heads.sweep.config import SweepConfig
 from lens_heads.sweep.plan import SweepPlan, put_thresholds, thresholds_key
 from lens_heads.sweep.records import ThresholdsRecord
