@@ -57,7 +57,7 @@ from common import Run, base_parser, check_positive, markdown_table, model_label
     split_list, split_tasks, write_csv, write_figure  # noqa: E402
 
 from lens_heads.models import check_device  # noqa: E402
-from lens_heads.curves import bootstrap_indices, max_within, normalised_auc, paired_difference, \
+from lens_heads.sweep.curves import bootstrap_indices, max_within, normalised_auc, paired_difference, \
     percentile_interval  # noqa: E402
 from lens_heads.data import load_task  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import Run, base_parser, markdown_table, model_label, out_folder, script_main, split_list, write_csv  # noqa: E402
 
-from lens_heads.curves import bootstrap_indices, normalised_auc, percentile_interval  # noqa: E402
+from lens_heads.sweep.curves import bootstrap_indices, normalised_auc, percentile_interval  # noqa: E402
 from lens_heads.data import load_task  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
 from lens_heads.forward.task_requests import select_records, task_inputs  # noqa: E402

@@ -98,7 +98,7 @@ def main() -> int:
 
     from lens_heads import load_model
     from lens_heads.files.atomic import atomic_write_text
-    from lens_heads.curves import bootstrap_indices, paired_difference
+    from lens_heads.sweep.curves import bootstrap_indices, paired_difference
     from lens_heads.data import load_task, load_texts, tokenize_texts
     from lens_heads.evaluation.evaluate import evaluate_task
     from lens_heads.models.load import native_bf16

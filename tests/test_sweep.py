@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from lens_heads.curves import bootstrap_indices, crossing_gap, max_within, normalised_auc
+from lens_heads.sweep.curves import bootstrap_indices, crossing_gap, max_within, normalised_auc
 from lens_heads.errors import LensHeadsError
 from lens_heads.files.atomic import atomic_write_text
 from lens_heads.results.keys import Kind, StoreKey
@@ -546,7 +546,7 @@ def test_a_narrower_sweep_reuses_a_wider_sweeps_thresholds(tiny_model, task_file
 def test_partial_tables_hold_the_complete_curves_with_their_final_values(tiny_model, task_file, tmp_path):
     """A store missing one point of a function and one of a random seed tabulates the other
     curves exactly as the finished sweep does, writes nothing, and says how much is stored."""
-    from lens_heads.curves import max_within
+    from lens_heads.sweep.curves import max_within
     from lens_heads.data import load_task
     from lens_heads.results.store import ResultStore
     from lens_heads.sweep import run_sweep
@@ -613,7 +613,7 @@ def test_cli_status_shows_a_stopped_sweeps_complete_curves(tiny_model_dir, task_
     ahon = next(line for line in shown if line.strip().startswith("ahon_ln"))
     assert ahon == ahon_line.split("  AUC")[0]
     # random: seed 2 is incomplete, so the curve is the mean of seeds 0 and 1
-    from lens_heads.curves import max_within
+    from lens_heads.sweep.curves import max_within
 
     summ = pd.read_csv(out / "summary.csv")
     two = summ[(summ.score_fn == "random") & (summ.fraction == 0.5) & summ.seed.isin([0, 1])]

@@ -24,6 +24,8 @@ The package, in the order data flows through it:
   ``tabulate`` reads a store into tables with no model;
 * ``stats``: pure functions of the question x point correctness matrix (bootstrap intervals,
   within-1-point, AUC; see its docstring and docs/methods.md §5);
+* ``curves``: accuracy-vs-%-zeroed curves, on plain numbers (the within-1-point value, the
+  normalised area, bootstrap indices and intervals), which ``stats`` and the analyses share;
 * ``records`` / ``result``: the typed stored records and ``SweepResult`` (save / load).
 
 Every record is one JSON file in a ``ResultStore`` (``DIR/points``, ``DIR/parts``,
