@@ -65,7 +65,7 @@ from lens_heads.forward.task_requests import select_records, task_inputs  # noqa
 from lens_heads.scores import SCORES, least_active, resolve_score_ids, score_heads  # noqa: E402
 from lens_heads.results.store import ResultStore  # noqa: E402
 from lens_heads.interventions.specs import StaticHeads  # noqa: E402
-from lens_heads.study import ModelRef  # noqa: E402
+from lens_heads.viz.study import ModelRef  # noqa: E402
 from lens_heads.sweep import RANDOM, StaticScoresRecord, SweepConfig, put_thresholds, stored_thresholds  # noqa: E402
 from lens_heads.interventions.thresholds import parse_fractions, thresholds_of  # noqa: E402
 from lens_heads.viz.figures import point_changes, sweep_curves  # noqa: E402

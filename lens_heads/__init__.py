@@ -25,7 +25,7 @@ from lens_heads.evaluation.evaluate import evaluate_task  # noqa: E402
 from lens_heads.sweep import SweepConfig, SweepResult, run_sweep, tabulate  # noqa: E402
 from lens_heads.surgery.diagnose import diagnose  # noqa: E402
 from lens_heads.surgery import RepairConfig, RepairReport, TargetSelector, TrainConfig, repair  # noqa: E402
-from lens_heads.study import ModelRef, ReportConfig, attention_heads, build_report  # noqa: E402
+from lens_heads.viz.study import ModelRef, ReportConfig, attention_heads, build_report  # noqa: E402
 from lens_heads.forward.activations import HeadPatterns, head_patterns  # noqa: E402
 from lens_heads.explore import explore  # noqa: E402  (the function: lh.explore(model) starts the explorer)
 

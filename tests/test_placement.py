@@ -117,7 +117,7 @@ def hub_cache(tiny_model_dir, tmp_path, monkeypatch):
 def test_revision_is_resolved_recorded_and_keyed(hub_cache):
     from lens_heads.data import load_task
     from lens_heads.models.load import model_digest
-    from lens_heads.study import ModelRef
+    from lens_heads.viz.study import ModelRef
     from lens_heads.sweep import SweepConfig
 
     main = load_model("owner/tiny")  # main -> commit a

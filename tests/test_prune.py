@@ -188,7 +188,7 @@ def test_cli_prune_select_eval_and_reload(tiny_model_dir, tiny_model, tmp_path, 
     from types import SimpleNamespace
 
     from lens_heads.surgery.prune import read_prune_report
-    from lens_heads.report import pruning_section
+    from lens_heads.viz.report import pruning_section
 
     sec = pruning_section(SimpleNamespace(pruning=read_prune_report(out)))
     assert sec.anchor == "pruning" and "2 of 8 (25.0 %), by ahon_ln@25%" in sec.body

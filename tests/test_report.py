@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.study import ReportConfig, build_report
+from lens_heads.viz.study import ReportConfig, build_report
 from lens_heads.scores.functions import input_level
 
 from conftest import SAMPLE_TEXTS
@@ -299,7 +299,7 @@ def test_report_renders_offline_in_chromium(report, tmp_path):
 def test_wide_tables_fit_their_section(tmp_path):
     """The within-1-point table (long snake_case headers, a free-text note) fits a 1200-px window:
     its note column lies inside the section, none of it hidden in the table's scroll box."""
-    from lens_heads.report import WITHIN_COLUMNS, Section, render_page, table_html
+    from lens_heads.viz.report import WITHIN_COLUMNS, Section, render_page, table_html
     from lens_heads.sweep.stats import TIED_NOTE
 
     row = {c: 12.3456 for c in WITHIN_COLUMNS} | {"score_fn": "lthon_ln_text", "note": TIED_NOTE}

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
-from lens_heads.study import attention_heads
+from lens_heads.viz.study import attention_heads
 from lens_heads.errors import LensHeadsError
 from lens_heads.sweep import SweepResult
 from lens_heads.viz import (

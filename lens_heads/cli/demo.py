@@ -23,7 +23,7 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.files.atomic import check_output_dir
 from lens_heads.data import load_task, load_texts, tokenize_texts
 from lens_heads.surgery.diagnose import diagnose
-from lens_heads.study import ReportConfig, build_report
+from lens_heads.viz.study import ReportConfig, build_report
 from lens_heads.sweep import SweepConfig, run_sweep
 from lens_heads.interventions.thresholds import parse_fractions
 from lens_heads import scores as scoring

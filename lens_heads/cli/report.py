@@ -6,7 +6,7 @@ from lens_heads.cli.common import add_data_args, add_model_args, add_protocol_ar
 from lens_heads.files.atomic import check_output_dir, check_output_file
 from lens_heads.data import load_texts
 from lens_heads.errors import LensHeadsError
-from lens_heads.study import ReportConfig, build_report
+from lens_heads.viz.study import ReportConfig, build_report
 from lens_heads.interventions.specs import parse_heads
 
 

@@ -19,7 +19,7 @@ from lens_heads.data import load_task
 from lens_heads.errors import LensHeadsError
 from lens_heads.scores import resolve_score_ids
 from lens_heads.results.store import ResultStore
-from lens_heads.study import ModelRef
+from lens_heads.viz.study import ModelRef
 from lens_heads.sweep import SweepConfig, run_sweep, tabulate
 from lens_heads.sweep.executors import LocalConfig, RayConfig, SlurmConfig, in_process_message, in_process_only
 from lens_heads.sweep.result import check_same_weights

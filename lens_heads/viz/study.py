@@ -25,7 +25,7 @@ from lens_heads.interventions.specs import parse_heads
 from lens_heads.models.load import dtype_name, model_digest, spec_digest
 from lens_heads.evaluation.protocol import resolve_protocol
 from lens_heads.files.provenance import package_versions
-from lens_heads.report import KEY_SCORE, ReportData, ViewGroup, head_titles, pick_views, write_report
+from lens_heads.viz.report import KEY_SCORE, ReportData, ViewGroup, head_titles, pick_views, write_report
 from lens_heads.scores import resolve_score_ids
 from lens_heads.sweep import SweepConfig, SweepResult, run_sweep, tabulate
 from lens_heads.viz import AttentionView

@@ -3,7 +3,7 @@
 A view: ``render_report(ReportData)`` turns results that already exist -- ``HeadScores``,
 ``Diagnosis``, a ``SweepResult`` and the attention views to show -- into one page, and
 ``write_report`` writes it atomically. It computes nothing and imports nothing that does;
-``lens_heads.study.build_report`` reads or computes those results (and runs the model for the
+``lens_heads.viz.study.build_report`` reads or computes those results (and runs the model for the
 attention patterns) and then calls it. The page needs no network: figures are PNGs in
 ``data:`` URIs and the circuitsvis bundle is inlined once, in ``<head>``; every attention view
 only mounts into it.
