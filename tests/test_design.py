@@ -1,5 +1,6 @@
-"""The package's design rules, checked on its source: views import nothing that computes, no
-module imports from the package root, typed identities round-trip through their one parser."""
+"""The package's design rules, checked on its source: modules import along the wings' directions
+(docs/architecture.md) and in no cycle, views import nothing that computes, no module imports from
+the package root, typed identities round-trip through their one parser."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.sweep import PointId
 
 PACKAGE = Path(__file__).resolve().parent.parent / "lens_heads"
-COMPUTING = ("lens_heads.scores", "lens_heads.surgery.diagnose", "lens_heads.sweep", "lens_heads.evaluation.evaluate",
-             "lens_heads.viz.study", "lens_heads.surgery", "lens_heads.interventions.thresholds", "lens_heads.forward.activations",
-             "lens_heads.models.hooks", "lens_heads.models", "lens_heads.interventions.ablation", "lens_heads.forward.replacement")
+COMPUTING = ("lens_heads.models", "lens_heads.forward", "lens_heads.scores", "lens_heads.interventions.ablation",
+             "lens_heads.interventions.thresholds", "lens_heads.evaluation", "lens_heads.surgery", "lens_heads.sweep",
+             "lens_heads.viz.study")
 
 
 def _imports(path: Path, skip_type_checking: bool = True) -> list[str]:
@@ -142,38 +143,79 @@ def test_the_package_has_no_import_cycle():
     assert cycles(graph) == []
 
 
-def architecture_layers() -> list[tuple[str, list[str]]]:
-    """(layer name, top-level modules and packages) from docs/architecture.md's table, lowest first."""
+def architecture_wings() -> list[tuple[int, str, list[str]]]:
+    """(floor, wing, its top-level names under lens_heads/) from docs/architecture.md's table, one
+    row per wing: a package (``files/``), the root modules (``errors``, ...) or ``__init__``."""
     import re
 
     text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
-    layers = []
+    wings = []
     for line in text.splitlines():
-        m = re.match(r"^\| (\d+)\. ([^|]+) \| ([^|]+) \|", line)
+        m = re.match(r"^\| (\d+) \| ([^|]+) \| [^|]+ \|$", line)
         if m:
-            names = [n.rstrip("/").removeprefix("lens_heads/") for n in re.findall(r"`([^`]+)`", m.group(3))]
-            layers.append((m.group(2).strip(), ["" if n == "__init__" else n for n in names]))
-    return layers
+            names = re.findall(r"`([^`]+)`", m.group(2))
+            wing = names[0] if len(names) == 1 else "the root modules"
+            wings.append((int(m.group(1)), wing, ["" if n == "__init__" else n.rstrip("/") for n in names]))
+    return wings
 
 
-def test_imports_follow_the_layers():
-    """docs/architecture.md's layers name every module once, and no module imports from a layer
-    above its own (in-function imports included)."""
-    layers = architecture_layers()
-    assert len(layers) >= 8 and layers[0][0] == "base"
-    where = {name: i for i, (_, names) in enumerate(layers) for name in names}
-    assert sum(len(names) for _, names in layers) == len(where), "a module is named in two layers"
-    graph = import_graph()
+def wing_check(graph: dict[str, set[str]], wings: list[tuple[int, str, list[str]]]) -> list[str]:
+    """Each import of ``graph`` that leaves its wing for one on the same floor or above, as
+    'module (wing, floor N) imports module (wing, floor M)'."""
+    where = {name: i for i, (_, _, names) in enumerate(wings) for name in names}
 
-    def layer(module: str) -> int:
+    def wing_of(module: str) -> int:
         top = module.removeprefix("lens_heads").removeprefix(".").split(".")[0]
-        assert top in where, f"{module} is in no layer of docs/architecture.md"
+        assert top in where, f"{module} is in no wing of docs/architecture.md"
         return where[top]
 
-    upward = [f"{m} ({layers[layer(m)][0]}) imports {t} ({layers[layer(t)][0]})"
-              for m, targets in sorted(graph.items()) for t in sorted(targets) if layer(t) > layer(m)]
-    assert upward == []
-    assert layer("lens_heads.forward.engine") < layer("lens_heads.evaluation.evaluate") < layer("lens_heads.sweep.run")
+    def label(i: int) -> str:
+        return f"{wings[i][1]}, floor {wings[i][0]}"
+
+    return [f"{m} ({label(wing_of(m))}) imports {t} ({label(wing_of(t))})"
+            for m, targets in sorted(graph.items()) for t in sorted(targets)
+            if wing_of(t) != wing_of(m) and wings[wing_of(t)][0] >= wings[wing_of(m)][0]]
+
+
+def test_imports_follow_the_wings():
+    """docs/architecture.md's table puts every top-level module and package of lens_heads in one
+    wing on one floor; a module imports only its own wing and wings on lower floors (in-function
+    imports included), so the folder tree is the data flow's diagram."""
+    wings = architecture_wings()
+    floors = {wing: floor for floor, wing, _ in wings}
+    named = [n for _, _, names in wings for n in names]
+    assert len(named) == len(set(named)), "a module is named in two wings"
+    tree = {p.stem if p.suffix == ".py" else p.name for p in PACKAGE.iterdir()
+            if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    assert tree == {n or "__init__" for n in named}, "docs/architecture.md's wings and lens_heads/ differ"
+    # the data flow, bottom to top
+    flow = ["files/", "models/", "forward/", "scores/", "interventions/", "evaluation/", "results/", "sweep/",
+            "viz/", "explore/", "cli/", "__init__"]
+    assert all(floors[low] < floors[high] for low, high in zip(flow, flow[1:]))
+    assert floors["the root modules"] == 0 and floors["data/"] == floors["files/"] and floors["surgery/"] == floors["evaluation/"]
+    graph = import_graph()
+    assert wing_check({"lens_heads.files.atomic": {"lens_heads.forward.engine"}}, wings)  # and finds one
+    against = wing_check(graph, wings)
+    assert against == [], "imports against the wings' direction (docs/architecture.md):\n" + "\n".join(against)
+
+
+def test_the_root_holds_the_api_and_what_every_wing_shares():
+    """lens_heads/ holds the public API and the floor-0 modules as files (six at most); every
+    other module lives in a wing."""
+    files = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    root = next(names for floor, _, names in architecture_wings() if floor == 0)
+    assert len(files) <= 6 and files == sorted(["__init__", *root])
+
+
+def test_every_wing_says_its_role():
+    """Each wing's __init__.py opens with a docstring: what the wing does, what it may import, what
+    imports it."""
+    silent = []
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = " ".join((ast.get_docstring(ast.parse(init.read_text())) or "").split())
+        if not ("May import:" in doc and "Imported by:" in doc):
+            silent.append(init.parent.name)
+    assert silent == []
 
 
 def test_every_name_imported_from_the_package_exists():

@@ -2,6 +2,6 @@
 files that let processes share a folder (``claims``), the on-disk cache (``cache``), content
 digests (``hashing``) and the package versions recorded with every result (``provenance``).
 
-May import: the root modules (``errors``, ``registry``, ``progress``) and nothing else of
-lens_heads. Imported by: any wing that writes a file or names its content.
+Floor 1 of docs/architecture.md. May import: the root modules only. Imported by: any wing that
+writes a file or names its content (``models`` and every wing above it).
 """

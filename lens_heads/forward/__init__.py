@@ -3,6 +3,6 @@
 task's requests in ``task_requests``), and per-head values a forward captures or substitutes
 (attention patterns in ``activations``; what an ablated head becomes in ``replacement``).
 
-May import: the root modules, ``files``, ``data`` and ``models``. Imported by: scores and every
-wing above them.
+Floor 3 of docs/architecture.md. May import: the root modules, ``files``, ``data`` and
+``models``. Imported by: ``scores`` and every wing above it.
 """

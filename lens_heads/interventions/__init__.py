@@ -3,6 +3,6 @@ printer, the ``SPEC_KINDS`` registry), their runtime side (``ablation.bind``: ho
 ``hook_z`` and counts) and the score thresholds that turn a target fraction into a spec
 (``thresholds``).
 
-May import: the root modules, ``files``, ``data``, ``models``, ``forward`` and ``scores``.
-Imported by: evaluation, surgery and every wing above them.
+Floor 5 of docs/architecture.md. May import: the root modules, ``files``, ``data``, ``models``,
+``forward`` and ``scores``. Imported by: ``evaluation``, ``surgery`` and every wing above them.
 """

@@ -2,7 +2,6 @@
 else (``keys``: a run's identity from the weights' digest, the task, the protocol and the score
 revisions), and the content-addressed, resumable result store (``store``).
 
-May import: the wings below it (the root modules, ``files``, ``data``, ``models``, ``forward``,
-``scores``, ``interventions``, ``evaluation``, ``surgery``). Imported by: sweep and the wings
-above it.
+Floor 7 of docs/architecture.md. May import: the wings below it (up to ``evaluation`` and
+``surgery``). Imported by: ``sweep`` and every wing above it.
 """

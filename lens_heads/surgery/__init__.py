@@ -12,6 +12,10 @@ heads (docs/methods.md §7, as edits on a plain HF model) and physical pruning.
     repair.py      the two-pass protocol that ties them together
     report.py      its report.json: RepairReport / RepairPass
     prune.py       physical head pruning: the plan, the pruned model, its export
+
+Floor 6 of docs/architecture.md. May import: the wings below it (the root modules, ``files``,
+``data``, ``models``, ``forward``, ``scores``, ``interventions``), not ``evaluation`` on its
+floor. Imported by: ``results`` and every wing above it.
 """
 
 from lens_heads.surgery.export import export_model

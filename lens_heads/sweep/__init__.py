@@ -35,6 +35,9 @@ protocol settings) plus the ablation spec and a score function's definition revi
 changed; the batch size is deliberately not part of the key. A sweep killed at any moment
 resumes by computing only the missing units, and its tables are computed from the stored
 records alone, so they equal those of an uninterrupted run.
+
+Floor 8 of docs/architecture.md. May import: the wings below it (up to ``results``). Imported
+by: ``viz`` and every wing above it.
 """
 
 from lens_heads.sweep.config import BASELINE, RANDOM, STATIC_RANDOM, PointId, SweepConfig, static_name
