@@ -30,7 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import Run, base_parser, check_positive, markdown_table, model_label, out_folder, script_main, \
     split_list, write_csv  # noqa: E402
 
-from lens_heads.atomic import atomic_write_text  # noqa: E402
+from lens_heads.files.atomic import atomic_write_text  # noqa: E402
 
 
 def parse_args(argv):
@@ -49,10 +49,10 @@ def parse_args(argv):
 def main(argv=None) -> int:
     from scipy.stats import spearmanr
 
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.interventions.ablation import parse_ablation
     from lens_heads.data import load_task, load_texts, tokenize_texts
-    from lens_heads.engine import encode_pair, loglikelihoods_tokens
-    from lens_heads.task_requests import select_records
+    from lens_heads.forward.engine import encode_pair, loglikelihoods_tokens
+    from lens_heads.forward.task_requests import select_records
     from lens_heads.models import load_model
     from lens_heads.models.load import model_digest
     from lens_heads.scores import score_heads

@@ -38,7 +38,7 @@ FRACTIONS = "0,0.05,0.1,0.2,0.3,0.4,0.5"
 
 
 def parse_args(argv):
-    from lens_heads.thresholds import parse_fractions
+    from lens_heads.interventions.thresholds import parse_fractions
 
     p = base_parser(__doc__, "analyses/results/beyond_zero")
     p.set_defaults(models="smollm2-135m", batch_size=16)

@@ -5,7 +5,7 @@ and a small BLOOM-architecture (ALiBi) model trained from scratch, diagnosed bes
         --models smollm2-135m,qwen2.5-coder-0.5b,gemma-3-270m --repair-model smollm2-135m \\
         --steps 60 --bloom-steps 600 --out analyses/results/collapse_repair
 
-1. Diagnosis (``lens_heads.diagnose.diagnose``) of every --models model on --diag-n C4
+1. Diagnosis (``lens_heads.surgery.diagnose.diagnose``) of every --models model on --diag-n C4
    validation documents (<= --diag-len tokens): class counts (dead / BOS-sink / low-entropy /
    local / healthy), the band, and the per-head table.
 2. Repair (``lens_heads.surgery.repair``) of --repair-model, once per target rule:
@@ -46,9 +46,9 @@ from common import Run, base_parser, check_positive, markdown_table, model_label
 
 from lens_heads.models import load_model  # noqa: E402
 from lens_heads.models import check_device  # noqa: E402
-from lens_heads.atomic import atomic_write_text  # noqa: E402
+from lens_heads.files.atomic import atomic_write_text  # noqa: E402
 from lens_heads.data import load_texts, tokenize_texts  # noqa: E402
-from lens_heads.diagnose import CLASSES, diagnose, format_band  # noqa: E402
+from lens_heads.surgery.diagnose import CLASSES, diagnose, format_band  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
 from lens_heads.surgery import (RepairConfig, RepairReport, TargetSelector, TrainConfig, export_model,  # noqa: E402
                                 parse_select, repair)

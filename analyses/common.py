@@ -24,9 +24,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable, Sequence
 
-from lens_heads.atomic import atomic_path, atomic_write_csv, atomic_write_text
+from lens_heads.files.atomic import atomic_path, atomic_write_csv, atomic_write_text
 from lens_heads.errors import LensHeadsError
-from lens_heads.provenance import package_versions
+from lens_heads.files.provenance import package_versions
 
 ZOO_MODELS = "smollm2-135m,qwen2.5-coder-0.5b,gemma-3-270m"
 

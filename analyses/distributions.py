@@ -49,7 +49,7 @@ from lens_heads.models import load_model  # noqa: E402
 from lens_heads.models import check_device  # noqa: E402
 from lens_heads.data import load_task, load_texts, tokenize_texts  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
-from lens_heads.task_requests import task_inputs  # noqa: E402
+from lens_heads.forward.task_requests import task_inputs  # noqa: E402
 from lens_heads.scores import (HeadScores, prepare_inputs, resolve_score_ids, revision_key, score_heads,  # noqa: E402
                                score_metadata, wasserstein_distances)
 from lens_heads.viz import distance_heatmap, score_distributions  # noqa: E402

@@ -57,17 +57,17 @@ from common import Run, base_parser, check_positive, markdown_table, model_label
     split_list, split_tasks, write_csv, write_figure  # noqa: E402
 
 from lens_heads.models import check_device  # noqa: E402
-from lens_heads.curves import bootstrap_indices, max_within, normalised_auc, paired_difference, \
+from lens_heads.sweep.curves import bootstrap_indices, max_within, normalised_auc, paired_difference, \
     percentile_interval  # noqa: E402
 from lens_heads.data import load_task  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
-from lens_heads.task_requests import select_records, task_inputs  # noqa: E402
+from lens_heads.forward.task_requests import select_records, task_inputs  # noqa: E402
 from lens_heads.scores import SCORES, least_active, resolve_score_ids, score_heads  # noqa: E402
-from lens_heads.store import ResultStore  # noqa: E402
-from lens_heads.interventions import StaticHeads  # noqa: E402
-from lens_heads.study import ModelRef  # noqa: E402
+from lens_heads.results.store import ResultStore  # noqa: E402
+from lens_heads.interventions.specs import StaticHeads  # noqa: E402
+from lens_heads.viz.study import ModelRef  # noqa: E402
 from lens_heads.sweep import RANDOM, StaticScoresRecord, SweepConfig, put_thresholds, stored_thresholds  # noqa: E402
-from lens_heads.thresholds import parse_fractions, thresholds_of  # noqa: E402
+from lens_heads.interventions.thresholds import parse_fractions, thresholds_of  # noqa: E402
 from lens_heads.viz.figures import point_changes, sweep_curves  # noqa: E402
 
 # The paper's headline results (docs/methods.md cites it) (MMLU 5-shot, % of heads zeroed within 1 point)

@@ -36,15 +36,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from common import Run, base_parser, markdown_table, model_label, out_folder, script_main, split_list, write_csv  # noqa: E402
 
-from lens_heads.curves import bootstrap_indices, normalised_auc, percentile_interval  # noqa: E402
+from lens_heads.sweep.curves import bootstrap_indices, normalised_auc, percentile_interval  # noqa: E402
 from lens_heads.data import load_task  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
-from lens_heads.task_requests import select_records, task_inputs  # noqa: E402
+from lens_heads.forward.task_requests import select_records, task_inputs  # noqa: E402
 from lens_heads.models import load_model  # noqa: E402
-from lens_heads.protocol import Protocol  # noqa: E402
-from lens_heads.store import ResultStore  # noqa: E402
+from lens_heads.evaluation.protocol import Protocol  # noqa: E402
+from lens_heads.results.store import ResultStore  # noqa: E402
 from lens_heads.sweep import SweepConfig, put_thresholds, run_sweep, stored_thresholds  # noqa: E402
-from lens_heads.thresholds import compute_thresholds  # noqa: E402
+from lens_heads.interventions.thresholds import compute_thresholds  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 OLD = HERE / "results" / "inactive_heads"  # the tables measured with the old definition

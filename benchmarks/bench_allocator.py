@@ -1,4 +1,4 @@
-"""Benchmark: glibc's malloc with lens_heads' tuning (``lens_heads.allocator``) vs its defaults.
+"""Benchmark: glibc's malloc with lens_heads' tuning (``lens_heads.models.allocator``) vs its defaults.
 
 The tuning is process-wide, so each setting runs in its own subprocess (the same evaluation,
 alternated, ``--rounds`` times each; the best time per setting is reported, and the ratio of the
@@ -26,9 +26,10 @@ CHILD = r"""
 import json, os, resource, sys, time
 os.environ.setdefault("HF_HUB_OFFLINE", "1"); os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import torch
-from lens_heads import allocator, load_model
+from lens_heads import load_model
+from lens_heads.models import allocator
 from lens_heads.data import load_task
-from lens_heads.evaluate import evaluate_task
+from lens_heads.evaluation.evaluate import evaluate_task
 dtype, piqa, mmlu, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 model = load_model("smollm2-135m", dtype=dtype)
 out = {"tuned": allocator.keep_freed_memory(), "threads": torch.get_num_threads()}
@@ -62,7 +63,7 @@ def main() -> int:
     ap.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "bench_allocator.md"))
     args = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from lens_heads.atomic import atomic_write_text
+    from lens_heads.files.atomic import atomic_write_text
 
     tasks = ("PIQA 0-shot", "MMLU 5-shot")
     lines = [f"# bench_allocator (smollm2-135m, batch {args.batch_size}, {args.piqa} PIQA / {args.mmlu} MMLU "
@@ -84,7 +85,7 @@ def main() -> int:
         rss.append(f"{dtype}: peak RSS {max(r['peak_rss_mb'] for r in runs[False]):.0f} MB with glibc's defaults, "
                    f"{max(r['peak_rss_mb'] for r in runs[True]):.0f} MB tuned")
     lines += ["", "Memory cost (the whole process, model included): " + "; ".join(rss) + ".", "",
-              "Tuned: `lens_heads.allocator.keep_freed_memory()` (mmap threshold 1 GiB, trim threshold 2 GiB), "
+              "Tuned: `lens_heads.models.allocator.keep_freed_memory()` (mmap threshold 1 GiB, trim threshold 2 GiB), "
               "which `load_model` applies on the CPU; defaults: `LENS_HEADS_KEEP_FREED_MEMORY=0`."]
     atomic_write_text(Path(args.out), "\n".join(lines) + "\n", make_parents=True)
     print("\n".join(lines))

@@ -30,8 +30,8 @@ def main() -> int:
     import torch
 
     from lens_heads import load_model
-    from lens_heads.atomic import atomic_write_text
-    from lens_heads.engine import forward
+    from lens_heads.files.atomic import atomic_write_text
+    from lens_heads.forward.engine import forward
 
     lines = [f"# bench_attention_crossover ({args.model}, torch threads {torch.get_num_threads()}, "
              f"load avg {os.getloadavg()[0]:.1f})", "",

@@ -39,9 +39,9 @@ def measure(backend: str, what: str, T: int, model_spec: str, dtype: str) -> dic
     import torch
 
     from lens_heads import load_model
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.interventions.ablation import parse_ablation
     from lens_heads.data import load_texts
-    from lens_heads.engine import forward
+    from lens_heads.forward.engine import forward
     from lens_heads.scores import score_heads
     from lens_heads.scores.functions import input_level
 
@@ -122,7 +122,7 @@ def main() -> int:
             lines.append(f"\n{what}, fused: work memory grows {m1 / max(m0, 1e-9):.1f}x for {t1 / t0:.0f}x the length "
                          f"({t0} -> {t1} tokens; linear would be {t1 / t0:.0f}x, quadratic {(t1 / t0) ** 2:.0f}x).")
     lines += ["", f"Command: `{' '.join(['python', 'benchmarks/bench_attention_memory.py'] + sys.argv[1:])}`", ""]
-    from lens_heads.atomic import atomic_write_text
+    from lens_heads.files.atomic import atomic_write_text
 
     atomic_write_text(args.out, "\n".join(lines) + "\n")
     print("\n".join(lines))

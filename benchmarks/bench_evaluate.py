@@ -56,7 +56,8 @@ def lm_eval_lls(lm, reqs):
 # process then shares); the same weights, dtype, SDPA attention, batch size and requests
 OWN_PROCESS = r"""
 import json, sys, time
-from lens_heads import allocator, load_model
+from lens_heads import load_model
+from lens_heads.models import allocator
 sys.path.insert(0, sys.argv[5])
 from bench_evaluate import lm_eval_lls
 from lm_eval.models.huggingface import HFLM
@@ -77,10 +78,11 @@ print(json.dumps({"s": time.perf_counter() - t0, "lls": lls}))
 # point as the issue that asked for the fused path found it (before the malloc tuning)
 POINT_OWN_PROCESS = r"""
 import json, sys, time
-from lens_heads import allocator, batching, load_model
-from lens_heads.ablation import parse_ablation
+from lens_heads import batching, load_model
+from lens_heads.models import allocator
+from lens_heads.interventions.ablation import parse_ablation
 from lens_heads.data import load_task
-from lens_heads.evaluate import evaluate_task
+from lens_heads.evaluation.evaluate import evaluate_task
 model = load_model(sys.argv[1], dtype=sys.argv[2])
 assert not allocator.keep_freed_memory()
 batching.MIN_BATCH_TOKENS = None  # batches of the batch size, as before even_batch
@@ -284,10 +286,10 @@ def per_input_point(model, model_name: str, task, recs, batch_size, lines, max_t
     evaluation without prefix reuse (a per-input point cannot reuse one); and eager once more in a
     process of its own with glibc's malloc defaults and batches of the batch size, as the point ran
     before the fused path, the malloc tuning and even batches."""
-    from lens_heads.ablation import parse_ablation
-    from lens_heads.evaluate import evaluate_task
-    from lens_heads.task_requests import task_inputs
-    from lens_heads.thresholds import compute_thresholds
+    from lens_heads.interventions.ablation import parse_ablation
+    from lens_heads.evaluation.evaluate import evaluate_task
+    from lens_heads.forward.task_requests import task_inputs
+    from lens_heads.interventions.thresholds import compute_thresholds
 
     ids = [r.doc_id for r in recs]
     # the threshold from a stratified sample of the same size (as a sweep takes it from its own run's inputs)
@@ -349,9 +351,9 @@ def main() -> int:
 
     from lens_heads import load_model
     from lens_heads.data import load_task
-    from lens_heads.atomic import atomic_write_text
-    from lens_heads.task_requests import select_records
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.files.atomic import atomic_write_text
+    from lens_heads.forward.task_requests import select_records
+    from lens_heads.evaluation.evaluate import evaluate_task
 
     model = load_model(args.model, dtype=args.dtype)
     theirs_hf = model.load_hf_model()  # loaded eager (lens_heads' bridge needs it); lm-eval's own
@@ -359,7 +361,7 @@ def main() -> int:
     lm = HFLM(pretrained=theirs_hf, tokenizer=model.tokenizer, batch_size=args.batch_size)
     lines = [f"# bench_evaluate ({args.model}, {args.dtype}, batch {args.batch_size}, "
              f"torch threads {torch.get_num_threads()}, load avg {os.getloadavg()[0]:.1f})", ""]
-    from lens_heads.lm_eval_model import LensHeadsLM
+    from lens_heads.evaluation.lm_eval_model import LensHeadsLM
 
     ours_lm = LensHeadsLM(model, batch_size=args.batch_size, progress=False)  # lens_heads under lm-eval's API
     shapes = linear_shapes(model.hf_model)

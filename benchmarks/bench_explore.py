@@ -67,7 +67,7 @@ def main() -> int:
     import torch
 
     from lens_heads import load_model
-    from lens_heads.atomic import atomic_write_text
+    from lens_heads.files.atomic import atomic_write_text
     from lens_heads.data import load_texts
     from lens_heads.explore import Explorer, Server
 

@@ -71,9 +71,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "bench_forward.md"))
     args = ap.parse_args()
 
-    from lens_heads.atomic import atomic_write_text
-    from lens_heads.task_requests import task_inputs
-    from lens_heads.hooks import run_with_hooks
+    from lens_heads.files.atomic import atomic_write_text
+    from lens_heads.forward.task_requests import task_inputs
+    from lens_heads.models.hooks import run_with_hooks
     from lens_heads.models.load import load_hf, load_model, resolve_source
 
     lengths = [int(x) for x in args.lengths.split(",")]

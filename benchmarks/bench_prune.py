@@ -1,4 +1,4 @@
-"""Benchmark: what physical head pruning saves, measured (lens_heads.prune).
+"""Benchmark: what physical head pruning saves, measured (lens_heads.surgery.prune).
 
     python benchmarks/bench_prune.py                          # SmolLM2 and Qwen2.5-Coder-0.5B, 10/20/30 %
     python benchmarks/bench_prune.py --models smollm2-135m --piqa 100
@@ -97,12 +97,12 @@ def main() -> int:
     import torch
 
     from lens_heads import load_model
-    from lens_heads.atomic import atomic_write_text
-    from lens_heads.curves import bootstrap_indices, paired_difference
+    from lens_heads.files.atomic import atomic_write_text
+    from lens_heads.sweep.curves import bootstrap_indices, paired_difference
     from lens_heads.data import load_task, load_texts, tokenize_texts
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.evaluation.evaluate import evaluate_task
     from lens_heads.models.load import native_bf16
-    from lens_heads.prune import prune
+    from lens_heads.surgery.prune import prune
     from lens_heads.scores import score_heads
 
     dtypes = ["float32"] + (["bfloat16"] if native_bf16() else [])
@@ -125,7 +125,7 @@ def main() -> int:
         texts = load_texts("c4", n=16)
         hs = score_heads(m32, tokenize_texts(m32.tokenizer, texts, 256), ["ahon_ln"], progress=False)
         order = hs.least_active("ahon_ln")
-        from lens_heads.prune import whole_groups
+        from lens_heads.surgery.prune import whole_groups
         ref = evaluate_task(m32, piqa, limit=args.piqa, progress=False)
         base_hf = {dt: base[dt].load_hf_model().eval() for dt in dtypes}
         vocab = m32.hf_model.config.vocab_size

@@ -49,8 +49,8 @@ def main() -> int:
 
     import torch
 
-    from lens_heads.atomic import atomic_write_text
-    from lens_heads.store import ResultStore
+    from lens_heads.files.atomic import atomic_write_text
+    from lens_heads.results.store import ResultStore
     from lens_heads.sweep import SweepConfig
     from lens_heads.sweep.executors import LocalConfig, RayConfig, job_for, start
     from lens_heads.sweep.units import UnitRef, Worker

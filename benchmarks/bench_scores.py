@@ -68,7 +68,7 @@ def measure(mode: str, dtype: str, n_inputs: int, seq_len: int, batch_size: int,
 
     from lens_heads import load_model
     from lens_heads.data import iter_batches, load_texts, tokenize_texts
-    from lens_heads.hooks import hook_name, run_with_hooks
+    from lens_heads.models.hooks import hook_name, run_with_hooks
     from lens_heads.scores import ScoreCollector, score_heads
     from lens_heads.scores.functions import input_level
 

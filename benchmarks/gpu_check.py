@@ -67,7 +67,7 @@ class Report:
         self.write()
 
     def write(self) -> None:
-        from lens_heads.atomic import atomic_write_text
+        from lens_heads.files.atomic import atomic_write_text
 
         tail = ["", f"{len(self.failed)} section(s) failed: {', '.join(self.failed)}" if self.failed
                 else "Every section passed."]
@@ -94,7 +94,7 @@ def preflight(data: str | None) -> str | None:
         load_task("piqa"), load_task("mmlu")
     except LensHeadsError as e:
         return f"the evaluation data cannot be read: {e}"
-    from lens_heads.cache import cache_dir
+    from lens_heads.files.cache import cache_dir
     from lens_heads.models.zoo import ZOO
 
     gguf = cache_dir() / ZOO["smollm2-135m"].filename
@@ -148,7 +148,7 @@ def main() -> int:
 
 def gpu_tests(device: str) -> tuple[bool, list[str]]:
     """The suite's ``gpu`` tests; whole output to ``gpu_check_pytest.txt``."""
-    from lens_heads.atomic import atomic_write_text
+    from lens_heads.files.atomic import atomic_write_text
 
     try:
         tests = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-m", "gpu", "--device", device,
@@ -169,8 +169,8 @@ def gpu_tests(device: str) -> tuple[bool, list[str]]:
 def bf16_check(fp32, bf16, piqa) -> tuple[bool, list[str]]:
     import torch
 
-    from lens_heads.evaluate import evaluate_task
-    from lens_heads.hooks import run_with_hooks
+    from lens_heads.evaluation.evaluate import evaluate_task
+    from lens_heads.models.hooks import run_with_hooks
 
     diffs, agree, n = [], 0, 0
     for rec in piqa.records[:64]:
@@ -203,7 +203,7 @@ def mmlu_point(models, mmlu) -> tuple[bool, list[str]]:
 def _timed_eval(model, task, **kw):
     import torch
 
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.evaluation.evaluate import evaluate_task
 
     torch.cuda.synchronize()
     t = time.perf_counter()
@@ -223,7 +223,7 @@ def fused_check(fp32, bf16, mmlu) -> tuple[bool, list[str]]:
     peak memory and tokens/s of one forward by length (bf16)."""
     import torch
 
-    from lens_heads.engine import forward
+    from lens_heads.forward.engine import forward
 
     out, ok = [], True
     for model in (fp32, bf16):

@@ -52,7 +52,7 @@ def profile_task(model, task, limit: int, n_shot: int, batch_size: int
                  ) -> tuple[float, dict[str, float], dict[str, float]]:
     from torch.profiler import ProfilerActivity, profile
 
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.evaluation.evaluate import evaluate_task
 
     evaluate_task(model, task, limit=min(limit, 8), n_shot=n_shot, progress=False, batch_size=batch_size)  # warm
     t0 = time.perf_counter()
@@ -74,7 +74,7 @@ def module_split(model, task, limit: int, n_shot: int, batch_size: int) -> dict[
     """Wall seconds of one evaluation in each block's attention component (its projections and
     kernel) and MLP, from forward pre- / post-hooks on the bridge's components, without the
     profiler; "rest" is the remainder (embedding, norms, residual adds, LM head, the engine)."""
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.evaluation.evaluate import evaluate_task
 
     spent = {"attention (projections and kernel)": 0.0, "MLP": 0.0}
     started: dict[str, float] = {}
@@ -109,7 +109,7 @@ def main() -> int:
     import torch
 
     from lens_heads import load_model
-    from lens_heads.atomic import atomic_write_text
+    from lens_heads.files.atomic import atomic_write_text
     from lens_heads.data import load_task
 
     out = Path(args.out or ROOT / "benchmarks" / "results" / f"profile_evaluate_{args.dtype}.md")

@@ -14,19 +14,19 @@ the threshold rule (the paper's settings, or lens_heads' defaults) for evaluate_
 from lens_heads.errors import LensHeadsError
 from lens_heads.models import ARCHITECTURES, ZOO, HeadGeometry, LoadedModel, load_model
 
-from lens_heads.provenance import lens_heads_version  # noqa: E402
+from lens_heads.files.provenance import lens_heads_version  # noqa: E402
 
 __version__ = lens_heads_version()
 
 from lens_heads.scores import SCORES, HeadScores, score_heads  # noqa: E402
-from lens_heads.ablation import StaticAblation, parse_ablation  # noqa: E402
-from lens_heads.protocol import Protocol, load_authors_thresholds, paper_protocol  # noqa: E402
-from lens_heads.evaluate import evaluate_task  # noqa: E402
+from lens_heads.interventions.ablation import StaticAblation, parse_ablation  # noqa: E402
+from lens_heads.evaluation.protocol import Protocol, load_authors_thresholds, paper_protocol  # noqa: E402
+from lens_heads.evaluation.evaluate import evaluate_task  # noqa: E402
 from lens_heads.sweep import SweepConfig, SweepResult, run_sweep, tabulate  # noqa: E402
-from lens_heads.diagnose import diagnose  # noqa: E402
+from lens_heads.surgery.diagnose import diagnose  # noqa: E402
 from lens_heads.surgery import RepairConfig, RepairReport, TargetSelector, TrainConfig, repair  # noqa: E402
-from lens_heads.study import ModelRef, ReportConfig, attention_heads, build_report  # noqa: E402
-from lens_heads.activations import HeadPatterns, head_patterns  # noqa: E402
+from lens_heads.viz.study import ModelRef, ReportConfig, attention_heads, build_report  # noqa: E402
+from lens_heads.forward.activations import HeadPatterns, head_patterns  # noqa: E402
 from lens_heads.explore import explore  # noqa: E402  (the function: lh.explore(model) starts the explorer)
 
 
@@ -34,7 +34,7 @@ from lens_heads.explore import explore  # noqa: E402  (the function: lh.explore(
 def __getattr__(name):
     """``lens_heads.LensHeadsLM`` on first use: it needs lm-eval, an optional dependency."""
     if name == "LensHeadsLM":
-        from lens_heads.lm_eval_model import LensHeadsLM  # lm-eval is optional: imported when used
+        from lens_heads.evaluation.lm_eval_model import LensHeadsLM  # lm-eval is optional: imported when used
 
         return LensHeadsLM
     raise AttributeError(f"module 'lens_heads' has no attribute {name!r}")

@@ -8,11 +8,11 @@ import math
 import pytest
 import torch
 
-from lens_heads.ablation import (NoAblation, RandomAblation, ScoreAblation, StaticAblation,
+from lens_heads.interventions.ablation import (NoAblation, RandomAblation, ScoreAblation, StaticAblation,
                                  parse_ablation, parse_heads)
 from lens_heads.data import pad_batch
 from lens_heads.errors import LensHeadsError
-from lens_heads.hooks import run_with_hooks
+from lens_heads.models.hooks import run_with_hooks
 from lens_heads.scores import ScoreCollector
 
 from conftest import BRIDGE_ARCHS, TABLE_ARCHS, TINY_ARCHS
@@ -105,7 +105,7 @@ def test_static_fraction_and_name(tiny_model):
 
 def test_static_same_with_and_without_prefix_cache(tiny_model):
     """Static ablations may reuse a cached K/V prefix: the zeroed set does not depend on the input."""
-    from lens_heads.evaluate import loglikelihoods
+    from lens_heads.evaluation.evaluate import loglikelihoods
 
     model = tiny_model("llama")
     context = " ".join(TEXTS * 3) + " Question: which city?"

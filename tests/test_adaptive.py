@@ -144,7 +144,7 @@ def test_the_grid_rounds_as_fractions_are_written():
 @pytest.fixture
 def counted(monkeypatch):
     """Every question the evaluation runs, by (ablation, doc_id)."""
-    from lens_heads import evaluate as evaluation
+    from lens_heads.evaluation import evaluate as evaluation
 
     seen: list[tuple[str, int]] = []
     real = evaluation.evaluate_task
@@ -283,7 +283,8 @@ def test_the_command_line(tiny_llama_2k, shared_data, tmp_path, capsys, monkeypa
     # bad settings: one message, exit 2, before the model loads
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
     for bad, message in ((["--alpha", "2"], "alpha"), (["--resolution", "0"], "resolution"),
-                         (["--resolution", "80"], "holds no step"), (["--executor", "ray"], "in this process"),
+                         (["--resolution", "80"], "holds no step"), (["--status"], "no --status"),
+                         (["--ablate", "static:0.1"], "searches curves"),
                          (["--search-batch", "0"], "batch")):
         assert main([*argv, *bad]) == 2
         assert message in capsys.readouterr().err

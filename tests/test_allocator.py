@@ -1,4 +1,4 @@
-"""lens_heads.allocator: large CPU blocks come from glibc's heap and stay there when freed."""
+"""lens_heads.models.allocator: large CPU blocks come from glibc's heap and stay there when freed."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(platform.system() != "Linux" or platform.libc_ve
 
 PROBE = r"""
 import ctypes, json
-from lens_heads import allocator
+from lens_heads.models import allocator
 
 class MallInfo2(ctypes.Structure):
     _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
@@ -56,7 +56,8 @@ def test_turned_off_glibc_maps_it_on_its_own():
 
 
 def test_load_model_on_the_cpu_tunes_once(tiny_model_dir, monkeypatch):
-    from lens_heads import allocator, load_model
+    from lens_heads import load_model
+    from lens_heads.models import allocator
 
     calls = []
     monkeypatch.setattr(allocator, "_done", None)

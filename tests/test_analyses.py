@@ -37,10 +37,10 @@ def mc_task_file(tmp_path: Path, n: int = 6) -> str:
 
 
 def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
-    from lens_heads.ablation import StaticAblation
+    from lens_heads.interventions.ablation import StaticAblation
     from lens_heads.data import load_task
-    from lens_heads.task_requests import task_inputs
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.forward.task_requests import task_inputs
+    from lens_heads.evaluation.evaluate import evaluate_task
     from lens_heads.scores import score_heads
 
     mod = script("inactive_heads")
@@ -86,7 +86,7 @@ def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     assert (pd.read_csv(out / "static_within_1pt.csv").static_max_pct_within_1pt >= 0).all()
     assert (out / "figures" / f"curves_{label}__mc.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     # the static ranking's scoring pass also stored the sweep's thresholds: those of compute_thresholds
-    from lens_heads.thresholds import compute_thresholds
+    from lens_heads.interventions.thresholds import compute_thresholds
     [stored] = [json.loads(f.read_text()) for f in (out / "store").rglob("thresholds/*.json")]
     ref_tau = compute_thresholds(model, task_inputs(model, task, None, 6), ["ahon_ln", "awft"], [0.0, 0.25],
                                  progress=False)
@@ -291,7 +291,7 @@ def test_distributions_wasserstein(tmp_path, tiny_model_dir, tiny_model):
 
 def test_collapse_repair_tables(tmp_path, tiny_model_dir, tiny_model, shared_data):
     from lens_heads.data import load_texts, tokenize_texts
-    from lens_heads.diagnose import CLASSES, diagnose
+    from lens_heads.surgery.diagnose import CLASSES, diagnose
     from lens_heads.scores import score_heads
 
     mod = script("collapse_repair")
@@ -353,11 +353,11 @@ def test_inactive_heads_dtype_check(tmp_path, tiny_model_dir):
     """--check-dtype: bf16 vs fp32 on a subset, each dtype's numbers equal its own evaluation
     (bf16 with its own AHON(LN) thresholds), stored, and tabulated again by --from-store."""
     from lens_heads import load_model
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.interventions.ablation import parse_ablation
     from lens_heads.data import load_task
-    from lens_heads.task_requests import task_inputs
-    from lens_heads.evaluate import evaluate_task
-    from lens_heads.thresholds import compute_thresholds
+    from lens_heads.forward.task_requests import task_inputs
+    from lens_heads.evaluation.evaluate import evaluate_task
+    from lens_heads.interventions.thresholds import compute_thresholds
 
     mod = script("inactive_heads")
     folder, spec, out = tiny_model_dir("llama"), mc_task_file(tmp_path), tmp_path / "out"
@@ -464,9 +464,9 @@ def test_committed_store_records_rekey_to_their_file_names():
     function's older definition rebuilds to another key (it is never reused)."""
     from dataclasses import fields
 
-    from lens_heads.interventions import parse_spec
-    from lens_heads.keys import Kind, RunIdentity, config_key
-    from lens_heads.protocol import Protocol
+    from lens_heads.interventions.specs import parse_spec
+    from lens_heads.results.keys import Kind, RunIdentity, config_key
+    from lens_heads.evaluation.protocol import Protocol
     from lens_heads.scores import SCORES
 
     store = ANALYSES / "results" / "inactive_heads" / "store"
@@ -507,7 +507,7 @@ def test_committed_stores_match_the_tasks_as_loaded_from_any_data_folder(tmp_pat
     does not depend on where the data folder lies (a copy elsewhere gives the same one): a clone
     at another path, or a user whose data moved, finds the stored results."""
     from lens_heads.data import load_task
-    from lens_heads.keys import task_fingerprint
+    from lens_heads.results.keys import task_fingerprint
 
     stored = {}
     for f in sorted((ANALYSES / "results" / "inactive_heads" / "store").rglob("*.json")):

@@ -6,15 +6,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lens_heads import attention
-from lens_heads.ablation import parse_ablation
+from lens_heads.models import attention
+from lens_heads.interventions.ablation import parse_ablation
 from lens_heads.data import load_task
-from lens_heads.engine import forward
+from lens_heads.forward.engine import forward
 from lens_heads.errors import LensHeadsError
-from lens_heads.evaluate import evaluate_task
-from lens_heads.hooks import hook_name
+from lens_heads.evaluation.evaluate import evaluate_task
+from lens_heads.models.hooks import hook_name
 from lens_heads.scores import score_heads
-from lens_heads.task_requests import select_records
+from lens_heads.forward.task_requests import select_records
 
 JOINT = ["phi3", "gpt_neox", "gpt2", "bloom"]  # one qkv projection: its hook_q / k / v are inside the fused attention
 FUSABLE = ["llama", "qwen2", "olmo2", "gemma3", "qwen3"] + JOINT  # all but BLOOM via transformers' AttentionInterface
@@ -241,7 +241,7 @@ def test_pattern_scores_fused_equal_eager_without_a_pattern(arch, left, as_set):
     """With --attention fused: awft, aeqd (and their layer-normalised forms) and the diagnosis' local mass, per input,
     from the fused kernel's per-row statistics (log-sum-exp; no [q, k] tensor), within 1e-4
     relative of the eager pattern's -- Gemma 3's sliding window and left padding included."""
-    from lens_heads.diagnose import LOCAL_MASS
+    from lens_heads.surgery.diagnose import LOCAL_MASS
     from lens_heads.scores.collector import ScoreCollector
 
     ids, mask = _batch(4, 24, left=left)
@@ -263,8 +263,8 @@ def test_per_input_pattern_ablation_runs_fused(as_set, shared_data):
     """A per-input sweep point by awft on MMLU 5-shot: fused (no pattern) equals eager."""
     mmlu = load_task("mmlu")
     ids = [r.doc_id for r in select_records(mmlu, 4, seed=3)]
-    from lens_heads.task_requests import task_inputs
-    from lens_heads.thresholds import compute_thresholds
+    from lens_heads.forward.task_requests import task_inputs
+    from lens_heads.interventions.thresholds import compute_thresholds
 
     model = as_set("qwen2", "eager")
     tau = compute_thresholds(model, task_inputs(model, mmlu, 5, limit=4, seed=3), ["awft"], [0.3],
@@ -298,7 +298,7 @@ def test_auto_runs_short_inputs_eager_on_a_cpu(as_set):
 def test_a_pruned_model_runs_fused(arch, tiny_model):
     """A physically pruned model (layers with different head counts, a GQA group gone; BLOOM's
     kept heads with their own ALiBi slopes) runs its own attention fused and agrees with eager."""
-    from lens_heads.prune import prune
+    from lens_heads.surgery.prune import prune
 
     model = tiny_model(arch)
     g = model.geometry
@@ -415,7 +415,7 @@ def test_bloom_generates_fused_as_hf_generates(as_set, tiny_model_dir, monkeypat
     from test_lm_eval_model import PROMPTS, _reference_text, hf_greedy
     from transformers import AutoModelForCausalLM
 
-    from lens_heads.lm_eval_model import LensHeadsLM
+    from lens_heads.evaluation.lm_eval_model import LensHeadsLM
 
     model = as_set("bloom", "fused")
     hf = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir("bloom")), attn_implementation="eager").eval()

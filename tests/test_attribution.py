@@ -48,7 +48,7 @@ def _hand_atp(hf, ids, n_ctx, cont_ids):
 
 
 def test_atp_equals_hand_autograd(tiny_model):
-    from lens_heads.engine import encode_pair
+    from lens_heads.forward.engine import encode_pair
 
     model = tiny_model("llama")
     hf = model.load_hf_model()
@@ -60,8 +60,8 @@ def test_atp_equals_hand_autograd(tiny_model):
 
 
 def test_atp_agrees_in_sign_with_the_exact_effect_of_large_heads(tiny_model):
-    from lens_heads.ablation import parse_ablation
-    from lens_heads.engine import encode_pair, loglikelihoods_tokens
+    from lens_heads.interventions.ablation import parse_ablation
+    from lens_heads.forward.engine import encode_pair, loglikelihoods_tokens
 
     model = tiny_model("llama")
     g = model.geometry
@@ -127,11 +127,11 @@ def _pooled_median(table) -> float:
 def test_per_input_atp_ablation_equals_each_questions_static_set(tiny_model, task_file, tmp_path, replacement):
     """score:atp@TAU zeroes, on each question, exactly the heads whose |atp| on that question is
     <= TAU: the same log-likelihoods as evaluating each question alone with that static set."""
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.interventions.ablation import parse_ablation
     from lens_heads.data import load_task
-    from lens_heads.task_requests import select_records
-    from lens_heads.evaluate import evaluate_task
-    from lens_heads.interventions import StaticHeads, parse_spec, with_replacement
+    from lens_heads.forward.task_requests import select_records
+    from lens_heads.evaluation.evaluate import evaluate_task
+    from lens_heads.interventions.specs import StaticHeads, parse_spec, with_replacement
 
     if replacement:
         corpus = tmp_path / "corpus.jsonl"
@@ -141,7 +141,7 @@ def test_per_input_atp_ablation_equals_each_questions_static_set(tiny_model, tas
     records = select_records(task, None)
     rep = None
     if replacement:
-        from lens_heads.replacement import parse_replacement
+        from lens_heads.forward.replacement import parse_replacement
 
         rep = parse_replacement(replacement).runtime()
     table = atp_table(model, task, records, 0, 1234, rep)
@@ -160,10 +160,10 @@ def test_per_input_atp_ablation_equals_each_questions_static_set(tiny_model, tas
 
 
 def test_atp_table_is_cached_per_question_and_keyed_by_replacement(tiny_model, task_file, tmp_path):
-    from lens_heads.cache import cache_dir
+    from lens_heads.files.cache import cache_dir
     from lens_heads.data import load_task
-    from lens_heads.task_requests import select_records
-    from lens_heads.replacement import parse_replacement
+    from lens_heads.forward.task_requests import select_records
+    from lens_heads.forward.replacement import parse_replacement
 
     model, task = tiny_model("llama"), load_task(f"file:{task_file}")
     records = select_records(task, None)
@@ -179,10 +179,10 @@ def test_atp_table_is_cached_per_question_and_keyed_by_replacement(tiny_model, t
 
 
 def test_atp_ablation_outside_evaluate_task_says_so(tiny_model, task_file):
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.interventions.ablation import parse_ablation
     from lens_heads.errors import LensHeadsError
-    from lens_heads.engine import encode_pair, loglikelihoods_tokens
-    from lens_heads.lm_eval_model import LensHeadsLM
+    from lens_heads.forward.engine import encode_pair, loglikelihoods_tokens
+    from lens_heads.evaluation.lm_eval_model import LensHeadsLM
 
     model = tiny_model("llama")
     c, x = encode_pair(model.tokenizer, CTX, CONT)
@@ -213,7 +213,7 @@ def test_sweep_thresholds_atp_per_question_and_zeroes_the_target_fraction(tiny_m
     mean replacement gets its own atp thresholds (another score), not the zero sweep's."""
     from lens_heads.data import load_task
     from lens_heads.sweep import SweepConfig, run_sweep
-    from lens_heads.thresholds import thresholds_of
+    from lens_heads.interventions.thresholds import thresholds_of
 
     model, task = tiny_model("llama"), load_task(f"file:{task_file}")
     cfg = SweepConfig(task=f"file:{task_file}", score_ids=["atp", "ahon_ln"], fractions=[0.0, 0.25, 0.5],

@@ -37,7 +37,7 @@ def test_sizes_that_must_be_a_number_are_one_clear_error(tmp_path):
     loop or a raw TypeError."""
     from lens_heads.batching import batch_bounds, even_batch
     from lens_heads.data.corpora import iter_batches
-    from lens_heads.thresholds import scoring_shards
+    from lens_heads.interventions.thresholds import scoring_shards
 
     calls = []
     for bad in (0, -1, 2.5, "x", None, "auto"):
@@ -125,7 +125,7 @@ def test_a_run_of_whole_batches_forms_the_same_batches_alone():
     """What sharded scoring passes rely on (``thresholds.scoring_shards``): any contiguous run of
     the batches a pass forms, run alone, forms the same batches -- early closes included."""
     from lens_heads.batching import batch_bounds
-    from lens_heads.thresholds import scoring_shards
+    from lens_heads.interventions.thresholds import scoring_shards
 
     g = torch.Generator().manual_seed(0)
     lengths = sorted(torch.randint(20, 1500, (80,), generator=g).tolist(), reverse=True)
@@ -149,9 +149,9 @@ def test_a_run_of_whole_batches_forms_the_same_batches_alone():
 
 
 def test_evaluation_and_scores_recover_from_a_simulated_oom(tiny_model, monkeypatch):
-    import lens_heads.engine as engine
-    import lens_heads.evaluate as ev
-    import lens_heads.hooks as hooks
+    import lens_heads.forward.engine as engine
+    import lens_heads.evaluation.evaluate as ev
+    import lens_heads.models.hooks as hooks
     import lens_heads.scores.dataset as ds
     from lens_heads.scores import score_heads
 

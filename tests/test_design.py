@@ -1,5 +1,6 @@
-"""The package's design rules, checked on its source: views import nothing that computes, no
-module imports from the package root, typed identities round-trip through their one parser."""
+"""The package's design rules, checked on its source: modules import along the wings' directions
+(docs/architecture.md) and in no cycle, views import nothing that computes, no module imports from
+the package root, typed identities round-trip through their one parser."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ from lens_heads.errors import LensHeadsError
 from lens_heads.sweep import PointId
 
 PACKAGE = Path(__file__).resolve().parent.parent / "lens_heads"
-COMPUTING = ("lens_heads.scores", "lens_heads.diagnose", "lens_heads.sweep", "lens_heads.evaluate",
-             "lens_heads.study", "lens_heads.surgery", "lens_heads.thresholds", "lens_heads.activations",
-             "lens_heads.hooks", "lens_heads.models", "lens_heads.ablation", "lens_heads.replacement")
+COMPUTING = ("lens_heads.models", "lens_heads.forward", "lens_heads.scores", "lens_heads.interventions.ablation",
+             "lens_heads.interventions.thresholds", "lens_heads.evaluation", "lens_heads.surgery", "lens_heads.sweep",
+             "lens_heads.viz.study")
 
 
 def _imports(path: Path, skip_type_checking: bool = True) -> list[str]:
@@ -47,17 +48,20 @@ def _is_module(name: str) -> bool:
 
 
 def test_the_report_imports_nothing_that_computes():
-    imported = _imports(PACKAGE / "report.py")
+    imported = _imports(PACKAGE / "viz" / "report.py")
     assert "lens_heads.viz" in imported  # the test reads the real imports
-    assert [m for m in imported if m.startswith(COMPUTING)] == []
+    reads = {"lens_heads.surgery.head_classes"}  # the names of the head classes, no computation
+    assert [m for m in imported if m.startswith(COMPUTING) and m not in reads] == []
 
 
-@pytest.mark.parametrize("view", sorted(p.name for p in (PACKAGE / "viz").glob("*.py")))
+@pytest.mark.parametrize("view", sorted(p.name for p in (PACKAGE / "viz").glob("*.py") if p.name != "study.py"))
 def test_the_views_import_nothing_that_computes(view):
-    """viz/ renders captured patterns and stored results; the model runs in activations.py."""
+    """viz/ renders captured patterns and stored results; the model runs in forward/activations.py.
+    study.py, the wing's one orchestrator, gathers what the report shows (reading or computing it)."""
     imported = _imports(PACKAGE / "viz" / view)
     assert imported  # the test reads the real imports
-    reads = {"lens_heads.scores.functions"}  # the score registry: which way is inactive, no computation
+    reads = {"lens_heads.scores.functions",  # the score registry: which way is inactive, no computation
+             "lens_heads.surgery.head_classes"}  # the names of the head classes
     assert [m for m in imported if (m.startswith(COMPUTING) or m == "torch") and m not in reads] == []
 
 
@@ -134,43 +138,84 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_package_has_no_import_cycle():
     """No module reaches itself through imports, in-function ones included (docs/architecture.md)."""
     graph = import_graph()
-    assert "lens_heads.engine" in graph["lens_heads.evaluate"]  # the test reads the real imports
+    assert "lens_heads.forward.engine" in graph["lens_heads.evaluation.evaluate"]  # the test reads the real imports
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # and finds one
     assert cycles(graph) == []
 
 
-def architecture_layers() -> list[tuple[str, list[str]]]:
-    """(layer name, top-level modules and packages) from docs/architecture.md's table, lowest first."""
+def architecture_wings() -> list[tuple[int, str, list[str]]]:
+    """(floor, wing, its top-level names under lens_heads/) from docs/architecture.md's table, one
+    row per wing: a package (``files/``), the root modules (``errors``, ...) or ``__init__``."""
     import re
 
     text = (PACKAGE.parent / "docs" / "architecture.md").read_text()
-    layers = []
+    wings = []
     for line in text.splitlines():
-        m = re.match(r"^\| (\d+)\. ([^|]+) \| ([^|]+) \|", line)
+        m = re.match(r"^\| (\d+) \| ([^|]+) \| [^|]+ \|$", line)
         if m:
-            names = [n.rstrip("/").removeprefix("lens_heads/") for n in re.findall(r"`([^`]+)`", m.group(3))]
-            layers.append((m.group(2).strip(), ["" if n == "__init__" else n for n in names]))
-    return layers
+            names = re.findall(r"`([^`]+)`", m.group(2))
+            wing = names[0] if len(names) == 1 else "the root modules"
+            wings.append((int(m.group(1)), wing, ["" if n == "__init__" else n.rstrip("/") for n in names]))
+    return wings
 
 
-def test_imports_follow_the_layers():
-    """docs/architecture.md's layers name every module once, and no module imports from a layer
-    above its own (in-function imports included)."""
-    layers = architecture_layers()
-    assert len(layers) >= 8 and layers[0][0] == "base"
-    where = {name: i for i, (_, names) in enumerate(layers) for name in names}
-    assert sum(len(names) for _, names in layers) == len(where), "a module is named in two layers"
-    graph = import_graph()
+def wing_check(graph: dict[str, set[str]], wings: list[tuple[int, str, list[str]]]) -> list[str]:
+    """Each import of ``graph`` that leaves its wing for one on the same floor or above, as
+    'module (wing, floor N) imports module (wing, floor M)'."""
+    where = {name: i for i, (_, _, names) in enumerate(wings) for name in names}
 
-    def layer(module: str) -> int:
+    def wing_of(module: str) -> int:
         top = module.removeprefix("lens_heads").removeprefix(".").split(".")[0]
-        assert top in where, f"{module} is in no layer of docs/architecture.md"
+        assert top in where, f"{module} is in no wing of docs/architecture.md"
         return where[top]
 
-    upward = [f"{m} ({layers[layer(m)][0]}) imports {t} ({layers[layer(t)][0]})"
-              for m, targets in sorted(graph.items()) for t in sorted(targets) if layer(t) > layer(m)]
-    assert upward == []
-    assert layer("lens_heads.engine") < layer("lens_heads.evaluate") < layer("lens_heads.sweep.run")
+    def label(i: int) -> str:
+        return f"{wings[i][1]}, floor {wings[i][0]}"
+
+    return [f"{m} ({label(wing_of(m))}) imports {t} ({label(wing_of(t))})"
+            for m, targets in sorted(graph.items()) for t in sorted(targets)
+            if wing_of(t) != wing_of(m) and wings[wing_of(t)][0] >= wings[wing_of(m)][0]]
+
+
+def test_imports_follow_the_wings():
+    """docs/architecture.md's table puts every top-level module and package of lens_heads in one
+    wing on one floor; a module imports only its own wing and wings on lower floors (in-function
+    imports included), so the folder tree is the data flow's diagram."""
+    wings = architecture_wings()
+    floors = {wing: floor for floor, wing, _ in wings}
+    named = [n for _, _, names in wings for n in names]
+    assert len(named) == len(set(named)), "a module is named in two wings"
+    tree = {p.stem if p.suffix == ".py" else p.name for p in PACKAGE.iterdir()
+            if p.suffix == ".py" or (p / "__init__.py").is_file()}
+    assert tree == {n or "__init__" for n in named}, "docs/architecture.md's wings and lens_heads/ differ"
+    # the data flow, bottom to top
+    flow = ["files/", "models/", "forward/", "scores/", "interventions/", "evaluation/", "results/", "sweep/",
+            "viz/", "explore/", "cli/", "__init__"]
+    assert all(floors[low] < floors[high] for low, high in zip(flow, flow[1:]))
+    assert floors["the root modules"] == 0 and floors["data/"] == floors["files/"] and floors["surgery/"] == floors["evaluation/"]
+    graph = import_graph()
+    assert wing_check({"lens_heads.files.atomic": {"lens_heads.forward.engine"}}, wings)  # and finds one
+    against = wing_check(graph, wings)
+    assert against == [], "imports against the wings' direction (docs/architecture.md):\n" + "\n".join(against)
+
+
+def test_the_root_holds_the_api_and_what_every_wing_shares():
+    """lens_heads/ holds the public API and the floor-0 modules as files (six at most); every
+    other module lives in a wing."""
+    files = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    root = next(names for floor, _, names in architecture_wings() if floor == 0)
+    assert len(files) <= 6 and files == sorted(["__init__", *root])
+
+
+def test_every_wing_says_its_role():
+    """Each wing's __init__.py opens with a docstring: what the wing does, what it may import, what
+    imports it."""
+    silent = []
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = " ".join((ast.get_docstring(ast.parse(init.read_text())) or "").split())
+        if not ("May import:" in doc and "Imported by:" in doc):
+            silent.append(init.parent.name)
+    assert silent == []
 
 
 def test_every_name_imported_from_the_package_exists():
@@ -265,7 +310,7 @@ def test_every_name_keyed_registry_is_one_registry_idiom():
     an entry is added once, and a lookup that misses names the valid entries and a close one."""
     from lens_heads.data.corpora import CORPORA
     from lens_heads.data.tasks import TASKS
-    from lens_heads.interventions import SPEC_KINDS
+    from lens_heads.interventions.specs import SPEC_KINDS
     from lens_heads.models.geometry import ARCHITECTURES
     from lens_heads.registry import Registry
     from lens_heads.scores.functions import SCORES
@@ -308,7 +353,7 @@ def test_every_forward_goes_through_the_engine():
 
     callers = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "hooks.py"
                      and re.search(r"\brun_with_hooks\(", p.read_text()))
-    assert callers == ["engine.py"]
+    assert callers == ["forward/engine.py"]
     direct = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "hooks.py"
                     and re.search(r"\.bridge(\.run_with_hooks)?\(", p.read_text()))
     assert direct == []
@@ -331,4 +376,4 @@ def test_project_imports_sit_at_the_top_but_for_optional_lm_eval():
                         inside.append((f"{p.relative_to(PACKAGE)}:{n.lineno}", lines[n.end_lineno - 1]))
     assert inside, "the lm-eval adapter is imported when used: this test must see it"
     assert [at for at, line in inside if "lm-eval is optional" not in line] == []
-    assert {line.split(" import ")[0].strip() for _, line in inside} == {"from lens_heads.lm_eval_model"}
+    assert {line.split(" import ")[0].strip() for _, line in inside} == {"from lens_heads.evaluation.lm_eval_model"}

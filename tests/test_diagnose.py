@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 from conftest import SAMPLE_TEXTS
 from lens_heads import LensHeadsError
 from lens_heads.cli import main
-from lens_heads.diagnose import Diagnosis, DiagnosisThresholds, classify, diagnose, pattern_stats
+from lens_heads.surgery.diagnose import Diagnosis, DiagnosisThresholds, classify, diagnose, pattern_stats
 
 T = 16
 
@@ -136,8 +136,8 @@ def _hook_loop_diagnosis(model, texts, batch_size):
     reference: its own hook on each layer's hook_pattern, pattern_stats inside the hook, sums
     over the batch per layer in float32, then float64 on the CPU."""
     from lens_heads.data import iter_batches
-    from lens_heads.diagnose import as_token_inputs
-    from lens_heads.hooks import hook_name, layer_of, run_with_hooks
+    from lens_heads.surgery.diagnose import as_token_inputs
+    from lens_heads.models.hooks import hook_name, layer_of, run_with_hooks
 
     g = model.geometry
     seqs = as_token_inputs(model, texts)

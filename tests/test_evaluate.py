@@ -17,9 +17,9 @@ import torch
 from conftest import TINY_ARCHS
 from lens_heads.data import load_task
 from lens_heads.errors import LensHeadsError
-from lens_heads.engine import build_rows, encode_pair, loglikelihoods_tokens, prefix_groups
-from lens_heads.evaluate import evaluate_task, loglikelihoods, perplexity
-from lens_heads.task_requests import DEFAULT_SEED, select_records, task_inputs, task_requests
+from lens_heads.forward.engine import build_rows, encode_pair, loglikelihoods_tokens, prefix_groups
+from lens_heads.evaluation.evaluate import evaluate_task, loglikelihoods, perplexity
+from lens_heads.forward.task_requests import DEFAULT_SEED, select_records, task_inputs, task_requests
 
 ARCHS = ["llama", "gemma3", "bloom", "gpt2", "qwen3", "phi3", "gpt_neox"]  # the last three: outside the table
 
@@ -143,8 +143,8 @@ def _packing_requests(tok, shared_data):
 def test_packed_rows_see_only_their_own_tokens():
     """Every input in a packed row sees exactly its own tokens at its own positions, nothing of
     another input (a mask built the other way round: which tokens the last read position sees)."""
-    from lens_heads import packing
-    from lens_heads.engine import Row
+    from lens_heads.forward import packing
+    from lens_heads.forward.engine import Row
 
     g = torch.Generator().manual_seed(0)
     rows = []
@@ -186,8 +186,8 @@ def test_packed_loglikelihoods_equal_plain_path(arch, tiny_model, shared_data, m
     """Packed inputs (several to a row, a question's shared prefix once) score as the plain
     path does (to float rounding), on every architecture that packs (``PACKED_MODEL_TYPES``),
     Gemma 3 and Mistral only within their sliding windows; the others run unpacked."""
-    from lens_heads import packing
-    from lens_heads.hooks import packed_length_limit
+    from lens_heads.forward import packing
+    from lens_heads.models.hooks import packed_length_limit
 
     model = tiny_model(arch)
     encoded = _packing_requests(model.tokenizer, shared_data)
@@ -213,9 +213,9 @@ def test_packed_loglikelihoods_equal_plain_path(arch, tiny_model, shared_data, m
     assert packed == pytest.approx(plain, abs=1e-4)
     assert unpacked == pytest.approx(plain, abs=1e-4)
     if arch in NOT_PACKED[1:]:  # were they packed, each input would see the others (or Falcon would fail)
-        from lens_heads.hooks import PACKED_MODEL_TYPES
+        from lens_heads.models.hooks import PACKED_MODEL_TYPES
 
-        monkeypatch.setattr("lens_heads.hooks.PACKED_MODEL_TYPES", PACKED_MODEL_TYPES | {model.hf_model.config.model_type})
+        monkeypatch.setattr("lens_heads.models.hooks.PACKED_MODEL_TYPES", PACKED_MODEL_TYPES | {model.hf_model.config.model_type})
         monkeypatch.setattr(model, "attention", "eager")  # OPT's own eager attention adds the mask
         try:
             forced = loglikelihoods_tokens(model, encoded, progress=False, batch_size=5)
@@ -228,8 +228,8 @@ def test_packed_loglikelihoods_equal_plain_path(arch, tiny_model, shared_data, m
 def test_ablations_on_packed_rows(arch, tiny_model, shared_data, monkeypatch):
     """A static ablation zeroes its heads in packed rows as in plain ones; a random one draws
     per input, so its inputs are never packed."""
-    from lens_heads import packing
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.forward import packing
+    from lens_heads.interventions.ablation import parse_ablation
 
     model = tiny_model(arch)
     encoded = _packing_requests(model.tokenizer, shared_data)
@@ -264,7 +264,7 @@ def test_ablations_on_packed_rows(arch, tiny_model, shared_data, monkeypatch):
 def test_packing_on_smollm2(smollm2, shared_data, monkeypatch):
     """The real model: PIQA and WinoGrande 5-shot packed score as padded rows do (fp32, to 1e-4),
     with the same predictions, in fewer positions."""
-    from lens_heads import packing
+    from lens_heads.forward import packing
 
     positions = []
     real_pack = packing.pack
@@ -304,7 +304,7 @@ def test_single_token_choices_read_from_one_forward(tiny_model, shared_data):
 
 @pytest.mark.parametrize("arch", ["llama", "gpt2"])
 def test_static_ablation_with_prefix_cache_equals_plain(arch, tiny_model, shared_data):
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.interventions.ablation import parse_ablation
 
     model = tiny_model(arch)
     wino = load_task("winogrande")
@@ -322,7 +322,7 @@ def test_static_ablation_with_prefix_cache_equals_plain(arch, tiny_model, shared
 
 
 def test_random_ablation_independent_of_batching(tiny_model, shared_data):
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.interventions.ablation import parse_ablation
 
     model = tiny_model("qwen2")
     piqa = load_task("piqa")

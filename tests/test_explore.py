@@ -13,10 +13,10 @@ import httpx
 import pytest
 import torch
 
-from lens_heads.ablation import parse_ablation
+from lens_heads.interventions.ablation import parse_ablation
 from lens_heads.data import load_task
-from lens_heads.engine import forward
-from lens_heads.evaluate import evaluate_task
+from lens_heads.forward.engine import forward
+from lens_heads.evaluation.evaluate import evaluate_task
 from lens_heads.explore import Explorer, Server, session
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -305,7 +305,7 @@ def test_a_percentage_spec_is_calibrated_on_the_shipped_sample(served):
     """score:ID@P% zeroes the heads under the threshold that takes P % of the pooled unablated
     scores on the shipped C4 sample (as 'lens-heads evaluate' calibrates on its inputs)."""
     from lens_heads.data import load_texts, tokenize_texts
-    from lens_heads.thresholds import calibrated_spec
+    from lens_heads.interventions.thresholds import calibrated_spec
 
     model, url = served
     r = post(url, "api/run", {"prompt": "The capital of France is", "ablation": "score:ahon_ln@25%"}).json()

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from lens_heads import LensHeadsError
-from lens_heads.atomic import atomic_write_all, check_output_dir, check_output_file
+from lens_heads.files.atomic import atomic_write_all, check_output_dir, check_output_file
 from lens_heads.cli import main as cli_main
 
 # -----------------------------------------------------------------------------
@@ -447,7 +447,7 @@ def test_a_killed_writers_temp_files_are_removed_by_the_next_write(tiny_model_di
 
 _WORKER = r"""
 import json, os, sys, time
-import lens_heads.evaluate as ev
+import lens_heads.evaluation.evaluate as ev
 from lens_heads import load_model
 from lens_heads.sweep import SweepConfig, run_sweep
 
@@ -502,7 +502,7 @@ def test_claims_stale_rules(tmp_path, monkeypatch):
     import socket
     import time
 
-    from lens_heads import claims
+    from lens_heads.files import claims
 
     rec = tmp_path / "unit.json"
     c = claims.claim_path(rec)
@@ -530,8 +530,8 @@ def test_claims_stale_rules(tmp_path, monkeypatch):
 
 
 def test_store_get_tolerates_a_record_removed_meanwhile(tmp_path, monkeypatch):
-    from lens_heads.keys import Kind, StoreKey
-    from lens_heads.store import ResultStore
+    from lens_heads.results.keys import Kind, StoreKey
+    from lens_heads.results.store import ResultStore
 
     store, key = ResultStore(tmp_path), StoreKey(Kind.PART, {"a": 1})
     store.put(key, {"x": 1})
@@ -557,7 +557,7 @@ def test_store_get_tolerates_a_record_removed_meanwhile(tmp_path, monkeypatch):
 ])
 def test_saved_results_that_cannot_be_read_give_one_message(tmp_path, kind, files, msg):
     """The readers the report (and notebooks) use: a bad file is one LensHeadsError, never a traceback."""
-    from lens_heads.diagnose import Diagnosis
+    from lens_heads.surgery.diagnose import Diagnosis
     from lens_heads.scores import HeadScores
     from lens_heads.sweep import SweepResult
 

@@ -24,7 +24,7 @@ def on_gpu(tiny_model_dir, request):
 
 
 def test_logits_and_scores_equal_the_cpu(on_gpu, tiny_model):
-    from lens_heads.hooks import run_with_hooks
+    from lens_heads.models.hooks import run_with_hooks
     from lens_heads.scores import score_heads
 
     cpu = tiny_model("llama")
@@ -40,10 +40,10 @@ def test_logits_and_scores_equal_the_cpu(on_gpu, tiny_model):
 def test_ablated_evaluation_and_diagnosis_equal_the_cpu(on_gpu, tiny_model, tmp_path):
     from test_sweep import TASK_ROWS
 
-    from lens_heads.ablation import parse_ablation
+    from lens_heads.interventions.ablation import parse_ablation
     from lens_heads.data import load_task
-    from lens_heads.diagnose import diagnose
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.surgery.diagnose import diagnose
+    from lens_heads.evaluation.evaluate import evaluate_task
 
     cpu = tiny_model("llama")
     rows = tmp_path / "mini.jsonl"
@@ -62,7 +62,7 @@ def test_packed_rows_equal_padded_rows_on_the_gpu(on_gpu, tiny_model, shared_dat
     as packed rows on the CPU (the CUDA kernels take the boolean mask)."""
     from test_evaluate import _packing_requests
 
-    from lens_heads.engine import loglikelihoods_tokens
+    from lens_heads.forward.engine import loglikelihoods_tokens
 
     encoded = _packing_requests(on_gpu.tokenizer, shared_data)
     packed = loglikelihoods_tokens(on_gpu, encoded, progress=False, batch_size=5)
@@ -74,7 +74,7 @@ def test_packed_rows_equal_padded_rows_on_the_gpu(on_gpu, tiny_model, shared_dat
 
 def test_bf16_forward_is_close_to_fp32(device):
     from lens_heads import load_model
-    from lens_heads.hooks import run_with_hooks
+    from lens_heads.models.hooks import run_with_hooks
 
     fp32, bf16 = load_model("smollm2-135m", device=device), load_model("smollm2-135m", "bfloat16", device=device)
     ids = torch.tensor([fp32.tokenizer(" ".join(TEXTS))["input_ids"]])
@@ -87,7 +87,7 @@ def test_bf16_forward_is_close_to_fp32(device):
 def test_fused_attention_equals_eager_on_the_gpu(on_gpu):
     """The fused path on CUDA (SDPA's kernels; row statistics in blocks): logits and the
     pattern-free scores against eager on the same device."""
-    from lens_heads.hooks import run_with_hooks
+    from lens_heads.models.hooks import run_with_hooks
     from lens_heads.scores import score_heads
 
     ids = torch.tensor([on_gpu.tokenizer(TEXTS[0])["input_ids"]])
@@ -111,7 +111,7 @@ def test_fused_bloom_runs_a_memory_efficient_kernel_on_the_gpu(tiny_model_dir, d
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from lens_heads import load_model
-    from lens_heads.engine import forward
+    from lens_heads.forward.engine import forward
 
     model = load_model(str(tiny_model_dir("bloom")), device=device)
     ids = torch.randint(3, 200, (3, 40), generator=torch.Generator().manual_seed(0))

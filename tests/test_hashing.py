@@ -1,4 +1,4 @@
-"""Digests: every function of lens_heads.hashing against plain hashlib over the byte layout it
+"""Digests: every function of lens_heads.files.hashing against plain hashlib over the byte layout it
 documents, the call sites that moved onto it (zoo, score metadata, repair checkpoints), and
 values pinned before the move (stored results and checkpoints carry them)."""
 
@@ -9,8 +9,8 @@ import hashlib
 import pytest
 import torch
 
-from lens_heads import hashing
-from lens_heads.hashing import (sha256_bytes, sha256_file, sha256_files, sha256_token_groups, sha256_tokens,
+from lens_heads.files import hashing
+from lens_heads.files.hashing import (sha256_bytes, sha256_file, sha256_files, sha256_token_groups, sha256_tokens,
                                 update_file, update_tokens)
 
 SEQS = [torch.tensor([1, 2, 3]), torch.tensor([70000, 0], dtype=torch.int32), torch.tensor([5], dtype=torch.int16)]
@@ -63,7 +63,7 @@ def test_sha256_tokens_and_groups():
 
 
 def test_pinned_values(tmp_path):
-    """Digests computed before the move to lens_heads.hashing, by the old inline loops of
+    """Digests computed before the move to lens_heads.files.hashing, by the old inline loops of
     models/zoo.py, scores/dataset.py::score_metadata and surgery/repair.py::_tokens_digest."""
     seqs = [torch.arange(10), torch.tensor([3, 1, 4, 1, 5])]
     assert sha256_tokens(seqs) == "bda220836ec0efcde2db83f33c60f9e5e52920a682b482a2f6c4c5b3e0dea752"
@@ -77,7 +77,7 @@ def test_pinned_values(tmp_path):
 
 
 def test_call_sites_use_it(tiny_model):
-    """score metadata and repair checkpoints hash tokens through lens_heads.hashing, in the
+    """score metadata and repair checkpoints hash tokens through lens_heads.files.hashing, in the
     layouts above; zoo's file digests are hashing's."""
     from lens_heads.models import zoo
     from lens_heads.scores import score_metadata

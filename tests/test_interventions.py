@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from lens_heads import LensHeadsError
-from lens_heads.ablation import bind
-from lens_heads.interventions import (ABLATION_FORMS, SPEC_KINDS, NoHeads, RandomHeads, ScoreFraction, ScoreThreshold,
+from lens_heads.interventions.ablation import bind
+from lens_heads.interventions.specs import (ABLATION_FORMS, SPEC_KINDS, NoHeads, RandomHeads, ScoreFraction, ScoreThreshold,
                                       StaticHeads, parse_heads, parse_spec)
 from lens_heads.scores import SCORES
 

@@ -12,9 +12,9 @@ import torch
 
 pytest.importorskip("lm_eval")
 
-from lens_heads.ablation import parse_ablation  # noqa: E402
+from lens_heads.interventions.ablation import parse_ablation  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
-from lens_heads.evaluate import loglikelihoods, perplexity  # noqa: E402
+from lens_heads.evaluation.evaluate import loglikelihoods, perplexity  # noqa: E402
 
 ARCH = "llama"
 STATIC = "static:0.1,1.2,1.3"
@@ -73,7 +73,7 @@ def piqa_rows(shared_data):
 
 
 def _lm(model, **kw):
-    from lens_heads.lm_eval_model import LensHeadsLM
+    from lens_heads.evaluation.lm_eval_model import LensHeadsLM
 
     return LensHeadsLM(model, progress=False, batch_size=3, **kw)
 
@@ -165,7 +165,7 @@ def zeroed_hf(tiny_model_dir):
 
 
 def test_static_ablation_loglikelihood_equals_engine_and_zeroed_hf(model, ll_requests, zeroed_hf):
-    from lens_heads.engine import encode_pair
+    from lens_heads.forward.engine import encode_pair
 
     tok = model.tokenizer
     reqs = [a for a, _, _ in ll_requests[:6]]
@@ -254,7 +254,7 @@ def test_generate_until_static_ablation_equals_zeroed_hf_loop(model, zeroed_hf):
 def test_generate_until_score_ablation_decides_per_step_on_the_whole_sequence(model):
     """Step t's token is the argmax of one full forward of prompt + generated[:t], with the
     score ablation decided on that forward (the documented definition)."""
-    from lens_heads.hooks import run_with_hooks
+    from lens_heads.models.hooks import run_with_hooks
     from lens_heads.scores import ScoreCollector
 
     tok = model.tokenizer
@@ -283,7 +283,7 @@ def test_generate_until_score_ablation_decides_per_step_on_the_whole_sequence(mo
 def test_model_args_route_and_registry(model, tiny_model_dir):
     from lm_eval.api.registry import get_model
 
-    from lens_heads.lm_eval_model import LensHeadsLM, request_keys
+    from lens_heads.evaluation.lm_eval_model import LensHeadsLM, request_keys
 
     assert get_model("lens_heads") is LensHeadsLM
     lm = LensHeadsLM.create_from_arg_string(f"pretrained={tiny_model_dir(ARCH)},ablation=static:1.3,0.1,dtype=float32,"
@@ -532,7 +532,7 @@ def test_perplexity_task_equals_lm_eval_hf_and_zeroed_hf(model, hflm, zeroed_hf,
     zeroed, the metrics of the log-likelihoods a zeroed plain-HF model gives (one window each)."""
     from lens_heads.data import load_task
     from lens_heads.data.lm_eval_tasks import RollingTask
-    from lens_heads.rolling import evaluate_rolling_task
+    from lens_heads.evaluation.rolling import evaluate_rolling_task
 
     task = load_task(str(ppl_yaml), rolling=True)
     assert isinstance(task, RollingTask) and task.n_docs == 5

@@ -10,7 +10,7 @@ import pytest
 
 from lens_heads.data import load_task
 from lens_heads.errors import LensHeadsError
-from lens_heads.evaluate import evaluate_task
+from lens_heads.evaluation.evaluate import evaluate_task
 
 pytest.importorskip("lm_eval")
 
@@ -126,7 +126,7 @@ def test_a_yaml_task_prompts_equal_the_registered_task(yaml_tasks):
 
 
 def test_a_sweep_on_a_yaml_task_resumes_and_tabulates(tiny_model, yaml_tasks, tmp_path, monkeypatch):
-    import lens_heads.evaluate as ev
+    import lens_heads.evaluation.evaluate as ev
     from lens_heads.sweep import SweepConfig, run_sweep, tabulate
 
     folder, _ = yaml_tasks

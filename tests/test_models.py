@@ -8,7 +8,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from lens_heads import LensHeadsError, load_model
-from lens_heads.hooks import hook_name, run_with_hooks
+from lens_heads.models.hooks import hook_name, run_with_hooks
 from lens_heads.models import zoo
 from conftest import TABLE_ARCHS, TINY_ARCHS
 
@@ -308,7 +308,7 @@ def test_kv_cache_continuation_without_deprecated_keyword(arch, tiny_model):
 def _continue_from_cache(model, ids, mask, hooks):
     import warnings
 
-    from lens_heads.hooks import _kv_cache_compat
+    from lens_heads.models.hooks import _kv_cache_compat
 
     with warnings.catch_warnings():
         warnings.simplefilter("error", FutureWarning)
@@ -349,7 +349,7 @@ def test_a_geometry_the_bridge_contradicts_is_refused(tiny_model):
 def test_lean_norms_return_the_bridge_norms_bit_for_bit(arch, tiny_model, monkeypatch):
     """A forward whose norms have no inner hook skips the values only those hooks read
     (hooks.lean_norms): the logits are the same tensor, bit for bit, as the bridge's full path."""
-    from lens_heads import hooks
+    from lens_heads.models import hooks
 
     model = tiny_model(arch)
     ids = _ids(model)
@@ -370,7 +370,7 @@ def test_lean_norms_return_the_bridge_norms_bit_for_bit(arch, tiny_model, monkey
 def test_a_zero_lm_head_bias_is_left_out_bit_for_bit(arch, dtype, tiny_model, tiny_model_dir, monkeypatch):
     """The bridge's zero bias on a bias-free LM head is left out of the product (hooks._unembed):
     the logits are the same tensor, bit for bit, as with it."""
-    from lens_heads import hooks
+    from lens_heads.models import hooks
 
     model = tiny_model(arch) if dtype == "float32" else load_model(str(tiny_model_dir(arch)), dtype=dtype)
     ids = _ids(model)
@@ -418,7 +418,7 @@ def test_a_hook_inside_a_norm_still_fires_and_its_edit_propagates(tiny_model):
 @pytest.mark.parametrize("arch", ["llama", "gemma3", "gpt2"])
 def test_logits_at_chosen_rows_equal_the_full_logits_there(arch, tiny_model):
     """logit_rows: the unembedding runs on the (batch row, kept position) pairs alone."""
-    from lens_heads.engine import Row, scored_positions
+    from lens_heads.forward.engine import Row, scored_positions
 
     model = tiny_model(arch)
     g = torch.Generator().manual_seed(0)
@@ -435,7 +435,7 @@ def test_logits_at_chosen_rows_equal_the_full_logits_there(arch, tiny_model):
 
 
 def test_lean_norms_in_bfloat16_are_the_bridge_norms_bit_for_bit(tiny_model_dir, monkeypatch):
-    from lens_heads import hooks
+    from lens_heads.models import hooks
 
     model = load_model(str(tiny_model_dir("llama")), dtype="bfloat16")
     ids = _ids(model)

@@ -38,8 +38,8 @@ def test_scores_ablation_and_diagnosis_equal_the_model_on_one_device(placed, tin
     from test_sweep import TASK_ROWS
 
     from lens_heads.data import load_task
-    from lens_heads.diagnose import diagnose
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.surgery.diagnose import diagnose
+    from lens_heads.evaluation.evaluate import evaluate_task
     from lens_heads.scores import score_heads
 
     whole = tiny_model("llama")
@@ -51,7 +51,7 @@ def test_scores_ablation_and_diagnosis_equal_the_model_on_one_device(placed, tin
     rows.write_text("".join(json.dumps({"question": q, "choices": c, "answer": a}) + "\n" for q, c, a in TASK_ROWS))
     task = load_task(f"file:{rows}")
     for spec in ("static:0.1,1.2,1.3", "score:ahon_ln@0.9", "random:0.5@1"):
-        from lens_heads.ablation import parse_ablation
+        from lens_heads.interventions.ablation import parse_ablation
 
         ra = evaluate_task(whole, task, limit=12, ablation=parse_ablation(spec, whole.geometry), progress=False)
         rb = evaluate_task(placed, task, limit=12, ablation=parse_ablation(spec, placed.geometry), progress=False)
@@ -117,7 +117,7 @@ def hub_cache(tiny_model_dir, tmp_path, monkeypatch):
 def test_revision_is_resolved_recorded_and_keyed(hub_cache):
     from lens_heads.data import load_task
     from lens_heads.models.load import model_digest
-    from lens_heads.study import ModelRef
+    from lens_heads.viz.study import ModelRef
     from lens_heads.sweep import SweepConfig
 
     main = load_model("owner/tiny")  # main -> commit a

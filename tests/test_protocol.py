@@ -18,16 +18,16 @@ import torch
 
 from conftest import tiny_config
 from lens_heads import LensHeadsError, load_model
-from lens_heads.ablation import ScoreAblation, parse_ablation
+from lens_heads.interventions.ablation import ScoreAblation, parse_ablation
 from lens_heads.cli import main as cli_main
 from lens_heads.data import load_task
-from lens_heads.engine import encode_pair
-from lens_heads.task_requests import task_inputs
-from lens_heads.evaluate import evaluate_task
-from lens_heads.protocol import (Protocol, load_authors_thresholds, paper_protocol, parse_add_bos,
+from lens_heads.forward.engine import encode_pair
+from lens_heads.forward.task_requests import task_inputs
+from lens_heads.evaluation.evaluate import evaluate_task
+from lens_heads.evaluation.protocol import (Protocol, load_authors_thresholds, paper_protocol, parse_add_bos,
                                  resolve_protocol)
 from lens_heads.sweep import SweepConfig, run_sweep
-from lens_heads.thresholds import threshold_for
+from lens_heads.interventions.thresholds import threshold_for
 
 CHAT_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}</s>{% endfor %}"
                  "{% if add_generation_prompt %}<|assistant|>{% endif %}")
@@ -297,8 +297,8 @@ def test_default_protocol_keeps_store_keys_and_others_get_their_own(tiny_model, 
 
 def test_lthon_ln_revision_keeps_old_thresholds_out(tiny_model, tmp_path):
     """A thresholds record stored under the old LTHON(LN) definition is never reused."""
-    from lens_heads.store import ResultStore
-    from lens_heads.keys import StoreKey
+    from lens_heads.results.store import ResultStore
+    from lens_heads.results.keys import StoreKey
     from lens_heads.sweep import stored_thresholds, thresholds_key
 
     model, task = tiny_model("llama"), load_task("piqa")

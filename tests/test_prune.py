@@ -1,4 +1,4 @@
-"""Physical head pruning (``lens_heads.prune``): for every prunable architecture and random head
+"""Physical head pruning (``lens_heads.surgery.prune``): for every prunable architecture and random head
 sets (a whole KV group, none of one, several layers), the pruned model's logits equal the original
 model's under static zero-ablation of the same heads; the exported folder reloads, in lens_heads
 and in transformers alone, with identical logits; scores, ablation and evaluation run on it."""
@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from lens_heads import LensHeadsError
-from lens_heads.ablation import parse_ablation
-from lens_heads.hooks import run_with_hooks
+from lens_heads.interventions.ablation import parse_ablation
+from lens_heads.models.hooks import run_with_hooks
 
 PRUNABLE = ["llama", "qwen2", "olmo2", "gemma3", "gpt2", "bloom"]  # the whole architecture table
 TEXTS = ["The capital of France is Paris. The capital of Italy is Rome.", "Attention heads that do nothing",
@@ -49,7 +49,7 @@ def test_pruned_equals_zero_ablation_and_reloads(arch, tiny_model, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from lens_heads import load_model
-    from lens_heads.prune import prune, save_pruned
+    from lens_heads.surgery.prune import prune, save_pruned
 
     model = tiny_model(arch)
     g = model.geometry
@@ -82,7 +82,7 @@ def test_pruned_equals_zero_ablation_and_reloads(arch, tiny_model, tmp_path):
 def test_gqa_padding_keeps_groups_uniform(tiny_model):
     """Llama's 4 query heads over 2 KV heads: removing one head of group 0 keeps the group as wide as
     group 1 with a zero-output padding head, and nothing else changes."""
-    from lens_heads.prune import plan_prune
+    from lens_heads.surgery.prune import plan_prune
 
     model = tiny_model("llama")
     plan = plan_prune(model.geometry, [(0, 1)])
@@ -99,9 +99,9 @@ def test_scores_evaluation_and_ablation_run_on_a_pruned_model(arch, tiny_model, 
     from test_sweep import TASK_ROWS
 
     from lens_heads.data import load_task
-    from lens_heads.diagnose import diagnose
-    from lens_heads.evaluate import evaluate_task
-    from lens_heads.prune import prune
+    from lens_heads.surgery.diagnose import diagnose
+    from lens_heads.evaluation.evaluate import evaluate_task
+    from lens_heads.surgery.prune import prune
     from lens_heads.scores import score_heads
 
     model = tiny_model(arch)
@@ -140,14 +140,14 @@ def test_scores_evaluation_and_ablation_run_on_a_pruned_model(arch, tiny_model, 
     ("phi3", [(0, 1)], "add an ArchSpec entry"),
 ])
 def test_bad_prunes(arch, heads, message, tiny_model):
-    from lens_heads.prune import prune
+    from lens_heads.surgery.prune import prune
 
     with pytest.raises(LensHeadsError, match=message):
         prune(tiny_model(arch), heads)
 
 
 def test_an_emptied_layer_with_the_flag_keeps_one_zero_head(tiny_model):
-    from lens_heads.prune import prune
+    from lens_heads.surgery.prune import prune
 
     model = tiny_model("llama")
     heads = [(0, h) for h in range(4)]
@@ -187,8 +187,8 @@ def test_cli_prune_select_eval_and_reload(tiny_model_dir, tiny_model, tmp_path, 
     # the HTML report's pruning section reads the same file
     from types import SimpleNamespace
 
-    from lens_heads.prune import read_prune_report
-    from lens_heads.report import pruning_section
+    from lens_heads.surgery.prune import read_prune_report
+    from lens_heads.viz.report import pruning_section
 
     sec = pruning_section(SimpleNamespace(pruning=read_prune_report(out)))
     assert sec.anchor == "pruning" and "2 of 8 (25.0 %), by ahon_ln@25%" in sec.body
@@ -222,7 +222,7 @@ def test_cli_prune_bad_input(extra, message, tiny_model_dir, tmp_path, capsys):
 
 def test_whole_group_selection_removes_kv_heads(tiny_model):
     """ID@P%:groups: whole KV groups by their heads' mean score, so the KV heads (and their cache) go."""
-    from lens_heads.prune import PruneSelection, prune, whole_groups
+    from lens_heads.surgery.prune import PruneSelection, prune, whole_groups
     from lens_heads.scores import score_heads
 
     model = tiny_model("llama")  # 2 layers x 4 heads over 2 KV heads
@@ -274,7 +274,7 @@ def test_a_pruned_bloom_keeps_its_heads_alibi_slopes(tiny_model, tmp_path, capsy
 
     from lens_heads.cli import main
     from lens_heads.models.geometry import alibi_slopes
-    from lens_heads.prune import prune, save_pruned
+    from lens_heads.surgery.prune import prune, save_pruned
 
     pruned = prune(tiny_model("bloom"), [(0, 1), (1, 0), (1, 3)])
     full = alibi_slopes(4)
@@ -291,7 +291,7 @@ def test_a_pruned_bloom_keeps_its_heads_alibi_slopes(tiny_model, tmp_path, capsy
 
 
 def test_bloom_with_tensor_parallel_emulation_is_refused(tiny_model, monkeypatch):
-    from lens_heads.prune import prune
+    from lens_heads.surgery.prune import prune
 
     model = tiny_model("bloom")
     monkeypatch.setattr(model.hf_model.config, "slow_but_exact", True)
@@ -307,7 +307,7 @@ def test_olmo2_runs_in_bf16_as_transformers_does(tiny_model_dir, tmp_path):
     from transformers import AutoModelForCausalLM
 
     from lens_heads import load_model
-    from lens_heads.prune import prune, save_pruned
+    from lens_heads.surgery.prune import prune, save_pruned
 
     model = load_model(str(tiny_model_dir("olmo2")), dtype="bfloat16", attention="eager")  # bitwise: TransformerLens' attention
     out = save_pruned(prune(model, [(0, 0), (0, 1), (1, 3)]), tmp_path / "p")
@@ -327,7 +327,7 @@ def test_booting_a_pruned_joint_qkv_model_restores_the_bridge_class_also_on_erro
     for the block only: the class method is the original again afterwards, and after an error."""
     from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import JointQKVAttentionBridge
 
-    from lens_heads.hooks import booting_pruned
+    from lens_heads.models.hooks import booting_pruned
 
     original = JointQKVAttentionBridge.set_original_component
     plan = {"layout": "blocked", "d_head": 16, "q": "c_attn"}

@@ -1,4 +1,4 @@
-"""Mean and resample ablation (``lens_heads.replacement``) against hand-written patching of the
+"""Mean and resample ablation (``lens_heads.forward.replacement``) against hand-written patching of the
 plain HF model's head outputs (the output projection's input), and their specs."""
 
 from __future__ import annotations
@@ -8,9 +8,9 @@ import json
 import pytest
 import torch
 
-from lens_heads.ablation import bind, parse_ablation
-from lens_heads.hooks import run_with_hooks
-from lens_heads.interventions import StaticHeads, parse_spec
+from lens_heads.interventions.ablation import bind, parse_ablation
+from lens_heads.models.hooks import run_with_hooks
+from lens_heads.interventions.specs import StaticHeads, parse_spec
 
 HEADS = {0: [1], 1: [2, 3]}
 STATIC = "static:0.1,1.2,1.3"

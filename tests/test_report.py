@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.study import ReportConfig, build_report
+from lens_heads.viz.study import ReportConfig, build_report
 from lens_heads.scores.functions import input_level
 
 from conftest import SAMPLE_TEXTS
@@ -33,7 +33,7 @@ ARCH = "bloom"  # ALiBi: the diagnosis map gets its slope axis
 @pytest.fixture(scope="module")
 def inputs(tiny_model, tmp_path_factory):
     """Real results of the tiny model: a sweep folder and a diagnosis CSV (lowered sink bar)."""
-    from lens_heads.diagnose import Diagnosis, DiagnosisThresholds, diagnose
+    from lens_heads.surgery.diagnose import Diagnosis, DiagnosisThresholds, diagnose
     from lens_heads.sweep import SweepConfig, run_sweep
 
     folder = tmp_path_factory.mktemp("report_inputs")
@@ -214,7 +214,7 @@ def test_cli_demo_end_to_end(tiny_model_dir, tiny_model, tmp_path, capsys):
     from lens_heads.cli import main
     from lens_heads.cli.demo import C4_SAMPLE, DEMO_DATA, piqa_sample_spec
     from lens_heads.data import load_texts, tokenize_texts
-    from lens_heads.evaluate import evaluate_task
+    from lens_heads.evaluation.evaluate import evaluate_task
     from lens_heads.scores import score_heads
 
     model_dir, out = str(tiny_model_dir(ARCH)), tmp_path / "demo"  # ALiBi: no 256-token cap on PIQA's answers
@@ -299,7 +299,7 @@ def test_report_renders_offline_in_chromium(report, tmp_path):
 def test_wide_tables_fit_their_section(tmp_path):
     """The within-1-point table (long snake_case headers, a free-text note) fits a 1200-px window:
     its note column lies inside the section, none of it hidden in the table's scroll box."""
-    from lens_heads.report import WITHIN_COLUMNS, Section, render_page, table_html
+    from lens_heads.viz.report import WITHIN_COLUMNS, Section, render_page, table_html
     from lens_heads.sweep.stats import TIED_NOTE
 
     row = {c: 12.3456 for c in WITHIN_COLUMNS} | {"score_fn": "lthon_ln_text", "note": TIED_NOTE}

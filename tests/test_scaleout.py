@@ -69,13 +69,13 @@ def test_unit_refs_round_trip_and_bad_ones():
 def test_scoring_shards_merge_to_the_unsharded_thresholds_bit_for_bit(tiny_model, task_file, tmp_path, n_shards,
                                                                       monkeypatch):
     from lens_heads.data import load_task
-    from lens_heads.task_requests import task_inputs
+    from lens_heads.forward.task_requests import task_inputs
     from lens_heads.scores import score_heads
-    from lens_heads.store import ResultStore
+    from lens_heads.results.store import ResultStore
     from lens_heads.sweep.plan import stored_thresholds
     from lens_heads.sweep.units import merge_score_shards, run_score_shard
     from lens_heads import batching
-    from lens_heads.thresholds import compute_thresholds, scoring_shards
+    from lens_heads.interventions.thresholds import compute_thresholds, scoring_shards
 
     model, task = tiny_model("llama"), load_task(f"file:{task_file}")
     cfg = _cfg(task_file, threshold_batch_size=3)
@@ -366,7 +366,7 @@ def test_real_single_node_slurm_runs_the_sweep_as_an_array(tiny_model_dir, task_
 def test_status_counts_units_a_worker_stored(tiny_model_dir, task_file, tmp_path, capsys):
     """--status reads what workers stored: units, points, and a point whose parts are partly in."""
     from lens_heads.cli import main
-    from lens_heads.store import ResultStore
+    from lens_heads.results.store import ResultStore
     from lens_heads.sweep.units import UnitRef, Worker, merge_score_shards
     from lens_heads.sweep.executors import job_for
     from lens_heads.batching import device_floor

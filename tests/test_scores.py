@@ -19,7 +19,7 @@ import torch
 from conftest import TINY_ARCHS
 from lens_heads import LensHeadsError
 from lens_heads.data import pad_batch
-from lens_heads.hooks import run_with_hooks
+from lens_heads.models.hooks import run_with_hooks
 from lens_heads.scores.functions import input_level
 from lens_heads.scores import (SCORES, HeadScores, ScoreCollector, register_score, resolve_score_ids,
                                score_heads)

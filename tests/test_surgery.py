@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from lens_heads import LensHeadsError, load_model
 from lens_heads.cli import main
-from lens_heads.hooks import hook_name, run_with_hooks
+from lens_heads.models.hooks import hook_name, run_with_hooks
 from lens_heads.surgery import (RepairConfig, RepairReport, TargetSelector, TrainConfig, parse_heads, parse_select,
                                 plan_surgery, reinitialise, train_surgery)
 from lens_heads.surgery.repair import prepare_data
@@ -117,8 +117,8 @@ def test_training_changes_only_target_slices(arch, dtype, ckpt, tiny_model, tiny
 def test_one_perplexity_for_hf_and_bridge(tiny_model):
     """surgery.train.perplexity (plain HF) and evaluate.perplexity (bridge) are one computation:
     each equals an unbatched float64 loop; the HF one skips 1-token documents, the bridge one refuses them."""
-    from lens_heads.evaluate import perplexity as bridge_perplexity
-    from lens_heads.engine import token_nll
+    from lens_heads.evaluation.evaluate import perplexity as bridge_perplexity
+    from lens_heads.forward.engine import token_nll
     from lens_heads.surgery.train import perplexity as hf_perplexity
 
     model = tiny_model("llama")

@@ -17,13 +17,13 @@ import pandas as pd
 import pytest
 import torch
 
-from lens_heads.curves import bootstrap_indices, crossing_gap, max_within, normalised_auc
+from lens_heads.sweep.curves import bootstrap_indices, crossing_gap, max_within, normalised_auc
 from lens_heads.errors import LensHeadsError
-from lens_heads.atomic import atomic_write_text
-from lens_heads.keys import Kind, StoreKey
-from lens_heads.store import ResultStore, config_key
+from lens_heads.files.atomic import atomic_write_text
+from lens_heads.results.keys import Kind, StoreKey
+from lens_heads.results.store import ResultStore, config_key
 from lens_heads.sweep import plan_points, PointId, SweepConfig, SweepPoint, tables
-from lens_heads.thresholds import parse_fractions, threshold_for, thresholds_from_scores
+from lens_heads.interventions.thresholds import parse_fractions, threshold_for, thresholds_from_scores
 
 # --- within 1 point: last crossing on the interpolated curve ------------------------------
 
@@ -148,7 +148,7 @@ def test_atomic_write_failure_leaves_nothing(tmp_path):
 
 
 def _record(correct, zf):
-    from lens_heads.evaluate import QuestionResult
+    from lens_heads.evaluation.evaluate import QuestionResult
     from lens_heads.sweep import PointRecord
 
     qs = [QuestionResult(i, int(not c), 0, bool(c), [0.0, 0.0]) for i, c in enumerate(correct)]
@@ -374,7 +374,7 @@ def test_cli_evaluate_bad_percentage(tiny_model_dir, task_file, tmp_path, capsys
 def test_parts_merge_to_the_one_shot_point_and_resume(tiny_model, task_file, tmp_path, monkeypatch):
     """A point evaluated in parts of 2 questions equals the point evaluated at once; a run that
     dies after some parts recomputes only the missing ones, and merged parts are removed."""
-    import lens_heads.evaluate as ev
+    import lens_heads.evaluation.evaluate as ev
     from lens_heads.data import load_task
     from lens_heads.sweep import run_sweep
 
@@ -435,8 +435,8 @@ def test_sweep_config_holds_typed_values_parsed_once():
     """Text in, typed values out (one parser each), checked at construction; the config is frozen."""
     import dataclasses
 
-    from lens_heads.interventions import AblationSpec
-    from lens_heads.replacement import Mean, Replacement
+    from lens_heads.interventions.specs import AblationSpec
+    from lens_heads.forward.replacement import Mean, Replacement
 
     cfg = SweepConfig(task="piqa", score_ids=["ahon_ln"], replacement="mean:c4-sample",
                       extra_ablations=["static:3.1,0.2", "random:0.1@0"], first=["ahon_ln@0.1"])
@@ -523,7 +523,7 @@ def test_first_points_are_evaluated_first_and_a_stopped_run_shows_them(tiny_mode
 def test_a_narrower_sweep_reuses_a_wider_sweeps_thresholds(tiny_model, task_file, tmp_path, monkeypatch):
     """Thresholds stored by a sweep of (ahon_ln, awft) x (0, 0.25, 0.5) serve a sweep of (awft) x
     (0, 0.5), named in another order or not: no scoring pass, the same specs and records."""
-    import lens_heads.thresholds as th
+    import lens_heads.interventions.thresholds as th
     from lens_heads.data import load_task
     from lens_heads.sweep import run_sweep
 
@@ -546,9 +546,9 @@ def test_a_narrower_sweep_reuses_a_wider_sweeps_thresholds(tiny_model, task_file
 def test_partial_tables_hold_the_complete_curves_with_their_final_values(tiny_model, task_file, tmp_path):
     """A store missing one point of a function and one of a random seed tabulates the other
     curves exactly as the finished sweep does, writes nothing, and says how much is stored."""
-    from lens_heads.curves import max_within
+    from lens_heads.sweep.curves import max_within
     from lens_heads.data import load_task
-    from lens_heads.store import ResultStore
+    from lens_heads.results.store import ResultStore
     from lens_heads.sweep import run_sweep
 
     model, task = tiny_model("llama"), load_task(f"file:{task_file}")
@@ -613,7 +613,7 @@ def test_cli_status_shows_a_stopped_sweeps_complete_curves(tiny_model_dir, task_
     ahon = next(line for line in shown if line.strip().startswith("ahon_ln"))
     assert ahon == ahon_line.split("  AUC")[0]
     # random: seed 2 is incomplete, so the curve is the mean of seeds 0 and 1
-    from lens_heads.curves import max_within
+    from lens_heads.sweep.curves import max_within
 
     summ = pd.read_csv(out / "summary.csv")
     two = summ[(summ.score_fn == "random") & (summ.fraction == 0.5) & summ.seed.isin([0, 1])]
@@ -674,10 +674,10 @@ def test_static_curves_zero_the_least_active_heads_by_each_ranking(tiny_model, t
     every input: the sets equal HeadScores.least_active of an independent scoring pass, each
     point's accuracy equals evaluate_task with that set, and the tables come back from the store."""
     from lens_heads.data import load_task
-    from lens_heads.task_requests import task_inputs
-    from lens_heads.evaluate import evaluate_task
-    from lens_heads.ablation import bind
-    from lens_heads.interventions import StaticHeads, parse_spec
+    from lens_heads.forward.task_requests import task_inputs
+    from lens_heads.evaluation.evaluate import evaluate_task
+    from lens_heads.interventions.ablation import bind
+    from lens_heads.interventions.specs import StaticHeads, parse_spec
     from lens_heads.scores import score_heads
     from lens_heads.scores.attribution import atp_scores
     from lens_heads.sweep import run_sweep, tabulate

@@ -15,7 +15,7 @@ import pandas as pd
 import pytest
 import torch
 
-from lens_heads.study import attention_heads
+from lens_heads.viz.study import attention_heads
 from lens_heads.errors import LensHeadsError
 from lens_heads.sweep import SweepResult
 from lens_heads.viz import (
@@ -291,7 +291,7 @@ def test_wasserstein_distances_against_sorted_differences(scores_of):
 
 @pytest.mark.parametrize("arch", ["bloom", "llama"])
 def test_diagnosis_map_classes_and_slopes(tiny_model, arch):
-    from lens_heads.diagnose import diagnose
+    from lens_heads.surgery.diagnose import diagnose
 
     model = tiny_model(arch)
     diag = diagnose(model, TEXTS).to_frame()

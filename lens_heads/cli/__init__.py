@@ -3,6 +3,9 @@
 Each subcommand lives in its own module here and exposes ``register(subparsers)``, which
 adds its parser and sets ``func`` to a function taking the parsed arguments. A
 ``LensHeadsError`` anywhere becomes one clear message on stderr and exit status 2.
+
+Floor 11 of docs/architecture.md. May import: every wing, but not the package root (the public
+API). Imported by: nothing of the package: ``lens-heads`` (pyproject's script) runs ``main``.
 """
 
 from __future__ import annotations

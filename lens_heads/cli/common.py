@@ -7,12 +7,12 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING
 from lens_heads.data.corpora import default_corpus
-from lens_heads import attention
+from lens_heads.models import attention
 from lens_heads.errors import LensHeadsError
-from lens_heads.atomic import atomic_write_text
+from lens_heads.files.atomic import atomic_write_text
 from lens_heads.models.load import check_revision, model_provenance, peek_geometry
-from lens_heads.protocol import BOS_CHOICES, resolve_protocol
-from lens_heads.thresholds import THRESHOLD_RULES
+from lens_heads.evaluation.protocol import BOS_CHOICES, resolve_protocol
+from lens_heads.interventions.thresholds import THRESHOLD_RULES
 from lens_heads import models
 
 if TYPE_CHECKING:
@@ -161,7 +161,7 @@ def parse_batch_size(text: str) -> int | str:
 
 def add_protocol_args(p: argparse.ArgumentParser, thresholds: bool = True) -> None:
     """lm-eval's prompt settings, the threshold rule and the paper's preset
-    (``lens_heads.protocol``); ``thresholds`` adds the authors' thresholds file."""
+    (``lens_heads.evaluation.protocol``); ``thresholds`` adds the authors' thresholds file."""
 
     g = p.add_argument_group("protocol", "how prompts are built and thresholds taken; lens_heads' default "
                                          "is lm-eval 0.4.13's defaults and the quantile rule")

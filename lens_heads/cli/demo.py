@@ -20,12 +20,12 @@ from importlib.resources import files
 from pathlib import Path
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.atomic import check_output_dir
+from lens_heads.files.atomic import check_output_dir
 from lens_heads.data import load_task, load_texts, tokenize_texts
-from lens_heads.diagnose import diagnose
-from lens_heads.study import ReportConfig, build_report
+from lens_heads.surgery.diagnose import diagnose
+from lens_heads.viz.study import ReportConfig, build_report
 from lens_heads.sweep import SweepConfig, run_sweep
-from lens_heads.thresholds import parse_fractions
+from lens_heads.interventions.thresholds import parse_fractions
 from lens_heads import scores as scoring
 from lens_heads.scores import resolve_score_ids
 

@@ -6,9 +6,9 @@ import dataclasses
 
 from lens_heads.cli.common import (add_data_args, add_model_args, check_positive, meta_path, model_from_args,
                                    no_texts, write_meta)
-from lens_heads.atomic import check_output_file
+from lens_heads.files.atomic import check_output_file
 from lens_heads.data import load_texts, tokenize_texts
-from lens_heads.diagnose import CLASSES, DiagnosisThresholds, SICK, diagnose, format_band
+from lens_heads.surgery.diagnose import CLASSES, DiagnosisThresholds, SICK, diagnose, format_band
 from lens_heads.errors import LensHeadsError
 
 

@@ -13,19 +13,19 @@ from typing import TYPE_CHECKING
 from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
                                    config_geometry, meta_path, model_from_args, protocol_from_args, write_meta)
-from lens_heads.ablation import parse_ablation
-from lens_heads.atomic import check_output_file
+from lens_heads.interventions.ablation import parse_ablation
+from lens_heads.files.atomic import check_output_file
 from lens_heads.data import load_task
 from lens_heads.data.lm_eval_tasks import RollingTask
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import ScoreFraction, parse_spec, with_replacement
-from lens_heads.replacement import parse_replacement
-from lens_heads.rolling import evaluate_rolling_task
+from lens_heads.interventions.specs import ScoreFraction, parse_spec, with_replacement
+from lens_heads.forward.replacement import parse_replacement
+from lens_heads.evaluation.rolling import evaluate_rolling_task
 from lens_heads.scores import resolve_score_ids
-from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
-from lens_heads.task_requests import task_inputs
-from lens_heads.thresholds import calibrated_spec, score_ablation_spec
-from lens_heads import evaluate as evaluation
+from lens_heads.evaluation.protocol import load_authors_thresholds, thresholds_for_sweep
+from lens_heads.forward.task_requests import task_inputs
+from lens_heads.interventions.thresholds import calibrated_spec, score_ablation_spec
+from lens_heads.evaluation import evaluate as evaluation
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel

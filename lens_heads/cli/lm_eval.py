@@ -11,11 +11,11 @@ checked before the model loads; nothing is written unless the whole run succeeds
 from __future__ import annotations
 
 from lens_heads.cli.common import add_model_args, check_positive, config_geometry, model_from_args
-from lens_heads.ablation import parse_ablation
-from lens_heads.atomic import atomic_write_all, check_output_dir
+from lens_heads.interventions.ablation import parse_ablation
+from lens_heads.files.atomic import atomic_write_all, check_output_dir
 from lens_heads.data.lm_eval_tasks import build_error, check_answers, check_metric_names, check_metrics, lm_eval_silenced, quiet_lm_eval, unknown_task, yaml_relative_files
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import parse_spec
+from lens_heads.interventions.specs import parse_spec
 
 
 def register(sub) -> None:
@@ -158,7 +158,7 @@ def run(args) -> int:
                                  f"inputs; give score:ID@THRESHOLD (lens-heads evaluate --ablate "
                                  f"{args.ablate.strip()} prints the threshold it takes)")
         if parse_ablation(args.ablate, config_geometry(args)).needs_task:  # syntax, names, head ranges
-            from lens_heads.lm_eval_model import NEEDS_TASK  # lm-eval is optional: imported when used
+            from lens_heads.evaluation.lm_eval_model import NEEDS_TASK  # lm-eval is optional: imported when used
 
             raise LensHeadsError(f"--ablate {args.ablate.strip()}: {NEEDS_TASK}")
     out = Path(args.out)
@@ -182,7 +182,7 @@ def run(args) -> int:
     from lm_eval import simple_evaluate
     from lm_eval.utils import handle_non_serializable, make_table
 
-    from lens_heads.lm_eval_model import LensHeadsLM  # lm-eval is optional: imported when used
+    from lens_heads.evaluation.lm_eval_model import LensHeadsLM  # lm-eval is optional: imported when used
 
     model = model_from_args(args)
     lm = LensHeadsLM(model, ablation=args.ablate, batch_size=args.batch_size, progress=not args.quiet)

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from lens_heads.cli.common import add_data_args, add_model_args, check_positive, config_geometry, model_from_args, \
     no_texts
-from lens_heads.atomic import check_output_dir
+from lens_heads.files.atomic import check_output_dir
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import parse_heads
-from lens_heads.prune import PruneSelection, REPORT_FILE, check_prunable, prune, save_pruned
-from lens_heads.curves import bootstrap_indices, paired_difference
+from lens_heads.interventions.specs import parse_heads
+from lens_heads.surgery.prune import PruneSelection, REPORT_FILE, check_prunable, prune, save_pruned
+from lens_heads.sweep.curves import bootstrap_indices, paired_difference
 from lens_heads.data import load_task, load_texts, tokenize_texts
-from lens_heads.prune import plan_prune
+from lens_heads.surgery.prune import plan_prune
 from lens_heads.surgery.export import remove_stale_exports
-from lens_heads import evaluate as evaluation
+from lens_heads.evaluation import evaluate as evaluation
 
 
 def register(sub) -> None:

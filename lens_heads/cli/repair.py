@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from lens_heads.cli.common import add_model_args, check_positive, config_geometry, model_from_args, no_texts
-from lens_heads.atomic import check_output_dir
+from lens_heads.files.atomic import check_output_dir
 from lens_heads.data import load_texts, tokenize_texts
-from lens_heads.diagnose import check_classes
+from lens_heads.surgery.diagnose import check_classes
 from lens_heads.errors import LensHeadsError
 from lens_heads.surgery import RepairConfig, TargetSelector, TrainConfig, parse_heads, parse_select, repair
 from lens_heads.surgery.export import check_out_dir

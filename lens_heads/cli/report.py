@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from lens_heads.cli.common import add_data_args, add_model_args, add_protocol_args, check_protocol_args
-from lens_heads.atomic import check_output_dir, check_output_file
+from lens_heads.files.atomic import check_output_dir, check_output_file
 from lens_heads.data import load_texts
 from lens_heads.errors import LensHeadsError
-from lens_heads.study import ReportConfig, build_report
-from lens_heads.interventions import parse_heads
+from lens_heads.viz.study import ReportConfig, build_report
+from lens_heads.interventions.specs import parse_heads
 
 
 def register(sub) -> None:

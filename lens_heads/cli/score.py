@@ -11,7 +11,7 @@ from pathlib import Path
 
 from lens_heads.cli.common import add_data_args, add_model_args, check_positive, model_from_args, no_texts
 from lens_heads.scores.functions import question_level
-from lens_heads.atomic import check_output_file
+from lens_heads.files.atomic import check_output_file
 from lens_heads.data import load_task, load_texts, tokenize_texts
 from lens_heads.errors import LensHeadsError
 from lens_heads.scores import HeadScores, SCORES

@@ -14,19 +14,19 @@ import dataclasses
 from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.cli.common import (add_model_args, add_protocol_args, check_positive, check_protocol_args,
                                    config_geometry, model_from_args, protocol_from_args)
-from lens_heads.ablation import parse_ablation
+from lens_heads.interventions.ablation import parse_ablation
 from lens_heads.data import load_task
 from lens_heads.errors import LensHeadsError
 from lens_heads.scores import resolve_score_ids
-from lens_heads.store import ResultStore
-from lens_heads.study import ModelRef
+from lens_heads.results.store import ResultStore
+from lens_heads.viz.study import ModelRef
 from lens_heads.sweep import SweepConfig, run_sweep, tabulate
 from lens_heads.sweep.executors import LocalConfig, RayConfig, SlurmConfig, in_process_message, in_process_only
 from lens_heads.sweep.result import check_same_weights
 from lens_heads.sweep.run import check_one_weights
-from lens_heads.thresholds import parse_fractions
-from lens_heads.atomic import check_output_dir
-from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
+from lens_heads.interventions.thresholds import parse_fractions
+from lens_heads.files.atomic import check_output_dir
+from lens_heads.evaluation.protocol import load_authors_thresholds, thresholds_for_sweep
 from lens_heads.sweep.executors import check_ray_address
 from lens_heads.sweep import run as sweep_run
 from lens_heads.sweep import executors

@@ -5,6 +5,9 @@ Tasks (``tasks.py``; ``task_routes.py`` loads them): ``load_task("mmlu" | "piqa"
 ``Task`` whose ``requests(record, fewshot)`` reproduce lm-evaluation-harness 0.4.x prompts;
 ``mc_files.py`` turns a local multiple-choice file (the ``file:...`` form) into such a Task.
 Local copies are found under the data root (``paths.py``; env var ``LENS_HEADS_DATA``).
+
+Floor 1 of docs/architecture.md. May import: the root modules only (not ``files``, on its
+floor). Imported by: ``models`` and every wing above it.
 """
 
 from lens_heads.data.corpora import (

@@ -14,7 +14,7 @@ requests with its own engine (prefix reuse, last-position logits, per-input abla
 ``process_results`` (an index, or the position of a target string among the choices).
 ``output_type: multiple_choice`` tasks are ``Task``s. A perplexity task (``loglikelihood_rolling``)
 loads as a ``RollingTask`` where the caller asks for one (``load_task(..., rolling=True)``:
-``lens-heads evaluate``, scored by ``lens_heads.rolling``); everywhere else, and for a generation
+``lens-heads evaluate``, scored by ``lens_heads.evaluation.rolling``); everywhere else, and for a generation
 task, one clear error (run those through ``lens_heads.LensHeadsLM`` under lm-eval).
 """
 

@@ -3,6 +3,9 @@ on your own prompt, switch them off and watch the answer change (docs/methods.md
 
 ``session`` computes (plain functions, usable from a notebook); ``server`` serves them to the
 page (``page.html``) one request at a time, on 127.0.0.1 unless told otherwise.
+
+Floor 10 of docs/architecture.md. May import: the wings below it (up to ``viz``). Imported by:
+``cli`` and the public API.
 """
 
 from __future__ import annotations

@@ -22,15 +22,15 @@ from typing import TYPE_CHECKING, Callable
 import torch
 import torch.nn.functional as F
 
-from lens_heads.ablation import Ablation, parse_ablation
-from lens_heads.diagnose import LOCAL_MASS, DiagnosisThresholds, classify
-from lens_heads.engine import forward
+from lens_heads.interventions.ablation import Ablation, parse_ablation
+from lens_heads.surgery.diagnose import LOCAL_MASS, DiagnosisThresholds, classify
+from lens_heads.forward.engine import forward
 from lens_heads.errors import LensHeadsError
-from lens_heads.evaluate import evaluate_task
-from lens_heads.hooks import hook_name
+from lens_heads.evaluation.evaluate import evaluate_task
+from lens_heads.models.hooks import hook_name
 from lens_heads.data import load_texts, tokenize_texts
-from lens_heads.interventions import ScoreFraction, parse_spec, with_replacement
-from lens_heads.thresholds import calibrated_spec
+from lens_heads.interventions.specs import ScoreFraction, parse_spec, with_replacement
+from lens_heads.interventions.thresholds import calibrated_spec
 from lens_heads.scores.collector import ScoreCollector
 from lens_heads.scores.functions import SCORES, input_level
 

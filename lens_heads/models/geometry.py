@@ -143,7 +143,7 @@ class HeadGeometry:
     n_kv_heads: int
     d_head: int
     d_model: int
-    # a pruned model (lens_heads.prune): query / KV heads of each layer; None: n_heads / n_kv_heads everywhere.
+    # a pruned model (lens_heads.surgery.prune): query / KV heads of each layer; None: n_heads / n_kv_heads everywhere.
     # Head h of layer L exists when h < heads_in(L); scores of the others are NaN and nothing ablates them.
     heads_per_layer: tuple[int, ...] | None = None
     kv_per_layer: tuple[int, ...] | None = None

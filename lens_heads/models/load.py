@@ -22,16 +22,16 @@ from pathlib import Path
 
 import torch
 
-from lens_heads import allocator
+from lens_heads.models import allocator
 from lens_heads.errors import LensHeadsError
 from lens_heads.models import zoo
 from lens_heads.models.geometry import HeadGeometry
 from lens_heads.data.paths import hub_offline
-from lens_heads.hooks import booting_pruned, bridge_made_parameters, pin_rotary_dtype, probe_shapes
+from lens_heads.models.hooks import booting_pruned, bridge_made_parameters, pin_rotary_dtype, probe_shapes
 from lens_heads.models.gguf_size import Truncated, declared_size
-from lens_heads.pruned_model import pruned_class, shrink
-from lens_heads.attention import blockers, check_choice, check_model
-from lens_heads.provenance import package_versions
+from lens_heads.models.pruned_model import pruned_class, shrink
+from lens_heads.models.attention import blockers, check_choice, check_model
+from lens_heads.files.provenance import package_versions
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -138,7 +138,7 @@ class LoadedModel:
     device: str
     prepends_bos: bool = field(default=False)
     weights_digest: str | None = field(default=None, repr=False)  # model_digest of a folder, once computed
-    attention: str = field(default="auto")  # the attention backend: auto / fused / eager (lens_heads.attention)
+    attention: str = field(default="auto")  # the attention backend: auto / fused / eager (lens_heads.models.attention)
 
     @property
     def hf_model(self):
@@ -168,7 +168,7 @@ class LoadedModel:
 
     def load_hf_model(self):
         """A fresh, unwrapped copy of the HF model from the same source (for editing); a model
-        pruned in memory (``lens_heads.prune``) gives a copy pruned the same way."""
+        pruned in memory (``lens_heads.surgery.prune``) gives a copy pruned the same way."""
         hf = load_hf(self.source, self.dtype, self.device)[0]
         plan = getattr(self.hf_model.config, "lens_heads_pruned", None)
         if plan and not getattr(hf.config, "lens_heads_pruned", None):
@@ -533,9 +533,9 @@ def load_model(spec, dtype: str | torch.dtype = "float32", device: str = "cpu", 
     instead of moving the whole model to ``device``: across GPUs, or partly in CPU RAM or on
     disk; everything but surgery runs unchanged on such a model. ``revision`` pins a hub id
     (branch, tag or commit; resolved to its commit, recorded in the model's digest).
-    ``attention``: the attention backend (``lens_heads.attention``: auto, fused, eager); the
+    ``attention``: the attention backend (``lens_heads.models.attention``: auto, fused, eager); the
     model's ``attention`` attribute, which can be changed later. On the CPU it tunes the process'
-    malloc once (``lens_heads.allocator``; ``LENS_HEADS_KEEP_FREED_MEMORY=0`` turns that off)."""
+    malloc once (``lens_heads.models.allocator``; ``LENS_HEADS_KEEP_FREED_MEMORY=0`` turns that off)."""
     check_choice(attention)
     device = check_device(device)
     torch_dtype = resolve_dtype(dtype, device)

@@ -19,10 +19,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from lens_heads.cache import cache_dir
+from lens_heads.files.cache import cache_dir
 from lens_heads.errors import LensHeadsError
-# the digests live in lens_heads.hashing; zoo.sha256_file / zoo.sha256_files stay importable here
-from lens_heads.hashing import sha256_file, sha256_files  # noqa: F401
+# the digests live in lens_heads.files.hashing; zoo.sha256_file / zoo.sha256_files stay importable here
+from lens_heads.files.hashing import sha256_file, sha256_files  # noqa: F401
 
 
 @dataclass(frozen=True)

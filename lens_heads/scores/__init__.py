@@ -30,6 +30,11 @@ Modules, in the order data flows through them:
                   at ``hook_z`` an optional ``z_transform`` may replace z (per-input ablation)
     dataset.py    ``score_heads`` over a dataset -> ``HeadScores`` (mean / std / count per
                   head, optional per-input scores; CSV or Parquet with sidecars)
+    attribution.py  attribution patching: a head's first-order effect on a task's gold
+                  answers, one forward and one backward per question (a question-level score)
+
+Floor 4 of docs/architecture.md. May import: the root modules, ``files``, ``data``, ``models``
+and ``forward``. Imported by: ``interventions`` and every wing above it.
 """
 
 from lens_heads.scores.functions import (

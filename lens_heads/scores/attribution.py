@@ -24,18 +24,18 @@ from torch import Tensor
 
 from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.errors import LensHeadsError
-from lens_heads.engine import forward
-from lens_heads.hooks import hook_name
+from lens_heads.forward.engine import forward
+from lens_heads.models.hooks import hook_name
 from lens_heads.scores.functions import ScoreFn, register_score
-from lens_heads.cache import cache_dir, cached_tensors
+from lens_heads.files.cache import cache_dir, cached_tensors
 from lens_heads.data import load_task
-from lens_heads.engine import encode_pair
-from lens_heads.hashing import sha256_bytes
+from lens_heads.forward.engine import encode_pair
+from lens_heads.files.hashing import sha256_bytes
 from lens_heads.models.load import model_digest
 from lens_heads.progress import progress_bar
-from lens_heads.replacement import Mean, MeanValues, Zero, parse_replacement
+from lens_heads.forward.replacement import Mean, MeanValues, Zero, parse_replacement
 from lens_heads.scores.dataset import HeadScores
-from lens_heads.task_requests import chat_format, select_records, task_requests
+from lens_heads.forward.task_requests import chat_format, select_records, task_requests
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -46,7 +46,7 @@ INACTIVE_WHEN = "low"  # |effect|: small means ablating the head changes little
 
 def atp_effects(model: LoadedModel, context_ids: list[int], continuation_ids: list[int], replacement=None) -> Tensor:
     """[layer, head] signed first-order change of the continuation's log-likelihood when each
-    head is ablated (zeroed, or replaced by ``replacement``: a ``lens_heads.replacement`` mean)."""
+    head is ablated (zeroed, or replaced by ``replacement``: a ``lens_heads.forward.replacement`` mean)."""
     g = model.geometry
     ids = torch.tensor([context_ids + continuation_ids])
     zs: dict[int, Tensor] = {}
@@ -94,7 +94,7 @@ def atp_table(model: LoadedModel, task, records, n_shot: int, seed: int, replace
     """``{doc_id: [layer, head] signed atp}`` of each record's gold request, built exactly as
     ``evaluate_task`` builds it (few-shot context, chat template, BOS), with ablated heads
     zeroed or replaced by ``replacement`` (a mean spec or runtime). One forward + backward per
-    question, cached on disk per question (``lens_heads.cache``, ``atp/``): the key is the
+    question, cached on disk per question (``lens_heads.files.cache``, ``atp/``): the key is the
     weights' digest, the dtype, the exact context and continuation, and the replacement."""
 
     runtime = _runtime(replacement)

@@ -18,9 +18,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lens_heads.attention import RowRequest
+from lens_heads.models.attention import RowRequest
 from lens_heads.errors import LensHeadsError
-from lens_heads.hooks import HookFn, HookKind, hook_name, w_o
+from lens_heads.models.hooks import HookFn, HookKind, hook_name, w_o
 from lens_heads.scores.functions import SCORES, Acts, BatchGeometry, ScoreFn, _closure, resolve_score_ids
 
 if TYPE_CHECKING:

@@ -18,13 +18,13 @@ import pandas as pd
 import torch
 from torch import Tensor
 
-from lens_heads.atomic import atomic_write_all
+from lens_heads.files.atomic import atomic_write_all
 from lens_heads.batching import Batcher, parse_batch_size
 from lens_heads.data import pad_batch, tokenize_texts
 from lens_heads.errors import LensHeadsError
-from lens_heads.hashing import sha256_tokens
-from lens_heads.engine import forward
-from lens_heads.heads import Head
+from lens_heads.files.hashing import sha256_tokens
+from lens_heads.forward.engine import forward
+from lens_heads.models.heads import Head
 from lens_heads.models.load import model_provenance
 from lens_heads.progress import progress_bar
 from lens_heads.scores.collector import ScoreCollector

@@ -16,9 +16,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from lens_heads.attention import RowStats
+from lens_heads.models.attention import RowStats
 from lens_heads.errors import LensHeadsError
-from lens_heads.hooks import HookKind
+from lens_heads.models.hooks import HookKind
 from lens_heads.registry import Registry
 
 # -----------------------------------------------------------------------------

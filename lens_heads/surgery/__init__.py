@@ -1,5 +1,8 @@
-"""Surgical repair of collapsed heads (docs/methods.md §7), as edits on a plain HF model.
+"""Diagnosis and surgery of heads: which class each head is in, surgical repair of collapsed
+heads (docs/methods.md §7, as edits on a plain HF model) and physical pruning.
 
+    head_classes.py  the diagnosis classes, in order, with their display names
+    diagnose.py    which class each head is in (and the band)
     targets.py     which heads: classes / explicit list / band / score threshold
     reinit.py      the plan of slice edits and the Xavier re-initialisation
     masks.py       freezing and 0/1 gradient masks
@@ -8,6 +11,11 @@
     export.py      save_pretrained (+ tokenizer)
     repair.py      the two-pass protocol that ties them together
     report.py      its report.json: RepairReport / RepairPass
+    prune.py       physical head pruning: the plan, the pruned model, its export
+
+Floor 6 of docs/architecture.md. May import: the wings below it (the root modules, ``files``,
+``data``, ``models``, ``forward``, ``scores``, ``interventions``), not ``evaluation`` on its
+floor. Imported by: ``results`` and every wing above it.
 """
 
 from lens_heads.surgery.export import export_model

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from lens_heads.atomic import atomic_write_text
+from lens_heads.files.atomic import atomic_write_text
 
 
 def save_checkpoint(folder: Path, step: int, trainable: dict[str, torch.Tensor],

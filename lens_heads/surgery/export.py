@@ -12,7 +12,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from lens_heads.atomic import owner_tag, plain_permissions, temp_is_stale
+from lens_heads.files.atomic import owner_tag, plain_permissions, temp_is_stale
 from lens_heads.errors import LensHeadsError
 
 

@@ -31,7 +31,7 @@ import torch
 from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import Head
+from lens_heads.interventions.specs import Head
 from lens_heads.models.geometry import PARTS, HeadGeometry, ParamSlice
 
 INITS = ("xavier_uniform", "xavier_normal")

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 
 from lens_heads.data import tokenize_texts
-from lens_heads.diagnose import DiagnosisThresholds, diagnose
+from lens_heads.surgery.diagnose import DiagnosisThresholds, diagnose
 from lens_heads.errors import LensHeadsError
 
 from lens_heads.models.load import boot, model_digest
@@ -30,7 +30,7 @@ from lens_heads.surgery.reinit import plan_surgery, reinitialise
 from lens_heads.surgery.report import RepairPass, RepairReport
 from lens_heads.surgery.targets import TargetSelector
 from lens_heads.surgery.train import TrainConfig, perplexity, train_surgery
-from lens_heads.hashing import sha256_token_groups
+from lens_heads.files.hashing import sha256_token_groups
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -58,7 +58,7 @@ class RepairConfig:
 
 def _tokens_digest(*groups) -> str:
     """sha256 over the token ids of the training chunks and held-out inputs (the layout of
-    ``lens_heads.hashing.sha256_token_groups``)."""
+    ``lens_heads.files.hashing.sha256_token_groups``)."""
 
     return sha256_token_groups(*groups)
 

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 import re
 from dataclasses import dataclass
 
-from lens_heads.diagnose import Diagnosis, check_classes, diagnose
+from lens_heads.surgery.diagnose import Diagnosis, check_classes, diagnose
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import Head
-from lens_heads.interventions import parse_heads as _parse_heads
+from lens_heads.interventions.specs import Head
+from lens_heads.interventions.specs import parse_heads as _parse_heads
 from lens_heads.scores import resolve_score_ids
 from lens_heads import scores as scoring
 

@@ -27,8 +27,8 @@ from jaxtyping import Int
 from torch import Tensor
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.attention import plain_fused
-from lens_heads.engine import token_nll
+from lens_heads.models.attention import plain_fused
+from lens_heads.forward.engine import token_nll
 from lens_heads.surgery.checkpoint import load_checkpoint, save_checkpoint
 from lens_heads.surgery.masks import freeze_and_mask
 from lens_heads.surgery.reinit import SurgeryPlan
@@ -77,7 +77,7 @@ class TrainResult:
 
 def perplexity(hf_model, inputs: list[Tensor], batch_size: int = 4, pad_id: int = 0) -> float:
     """Token-weighted perplexity of a plain HF model on documents (each predicts tokens 1..T-1),
-    in eval mode; the same computation as ``lens_heads.evaluate.perplexity`` (``token_nll``,
+    in eval mode; the same computation as ``lens_heads.evaluation.evaluate.perplexity`` (``token_nll``,
     docs/methods.md §7). Documents of one token score nothing."""
     if not inputs:
         raise LensHeadsError("no held-out documents for perplexity")

@@ -24,6 +24,8 @@ The package, in the order data flows through it:
   ``tabulate`` reads a store into tables with no model;
 * ``stats``: pure functions of the question x point correctness matrix (bootstrap intervals,
   within-1-point, AUC; see its docstring and docs/methods.md §5);
+* ``curves``: accuracy-vs-%-zeroed curves, on plain numbers (the within-1-point value, the
+  normalised area, bootstrap indices and intervals), which ``stats`` and the analyses share;
 * ``confseq``: an anytime-valid confidence sequence for a mean over N items read in a random
   order (without replacement), and the within / outside decision on it (docs/methods.md §12);
 * ``adaptive``: ``--search crossing``: each curve's within-margin crossing by bisection over a
@@ -38,6 +40,9 @@ protocol settings) plus the ablation spec and a score function's definition revi
 changed; the batch size is deliberately not part of the key. A sweep killed at any moment
 resumes by computing only the missing units, and its tables are computed from the stored
 records alone, so they equal those of an uninterrupted run.
+
+Floor 8 of docs/architecture.md. May import: the wings below it (up to ``results``). Imported
+by: ``viz`` and every wing above it.
 """
 
 from lens_heads.sweep.config import BASELINE, RANDOM, STATIC_RANDOM, PointId, SweepConfig, static_name

@@ -32,14 +32,14 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 
 import numpy as np
 
-from lens_heads import evaluate as evaluation
-from lens_heads.ablation import parse_ablation
-from lens_heads.atomic import atomic_write_csv
-from lens_heads.claims import claim, wait_for
+from lens_heads.evaluation import evaluate as evaluation
+from lens_heads.interventions.ablation import parse_ablation
+from lens_heads.files.atomic import atomic_write_csv
+from lens_heads.files.claims import claim, wait_for
 from lens_heads.errors import LensHeadsError
-from lens_heads.keys import Kind, RunIdentity, StoreKey, config_key
+from lens_heads.results.keys import Kind, RunIdentity, StoreKey, config_key
 from lens_heads.progress import progress_bar
-from lens_heads.store import ResultStore
+from lens_heads.results.store import ResultStore
 from lens_heads.sweep.confseq import WoRConfidenceSequence, decide
 from lens_heads.sweep.config import SweepConfig
 from lens_heads.sweep.plan import SweepPlan, stored_static

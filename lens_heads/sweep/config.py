@@ -9,13 +9,13 @@ from dataclasses import dataclass, field
 
 from lens_heads.data.tasks import DEFAULT_SEED
 from lens_heads.errors import LensHeadsError
-from lens_heads.protocol import Protocol
+from lens_heads.evaluation.protocol import Protocol
 from lens_heads.scores.functions import SCORES
-from lens_heads.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fraction
+from lens_heads.interventions.thresholds import DEFAULT_FRACTIONS, SCORING_BATCH, check_fraction
 from lens_heads.batching import parse_batch_size, positive_batch_size
-from lens_heads.keys import RunIdentity
-from lens_heads.interventions import AblationSpec, parse_spec
-from lens_heads.replacement import Replacement, Zero, parse_replacement
+from lens_heads.results.keys import RunIdentity
+from lens_heads.interventions.specs import AblationSpec, parse_spec
+from lens_heads.forward.replacement import Replacement, Zero, parse_replacement
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -129,7 +129,7 @@ class SweepConfig:
         if self.chunk_questions is not None and self.chunk_questions < 1:
             raise LensHeadsError(f"chunk_questions must be >= 1, got {self.chunk_questions}")
         if not isinstance(self.protocol, Protocol):
-            raise LensHeadsError(f"protocol must be a lens_heads.protocol.Protocol, got {type(self.protocol).__name__}")
+            raise LensHeadsError(f"protocol must be a lens_heads.evaluation.protocol.Protocol, got {type(self.protocol).__name__}")
         if (self.thresholds_file is None) != (self.thresholds_model is None):
             raise LensHeadsError("thresholds_file and thresholds_model go together (the file's model key)")
         if self.replacement is not None:

@@ -4,7 +4,7 @@
 it), has the executor run the missing scoring shards, merges them into the thresholds, has it
 run the missing part units, merges parts into points and writes the tables -- loading no
 weights itself. The store is the only coordination: units are idempotent and claimed
-(``lens_heads.claims``), so workers that die are replaced or their units taken over, and a
+(``lens_heads.files.claims``), so workers that die are replaced or their units taken over, and a
 launch that stops resumes from what is stored.
 
 Executors, by name (``EXECUTORS``; each a config dataclass and its class):
@@ -40,7 +40,7 @@ from lens_heads.data import load_task
 from lens_heads.models.load import dtype_name, model_digest, resolve_source, spec_digest
 from lens_heads.progress import progress_bar
 from lens_heads.scores.functions import SCORES
-from lens_heads.store import ResultStore
+from lens_heads.results.store import ResultStore
 from lens_heads.sweep import run
 from lens_heads.sweep.plan import static_key, static_rankings, stored_static
 from lens_heads.sweep.records import PointRecord

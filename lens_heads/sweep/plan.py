@@ -14,16 +14,16 @@ from dataclasses import dataclass, replace
 from typing import Iterator, Sequence
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import RandomHeads, StaticHeads
-from lens_heads.keys import Kind, RunIdentity, StoreKey, replacement_field
+from lens_heads.interventions.specs import RandomHeads, StaticHeads
+from lens_heads.results.keys import Kind, RunIdentity, StoreKey, replacement_field
 from lens_heads.scores.functions import SCORES
-from lens_heads.store import ResultStore
+from lens_heads.results.store import ResultStore
 from lens_heads.sweep.config import BASELINE, RANDOM, SEEDED, STATIC_RANDOM, PointId, SweepConfig, static_name
 from lens_heads.sweep.records import StaticScoresRecord, Thresholds, ThresholdsRecord
-from lens_heads.thresholds import score_ablation_spec
+from lens_heads.interventions.thresholds import score_ablation_spec
 from lens_heads.scores.dataset import inactive_when, least_active
-from lens_heads.task_requests import select_records
-from lens_heads.interventions import parse_spec, with_replacement
+from lens_heads.forward.task_requests import select_records
+from lens_heads.interventions.specs import parse_spec, with_replacement
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
-from lens_heads.evaluate import QuestionResult, accuracy_metrics
+from lens_heads.evaluation.evaluate import QuestionResult, accuracy_metrics
 
 
 @dataclass

@@ -10,7 +10,7 @@ import pandas as pd
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.sweep.records import PointRecord, Thresholds
-from lens_heads.atomic import atomic_write_all
+from lens_heads.files.atomic import atomic_write_all
 
 SUMMARY, WITHIN = "summary.csv", "within_1pt.csv"
 SUMMARY_REQUIRED = ("score_fn", "fraction", "pct_zeroed", "accuracy")

@@ -3,7 +3,7 @@ and points, resume; and tabulating a store.
 
 ``run_points`` evaluates what the plan's store lacks (the in-process executor's part phase;
 ``executors.run_sweep`` is the one driver around it); ``tabulate`` only reads the store (no model: a weights digest and dtype identify the run) and is what ``--status`` and
-``--from-store`` use. Every unit is claimed first (``lens_heads.claims``): processes sharing
+``--from-store`` use. Every unit is claimed first (``lens_heads.files.claims``): processes sharing
 one folder take different units, and one waits for a unit another live process holds.
 """
 
@@ -13,25 +13,25 @@ import time
 from enum import Enum
 from typing import TYPE_CHECKING, Sequence
 
-from lens_heads.claims import claim, wait_for
+from lens_heads.files.claims import claim, wait_for
 from lens_heads.errors import LensHeadsError
-from lens_heads.keys import Kind, RunIdentity
+from lens_heads.results.keys import Kind, RunIdentity
 from lens_heads.progress import progress_bar
-from lens_heads.protocol import load_authors_thresholds, thresholds_for_sweep
-from lens_heads.store import ResultStore
+from lens_heads.evaluation.protocol import load_authors_thresholds, thresholds_for_sweep
+from lens_heads.results.store import ResultStore
 from lens_heads.sweep.config import RANDOM, SweepConfig
 from lens_heads.sweep.plan import PartUnit, StaticScores, SweepPlan, plan_points, point_label, partial_config, put_thresholds, \
     static_key, static_rankings, stored_static, stored_thresholds, thresholds_key
 from lens_heads.sweep.records import PointRecord, StaticScoresRecord, Thresholds
 from lens_heads.sweep.result import SweepResult, check_same_weights
 from lens_heads.sweep.stats import point_summary, tables
-from lens_heads.ablation import parse_ablation
+from lens_heads.interventions.ablation import parse_ablation
 from lens_heads.data import load_task
 from lens_heads.scores.functions import input_level, question_level
-from lens_heads.task_requests import task_inputs
-from lens_heads.thresholds import thresholds_of
+from lens_heads.forward.task_requests import task_inputs
+from lens_heads.interventions.thresholds import thresholds_of
 from lens_heads import scores as scoring
-from lens_heads import evaluate as evaluation
+from lens_heads.evaluation import evaluate as evaluation
 from lens_heads.scores import SCORES
 
 if TYPE_CHECKING:

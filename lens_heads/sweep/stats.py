@@ -32,7 +32,7 @@ from typing import Sequence
 
 import numpy as np
 
-from lens_heads.curves import bootstrap_indices, crossing_gap, max_within, normalised_auc, percentile_interval
+from lens_heads.sweep.curves import bootstrap_indices, crossing_gap, max_within, normalised_auc, percentile_interval
 from lens_heads.errors import LensHeadsError
 from lens_heads.sweep.config import RANDOM, SEEDED, STATIC_RANDOM, SweepConfig
 from lens_heads.sweep.plan import SweepPoint

@@ -33,10 +33,10 @@ from typing import TYPE_CHECKING, Literal
 import torch
 
 from lens_heads.batching import batch_floor
-from lens_heads.claims import claim
+from lens_heads.files.claims import claim
 from lens_heads.errors import LensHeadsError
-from lens_heads.keys import RunIdentity, StoreKey
-from lens_heads.store import ResultStore
+from lens_heads.results.keys import RunIdentity, StoreKey
+from lens_heads.results.store import ResultStore
 from lens_heads.sweep.config import SweepConfig
 from lens_heads.sweep.plan import SweepPlan, put_thresholds, thresholds_key
 from lens_heads.sweep.records import ThresholdsRecord
@@ -44,8 +44,8 @@ from lens_heads.sweep.run import Outcome
 from lens_heads.scores import SCORES
 from lens_heads.sweep.plan import stored_thresholds
 from lens_heads.sweep.run import CLAIM_POLL_S
-from lens_heads.task_requests import task_inputs
-from lens_heads.thresholds import scoring_shards, thresholds_from_scores
+from lens_heads.forward.task_requests import task_inputs
+from lens_heads.interventions.thresholds import scoring_shards, thresholds_from_scores
 from lens_heads.data import load_task
 from lens_heads.models.load import model_digest
 from lens_heads.sweep.plan import stored_static
@@ -170,7 +170,7 @@ class SweepJob:
     n_shards: int = 1  # shards of the scoring pass
     threads: int | None = None  # torch threads per worker (None: torch's default)
     revision: str | None = None  # a hub id's commit: every worker loads the same weights
-    attention: str = "auto"  # the attention backend each worker runs (lens_heads.attention)
+    attention: str = "auto"  # the attention backend each worker runs (lens_heads.models.attention)
     search: SearchConfig | None = None  # an adaptive search (curve units; cfg is then on its grid)
 
 

@@ -1,6 +1,14 @@
-"""Views of lens_heads results: circuitsvis attention patterns (``patterns``) and matplotlib
-figures (``figures``). Views only read results: the patterns they show are captured by
-``lens_heads.activations`` (``attention_heads`` there captures and wraps in one call)."""
+"""What a person reads: circuitsvis attention patterns (``patterns``), matplotlib figures
+(``figures``) and the HTML report (``report``). These views only read results: the patterns they
+show are captured by ``lens_heads.forward.activations``. ``study`` is the wing's one
+orchestrator: ``build_report`` reads or computes what the report shows, ``attention_heads``
+captures patterns and wraps them in a view, ``ModelRef`` loads a model only when needed.
+
+Floor 9 of docs/architecture.md. May import: the wings below it (up to ``sweep``); the views
+(``figures``, ``patterns``, ``report``) only what computes nothing: ``files``, the ablation specs
+(``interventions.specs``), the score registry and the head classes. Imported by: ``explore``,
+``cli`` and the public API.
+"""
 
 from lens_heads.viz.figures import (
     DIAGNOSIS_COLOURS,

@@ -17,9 +17,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.head_classes import CLASSES
-from lens_heads.head_classes import canonical as canonical_class
-from lens_heads.head_classes import label as class_label
+from lens_heads.surgery.head_classes import CLASSES
+from lens_heads.surgery.head_classes import canonical as canonical_class
+from lens_heads.surgery.head_classes import label as class_label
 from lens_heads.scores.functions import SCORES  # the registry's definitions, read only
 
 DIAGNOSIS_COLOURS: dict[str, str] = {"dead": "#1f1f1f", "bos_sink": "#d62728", "low_entropy": "#ff7f0e",

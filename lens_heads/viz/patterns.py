@@ -21,13 +21,13 @@ from typing import TYPE_CHECKING, Mapping, Sequence
 import numpy as np
 from jaxtyping import Float
 
-from lens_heads.atomic import atomic_write_text
+from lens_heads.files.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import Head
-from lens_heads.interventions import parse_heads  # noqa: F401  (the one head-list grammar, re-exported)
+from lens_heads.interventions.specs import Head
+from lens_heads.interventions.specs import parse_heads  # noqa: F401  (the one head-list grammar, re-exported)
 
 if TYPE_CHECKING:
-    from lens_heads.activations import HeadPatterns
+    from lens_heads.forward.activations import HeadPatterns
 
 
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-from lens_heads.hashing import sha256_bytes
+from lens_heads.files.hashing import sha256_bytes
 from lens_heads.models.load import model_digest
-from lens_heads.protocol import Protocol
-from lens_heads.provenance import lens_heads_version
+from lens_heads.evaluation.protocol import Protocol
+from lens_heads.files.provenance import lens_heads_version
 from lens_heads.scores.functions import SCORES, revision_key
 
 if TYPE_CHECKING:

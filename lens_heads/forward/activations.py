@@ -16,9 +16,9 @@ import torch
 from jaxtyping import Float
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.engine import forward
-from lens_heads.hooks import hook_name, layer_of
-from lens_heads.heads import Head
+from lens_heads.forward.engine import forward
+from lens_heads.models.hooks import hook_name, layer_of
+from lens_heads.models.heads import Head
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel

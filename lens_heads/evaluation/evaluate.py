@@ -1,6 +1,6 @@
 """Multiple-choice accuracy and perplexity, scored as lm-evaluation-harness 0.4.x (HFLM) scores
 them, with optional head ablations: what the model reads and how each request is scored is the
-engine's (``lens_heads.engine``); the task's requests are ``lens_heads.task_requests``'.
+engine's (``lens_heads.forward.engine``); the task's requests are ``lens_heads.forward.task_requests``'.
 
     model = load_model("smollm2-135m", dtype="bfloat16")
     res = evaluate_task(model, "mmlu", n_shot=5, limit=200)            # TaskResult
@@ -24,16 +24,16 @@ import torch
 from jaxtyping import Int
 from torch import Tensor
 
-from lens_heads.atomic import atomic_write_text
+from lens_heads.files.atomic import atomic_write_text
 from lens_heads.data.tasks import DEFAULT_SEED, Task
-from lens_heads.engine import encode_pair, forward, loglikelihoods_tokens, token_nll
+from lens_heads.forward.engine import encode_pair, forward, loglikelihoods_tokens, token_nll
 from lens_heads.errors import LensHeadsError
 from lens_heads.progress import progress_bar
-from lens_heads.task_requests import chat_format, resolve_task, select_records, task_requests
+from lens_heads.forward.task_requests import chat_format, resolve_task, select_records, task_requests
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
-    from lens_heads.protocol import Protocol
+    from lens_heads.evaluation.protocol import Protocol
 
 
 # -----------------------------------------------------------------------------

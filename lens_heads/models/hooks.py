@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from jaxtyping import Int
 from torch import Tensor
 
-from lens_heads import attention
+from lens_heads.models import attention
 from lens_heads.errors import LensHeadsError
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def run_with_hooks(
     runs on those rows alone). ``past_key_values`` continues
     from a cached prefix; ``return_cache=True`` returns ``(logits, cache)``. ``grad``: autograd
     on (attribution patching's backward), else inference mode. ``position_ids`` with a boolean
-    [batch, 1, pos, pos] ``attention_mask``: a packed batch (``lens_heads.packing``; models with
+    [batch, 1, pos, pos] ``attention_mask``: a packed batch (``lens_heads.forward.packing``; models with
     a ``packed_length_limit``).
     """
     bridge = model.bridge
@@ -282,7 +282,7 @@ def _rows_from_pattern(request) -> HookFn:
     return hook
 
 
-# Model types (HF ``config.model_type``) that read a packed batch (``lens_heads.packing``) as they
+# Model types (HF ``config.model_type``) that read a packed batch (``lens_heads.forward.packing``) as they
 # would read its inputs alone: positions only from ``position_ids``, and attention that applies a
 # boolean [batch, 1, q, k] mask as such (tests/test_evaluate.py packs each against the plain path).
 # Not BLOOM or Falcon (ALiBi positions from the 2-D padding mask), nor OPT or GPT-Neo (their own
@@ -447,7 +447,7 @@ def _split_fused(fused: torch.nn.Module, layout: str, n_heads: int, d_head: int,
 
 @contextlib.contextmanager
 def booting_pruned(plan: dict | None, conv1d: bool) -> Iterator[None]:
-    """While the bridge boots a pruned model with a fused QKV projection (``lens_heads.prune``):
+    """While the bridge boots a pruned model with a fused QKV projection (``lens_heads.surgery.prune``):
     TransformerLens' joint-QKV attention splits the projection, shapes its hooks and rebuilds
     attention with the config's one head count. Give each attention layer, as it is set up, its
     own head count (``_LayerConfig``), the hook reshaping that goes with it, and a split of its

@@ -37,7 +37,7 @@ Speed, without changing what is computed:
   least ``MIN_PREFIX`` tokens and at least half of the group's current one.
 * With the same condition, where the model reads a packed batch as its inputs alone
   (``packed_length_limit``), the other inputs of at most ``PACK_LIMIT`` tokens are packed
-  (``lens_heads.packing``): several to a batch row, a question's inputs sharing a prefix of at
+  (``lens_heads.forward.packing``): several to a batch row, a question's inputs sharing a prefix of at
   least ``PACK_MIN_PREFIX`` tokens as one unit (the prefix once), each input seeing only its own
   tokens. SmolLM2, PIQA 80 questions: 4,840 positions instead of 6,767 in padded rows of 16.
 
@@ -67,8 +67,8 @@ from torch import Tensor
 from lens_heads.batching import Batcher, parse_batch_size
 from lens_heads.data.corpora import iter_batches, pad_batch
 from lens_heads.errors import LensHeadsError
-from lens_heads import packing
-from lens_heads.hooks import packed_length_limit, run_with_hooks
+from lens_heads.forward import packing
+from lens_heads.models.hooks import packed_length_limit, run_with_hooks
 from lens_heads.progress import progress_bar
 
 if TYPE_CHECKING:
@@ -262,7 +262,7 @@ def forward(model: LoadedModel, ids: Tensor, mask: Tensor | None, hooks: list, k
     those pairs only, [n, vocab]. ``logits=False``: the blocks only (a pass that reads hooks:
     scores, diagnosis, patterns, head means), returns None. ``grad``: with autograd
     (attribution patching). ``positions`` with a [batch, 1, pos, pos] ``mask``: a packed batch
-    (``lens_heads.packing``)."""
+    (``lens_heads.forward.packing``)."""
     return run_with_hooks(model, ids, mask, hooks, logits, logits_to_keep=keep, past_key_values=cache,
                           return_cache=want_cache, grad=grad, logit_rows=pick, position_ids=positions)
 
@@ -341,7 +341,7 @@ def _run_grouped(model: LoadedModel, prefix_len: int, rows: list[Row], out: list
 
 def _run_packed(model: LoadedModel, units: list[packing.Unit], out: list[float], ablation, batch_size: int | str,
                 pbar, observer: Observer | None = None) -> None:
-    """The units packed in rows as long as the longest (``lens_heads.packing``), ``batch_size``
+    """The units packed in rows as long as the longest (``lens_heads.forward.packing``), ``batch_size``
     such rows per forward."""
     pad = model.tokenizer.pad_token_id or 0
     length = max(u.size for u in units)

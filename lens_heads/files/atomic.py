@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
-from lens_heads.claims import pid_alive
+from lens_heads.files.claims import pid_alive
 from lens_heads.errors import LensHeadsError
 
 

@@ -1,6 +1,6 @@
 """Content-addressed result store with atomic writes (safe against SIGKILL).
 
-A record is stored under the hash of its ``keys.StoreKey`` (built only in ``lens_heads.keys``
+A record is stored under the hash of its ``keys.StoreKey`` (built only in ``lens_heads.results.keys``
 from a run identity and a kind). Each record is one small, compact JSON file, its key's
 configuration saved inside it::
 
@@ -24,10 +24,10 @@ import os
 from pathlib import Path
 from typing import Any, Iterator, Protocol, TypeVar
 
-from lens_heads.atomic import atomic_write_text
+from lens_heads.files.atomic import atomic_write_text
 from lens_heads.errors import LensHeadsError
-from lens_heads.keys import Kind, StoreKey, config_key
-from lens_heads.atomic import atomic_path
+from lens_heads.results.keys import Kind, StoreKey, config_key
+from lens_heads.files.atomic import atomic_path
 
 __all__ = ["ResultStore", "Record", "config_key"]
 

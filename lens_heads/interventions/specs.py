@@ -2,7 +2,7 @@
 
     spec = parse_spec("score:ahon_ln@0.41:strict")   # ScoreThreshold("ahon_ln", 0.41, strict=True)
     str(spec) == "score:ahon_ln@0.41:strict"         # the printer; parse_spec(str(s)) == s
-    ablation = bind(spec, model.geometry)            # the runtime object (lens_heads.ablation.bind)
+    ablation = bind(spec, model.geometry)            # the runtime object (lens_heads.interventions.ablation.bind)
 
 Kinds (``SPEC_KINDS``, keyed by the word before the first ``:``; docs/methods.md §2):
 
@@ -24,9 +24,9 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.heads import Head, format_heads, parse_heads  # noqa: F401  (the head type and parser live there)
+from lens_heads.models.heads import Head, format_heads, parse_heads  # noqa: F401  (the head type and parser live there)
 from lens_heads.registry import Registry
-from lens_heads.replacement import Zero, parse_replacement
+from lens_heads.forward.replacement import Zero, parse_replacement
 from lens_heads.scores.functions import SCORES
 
 ABLATION_FORMS = "none | static:L.H,L.H | score:ID@THRESHOLD[:strict] | score:ID@P% | random:P@SEED"
@@ -56,7 +56,7 @@ def _score_id(text: str) -> str:
 @dataclass(frozen=True)
 class AblationSpec:
     """What to zero. Subclasses set ``kind`` and implement ``body`` / ``from_body``; the runtime
-    side (hooks and counters) is ``lens_heads.ablation.bind(spec, geometry)``."""
+    side (hooks and counters) is ``lens_heads.interventions.ablation.bind(spec, geometry)``."""
 
     kind: ClassVar[str] = ""
     needs_calibration: ClassVar[bool] = False  # a target fraction: a threshold must be set on inputs first
@@ -197,10 +197,10 @@ class RandomHeads(AblationSpec):
 @dataclass(frozen=True)
 class Replaced(AblationSpec):
     """An ablation whose heads are replaced, not zeroed: ``SPEC|REPLACEMENT``
-    (``lens_heads.replacement``: ``mean:CORPUS``, ``resample:CORPUS@SEED``)."""
+    (``lens_heads.forward.replacement``: ``mean:CORPUS``, ``resample:CORPUS@SEED``)."""
 
     spec: AblationSpec
-    replacement: object  # a lens_heads.replacement.Replacement
+    replacement: object  # a lens_heads.forward.replacement.Replacement
 
     def __str__(self) -> str:
         return f"{self.spec}|{self.replacement}"

@@ -16,20 +16,20 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping, Sequence
 
-from lens_heads.heads import Head
-from lens_heads.activations import head_patterns
+from lens_heads.models.heads import Head
+from lens_heads.forward.activations import head_patterns
 from lens_heads.data import load_task, load_texts, tokenize_texts
-from lens_heads.diagnose import Diagnosis, diagnose
+from lens_heads.surgery.diagnose import Diagnosis, diagnose
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import parse_heads
+from lens_heads.interventions.specs import parse_heads
 from lens_heads.models.load import dtype_name, model_digest, spec_digest
-from lens_heads.protocol import resolve_protocol
-from lens_heads.provenance import package_versions
-from lens_heads.report import KEY_SCORE, ReportData, ViewGroup, head_titles, pick_views, write_report
+from lens_heads.evaluation.protocol import resolve_protocol
+from lens_heads.files.provenance import package_versions
+from lens_heads.viz.report import KEY_SCORE, ReportData, ViewGroup, head_titles, pick_views, write_report
 from lens_heads.scores import resolve_score_ids
 from lens_heads.sweep import SweepConfig, SweepResult, run_sweep, tabulate
 from lens_heads.viz import AttentionView
-from lens_heads.prune import read_prune_report
+from lens_heads.surgery.prune import read_prune_report
 from lens_heads import models
 from lens_heads import scores as scoring
 from lens_heads.scores import HeadScores

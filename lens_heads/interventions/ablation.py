@@ -1,6 +1,6 @@
 """Head ablations: zero a head's output z (all positions, before W_O, no rescaling).
 
-What to zero is a typed spec (``lens_heads.interventions``: one parser, one printer); this
+What to zero is a typed spec (``lens_heads.interventions.specs``: one parser, one printer); this
 module holds the runtime side: every ablation is an ``Ablation`` applied through ``hook_z``
 hooks, one set per forward pass of a batch, counting into the counts of a ``counting()`` block::
 
@@ -40,10 +40,10 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 
-from lens_heads.engine import RowKey, row_generator
+from lens_heads.forward.engine import RowKey, row_generator
 from lens_heads.errors import LensHeadsError
-from lens_heads.hooks import HookFn, hook_name
-from lens_heads.interventions import (ABLATION_FORMS, AblationSpec, Head, NoHeads, RandomHeads,  # noqa: F401
+from lens_heads.models.hooks import HookFn, hook_name
+from lens_heads.interventions.specs import (ABLATION_FORMS, AblationSpec, Head, NoHeads, RandomHeads,  # noqa: F401
                                       Replaced, ScoreFraction, ScoreThreshold, StaticHeads, parse_heads, parse_spec)
 from lens_heads.scores import SCORES, ScoreCollector
 
@@ -111,7 +111,7 @@ class Ablation:
     reuses_prefix: bool = True
     needs_task: bool = False  # decided by a task-level score: only evaluate_task can run it
     _counts_type = Counts
-    replacement = None  # what ablated heads become (lens_heads.replacement runtime); None: zero
+    replacement = None  # what ablated heads become (lens_heads.forward.replacement runtime); None: zero
 
     def _prepare(self, model: LoadedModel, attention_mask, row_keys) -> None:
         if self.replacement is not None:
@@ -350,7 +350,7 @@ class TaskScoreAblation(ScoreAblation):
 
 
 # -----------------------------------------------------------------------------
-# Parsing: the one grammar lives in lens_heads.interventions
+# Parsing: the one grammar lives in lens_heads.interventions.specs
 
 
 BINDERS: dict[type[AblationSpec], Callable[[AblationSpec, object], Ablation]] = {

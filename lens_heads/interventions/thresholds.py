@@ -42,7 +42,7 @@ from torch import Tensor
 
 from lens_heads.batching import batch_bounds
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import ScoreThreshold
+from lens_heads.interventions.specs import ScoreThreshold
 from lens_heads import scores as scoring
 
 if TYPE_CHECKING:

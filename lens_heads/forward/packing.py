@@ -29,7 +29,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor
 
 if TYPE_CHECKING:
-    from lens_heads.engine import Row
+    from lens_heads.forward.engine import Row
 
 
 @dataclass(frozen=True)

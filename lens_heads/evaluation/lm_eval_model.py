@@ -4,7 +4,7 @@ Any lm-eval task (multiple choice, perplexity, generation) runs on the Transform
 of a ``LoadedModel``, optionally with heads ablated::
 
     from lm_eval import simple_evaluate
-    from lens_heads.lm_eval_model import LensHeadsLM
+    from lens_heads.evaluation.lm_eval_model import LensHeadsLM
 
     lm = LensHeadsLM(load_model("smollm2-135m"), ablation="static:3.1,4.2")
     out = simple_evaluate(model=lm, tasks=["arc_easy"])
@@ -15,10 +15,10 @@ of a ``LoadedModel``, optionally with heads ablated::
 In a ``model_args`` string a piece without ``=`` continues the previous value, so the commas
 of ``static:3.1,4.2`` need no quoting (``create_from_arg_string``).
 
-Scoring is lens_heads' engine (``lens_heads.evaluate``), which reproduces lm-eval's HF backend
+Scoring is lens_heads' engine (``lens_heads.evaluation.evaluate``), which reproduces lm-eval's HF backend
 (HFLM) tokenisation, truncation and log-softmax; with no ablation the numbers are HFLM's.
 
-Row keys (what a ``random:`` ablation's draw depends on, docs of ``lens_heads.ablation``): one
+Row keys (what a ``random:`` ablation's draw depends on, docs of ``lens_heads.interventions.ablation``): one
 stable integer per lm-eval request, ``doc_id * 1000 + idx`` (``Instance.doc_id`` is the
 document's index in the task's evaluation split, ``Instance.idx`` the request's index within
 its document: the choice of a multiple-choice question). These are the keys
@@ -42,12 +42,12 @@ from lm_eval.api.model import LM
 from lm_eval.api.registry import register_model
 from torch import Tensor
 
-from lens_heads.engine import Observer, RowKey, encode_pair, forward, loglikelihoods_tokens, max_length, \
+from lens_heads.forward.engine import Observer, RowKey, encode_pair, forward, loglikelihoods_tokens, max_length, \
     prefix_token_id, tok_encode
 from lens_heads.errors import LensHeadsError
-from lens_heads.ablation import Ablation, NoAblation, RandomAblation, parse_ablation
+from lens_heads.interventions.ablation import Ablation, NoAblation, RandomAblation, parse_ablation
 from lens_heads.progress import progress_bar
-from lens_heads.provenance import lens_heads_version
+from lens_heads.files.provenance import lens_heads_version
 from lens_heads import models
 
 DEFAULT_MAX_GEN_TOKS = 256  # lm-eval HFLM's default

@@ -19,7 +19,7 @@ attention, not the query / key projections).
 
 ``save_pruned(model, out_dir)`` writes a ``save_pretrained`` folder whose config carries the
 plan (``lens_heads_pruned``) and whose remote code (``modeling_lens_heads_pruned.py``, a copy of
-``lens_heads.pruned_model``) rebuilds it: ``load_model(folder)`` in lens_heads, or
+``lens_heads.models.pruned_model``) rebuilds it: ``load_model(folder)`` in lens_heads, or
 ``AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)`` in transformers alone.
 """
 
@@ -33,11 +33,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Sequence
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.interventions import Head
-from lens_heads.hashing import sha256_bytes
+from lens_heads.interventions.specs import Head
+from lens_heads.files.hashing import sha256_bytes
 from lens_heads.models.load import boot, model_digest
-from lens_heads import pruned_model
-from lens_heads.pruned_model import shrink
+from lens_heads.models import pruned_model
+from lens_heads.models.pruned_model import shrink
 from lens_heads.scores import SCORES, resolve_score_ids
 from lens_heads.surgery.export import export_model
 from lens_heads.surgery.targets import TargetSelector, parse_select
@@ -135,7 +135,7 @@ def save_pruned(model: LoadedModel, out_dir: str | os.PathLike, extra_files: dic
     """Export a pruned model: weights, config with the plan, tokenizer and the remote code (and
     ``extra_files``, name -> text, written with them)."""
     if not model.geometry.pruned:
-        raise LensHeadsError("not a pruned model (lens_heads.prune.prune makes one)")
+        raise LensHeadsError("not a pruned model (lens_heads.surgery.prune.prune makes one)")
     hf = model.load_hf_model()  # a plain (unbridged) copy, pruned as the model is
     base = type(hf).__name__.removeprefix("LensHeadsPruned")
     hf.config.auto_map = {"AutoModelForCausalLM": f"{REMOTE_CODE[:-3]}.{'LensHeadsPruned' + base}"}

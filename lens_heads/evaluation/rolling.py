@@ -21,7 +21,7 @@ import os
 import time
 from dataclasses import asdict, dataclass, field
 
-from lens_heads.atomic import atomic_write_text
+from lens_heads.files.atomic import atomic_write_text
 from lens_heads.data.lm_eval_tasks import RollingTask
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ def evaluate_rolling_task(model: LoadedModel, task: RollingTask, ablation=None, 
                           batch_size: int = 16, progress: bool = False) -> RollingResult:
     """lm-eval's perplexity metrics of ``task``'s first ``limit`` documents with ``ablation``
     (an ``Ablation``, a spec string or None) applied."""
-    from lens_heads.lm_eval_model import LensHeadsLM  # lm-eval is optional: imported when used
+    from lens_heads.evaluation.lm_eval_model import LensHeadsLM  # lm-eval is optional: imported when used
 
     t0 = time.perf_counter()
     lm = LensHeadsLM(model, ablation=ablation, batch_size=batch_size, progress=progress)

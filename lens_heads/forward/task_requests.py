@@ -14,12 +14,12 @@ from torch import Tensor
 
 from lens_heads.data.task_routes import load_task
 from lens_heads.data.tasks import DEFAULT_SEED, ChatFormat, MCRecord, Task
-from lens_heads.engine import RowKey, build_rows, encode_pair
+from lens_heads.forward.engine import RowKey, build_rows, encode_pair
 from lens_heads.errors import LensHeadsError
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
-    from lens_heads.protocol import Protocol
+    from lens_heads.evaluation.protocol import Protocol
 
 
 def select_records(task: Task, limit: int | None, seed: int = DEFAULT_SEED,

@@ -3,7 +3,7 @@
 A view: ``render_report(ReportData)`` turns results that already exist -- ``HeadScores``,
 ``Diagnosis``, a ``SweepResult`` and the attention views to show -- into one page, and
 ``write_report`` writes it atomically. It computes nothing and imports nothing that does;
-``lens_heads.study.build_report`` reads or computes those results (and runs the model for the
+``lens_heads.viz.study.build_report`` reads or computes those results (and runs the model for the
 attention patterns) and then calls it. The page needs no network: figures are PNGs in
 ``data:`` URIs and the circuitsvis bundle is inlined once, in ``<head>``; every attention view
 only mounts into it.
@@ -23,14 +23,14 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import pandas as pd
 
-from lens_heads.atomic import atomic_write_text
-from lens_heads.head_classes import CLASSES, SHORT, label
-from lens_heads.interventions import Head
+from lens_heads.files.atomic import atomic_write_text
+from lens_heads.surgery.head_classes import CLASSES, SHORT, label
+from lens_heads.interventions.specs import Head
 from lens_heads.viz import AttentionView, bundle_script, diagnosis_map, head_label, score_distributions, \
     score_heatmap, sweep_curves
 
 if TYPE_CHECKING:  # types only: the report reads these results, it never makes them
-    from lens_heads.diagnose import Diagnosis
+    from lens_heads.surgery.diagnose import Diagnosis
     from lens_heads.scores import HeadScores
     from lens_heads.sweep import SweepResult
 

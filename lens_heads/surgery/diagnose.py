@@ -47,11 +47,11 @@ from torch import Tensor
 
 from lens_heads.batching import Batcher
 from lens_heads.data import pad_batch
-from lens_heads.atomic import atomic_write_csv
+from lens_heads.files.atomic import atomic_write_csv
 from lens_heads.errors import LensHeadsError
-from lens_heads.head_classes import ABSENT, CLASSES, SICK, canonical  # the one class list
-from lens_heads.engine import forward
-from lens_heads.interventions import Head
+from lens_heads.surgery.head_classes import ABSENT, CLASSES, SICK, canonical  # the one class list
+from lens_heads.forward.engine import forward
+from lens_heads.interventions.specs import Head
 from lens_heads.scores import SCORES, Acts, BatchGeometry, ScoreCollector, ScoreFn
 
 if TYPE_CHECKING:

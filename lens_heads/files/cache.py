@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from torch import Tensor
-from lens_heads.atomic import atomic_path
+from lens_heads.files.atomic import atomic_path
 
 
 def cache_dir(sub: str | None = None) -> Path:

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from lens_heads.errors import LensHeadsError
-from lens_heads.thresholds import DEFAULT_FRACTIONS, DEFAULT_RULE, check_rule
+from lens_heads.interventions.thresholds import DEFAULT_FRACTIONS, DEFAULT_RULE, check_rule
 from lens_heads.models.zoo import ZOO
 
 if TYPE_CHECKING:

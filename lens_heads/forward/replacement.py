@@ -25,12 +25,12 @@ from typing import TYPE_CHECKING, ClassVar
 import torch
 from torch import Tensor
 
-from lens_heads.cache import cache_dir, cached_tensors
-from lens_heads.engine import forward, row_generator
+from lens_heads.files.cache import cache_dir, cached_tensors
+from lens_heads.forward.engine import forward, row_generator
 from lens_heads.errors import LensHeadsError
 from lens_heads.data import load_texts, pad_batch, tokenize_texts
-from lens_heads.hooks import hook_name
-from lens_heads.hashing import sha256_bytes
+from lens_heads.models.hooks import hook_name
+from lens_heads.files.hashing import sha256_bytes
 from lens_heads.models.load import model_digest
 
 if TYPE_CHECKING:
