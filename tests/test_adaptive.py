@@ -320,3 +320,23 @@ def test_executors_run_the_curves_as_units(executor, tiny_llama_2k, model2k, sha
         a = pd.read_csv(tmp_path / "here" / name).drop(columns=["new_item_evaluations", "new_items"], errors="ignore")
         b = pd.read_csv(tmp_path / executor / name).drop(columns=["new_item_evaluations", "new_items"], errors="ignore")
         pd.testing.assert_frame_equal(a, b)
+
+
+def test_the_report_shows_the_probes(model2k, shared_data, tmp_path):
+    """A search folder (no grid summary) in the HTML report: the probes figure, the crossings table."""
+    import re
+
+    from lens_heads.data import load_texts
+    from lens_heads.viz.study import ReportConfig, build_report
+
+    cfg = SweepConfig(**{**CFG, "limit": 32, "random_seeds": [0]})
+    found = run_search(model2k, cfg, SearchConfig(margin=0.05, resolution=0.25, batch=16, alpha=0.2), tmp_path / "s",
+                       progress=False)
+    out = tmp_path / "report.html"
+    build_report(ReportConfig(model="tiny", out=str(out), data="c4-sample", n_inputs=2, sweep=str(tmp_path / "s"),
+                              progress=False), model=model2k, texts=load_texts("c4-sample", n=2))
+    page = out.read_text()
+    part = page.split('<section id="sweep">')[1].split("</section>")[0]
+    assert "Crossing search" in part and re.search(r'<img[^>]+src="data:image/png;base64,', part)
+    for row in found.within.itertuples():
+        assert f"<td>{row.score_fn}</td>" in part and row.probes in part

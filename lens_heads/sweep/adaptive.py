@@ -452,6 +452,23 @@ class SearchResult:
     seconds: float = 0.0
     complete: bool = True
 
+    @classmethod
+    def load_tables(cls, out_dir) -> tuple[object, object] | None:
+        """(within, probes) of a search saved in ``out_dir`` (None when it holds no ``probes.csv``):
+        what the report and the figures read."""
+        import pandas as pd
+
+        out = Path(out_dir)
+        if not (out / "probes.csv").is_file() or not (out / "within_1pt.csv").is_file():
+            return None
+        try:
+            within, probes = pd.read_csv(out / "within_1pt.csv"), pd.read_csv(out / "probes.csv")
+        except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError, OSError) as exc:
+            raise LensHeadsError(f"cannot read the search tables in {out}: {str(exc).splitlines()[0]}") from None
+        if "crossing_pct" not in within.columns:
+            return None
+        return within, probes
+
     def save(self, out_dir) -> None:
         """``within_1pt.csv`` (a grid sweep's table there gains the search's columns, row by
         curve) and ``probes.csv``, each written atomically."""

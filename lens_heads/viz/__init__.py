@@ -13,6 +13,7 @@ Floor 9 of docs/architecture.md. May import: the wings below it (up to ``sweep``
 from lens_heads.viz.figures import (
     DIAGNOSIS_COLOURS,
     base_accuracy,
+    crossing_probes,
     diagnosis_map,
     point_changes,
     random_baseline,
@@ -31,6 +32,6 @@ from lens_heads.viz.patterns import (
 
 __all__ = [
     "AttentionView", "bundle_script", "head_label", "parse_heads",
-    "score_heatmap", "score_grid", "sweep_curves", "point_changes", "base_accuracy", "random_baseline",
+    "score_heatmap", "score_grid", "sweep_curves", "crossing_probes", "point_changes", "base_accuracy", "random_baseline",
     "score_distributions", "distance_heatmap", "diagnosis_map", "DIAGNOSIS_COLOURS",
 ]

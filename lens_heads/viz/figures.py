@@ -7,6 +7,8 @@ built without pyplot: nothing is shown, no global figure state is touched, any b
 
 from __future__ import annotations
 
+import math
+
 from typing import Mapping, Sequence
 
 import matplotlib
@@ -172,6 +174,45 @@ def point_changes(points: pd.DataFrame, title: str | None = None) -> Figure:
     ax.axhline(-1.0, color="black", lw=1, ls=":", label="-1 point")
     ax.set_xlim(left=0)
     _zeroed_axes(ax, "accuracy change (points), 95% paired CI", title or "Single sweep points against the baseline")
+    return fig
+
+
+def crossing_probes(probes: pd.DataFrame, within: pd.DataFrame | None = None) -> Figure:
+    """An adaptive search (``probes.csv``): one panel per curve, each probe at its fraction with
+    its interval on Δ (points) when it stopped, coloured by its decision (within green, outside
+    red, unresolved grey) and labelled with its step and the questions it read; the -margin line
+    and, from ``within`` (its ``crossing_pct`` / ``margin_pts`` columns), the crossing."""
+    _require(probes, ["score_fn", "pct", "decision", "delta_lo", "delta_hi", "n_items", "step"], "probes frame")
+    curves = list(dict.fromkeys(probes["score_fn"]))
+    cols = min(3, max(1, len(curves)))
+    rows = math.ceil(len(curves) / cols)
+    fig = Figure(figsize=(4.2 * cols, 3.2 * rows), layout="constrained")
+    colour = {"within": "tab:green", "outside": "tab:red", "unresolved": "grey"}
+    rows_of = {} if within is None else {r["score_fn"]: r for _, r in within.iterrows()}
+    for i, name in enumerate(curves):
+        ax = fig.add_subplot(rows, cols, i + 1)
+        got = probes[probes["score_fn"] == name]
+        for _, p in got.iterrows():
+            lo, hi = 100 * float(p["delta_lo"]), 100 * float(p["delta_hi"])
+            c = colour.get(p["decision"], "grey")
+            ax.plot([p["pct"], p["pct"]], [lo, hi], color=c, lw=3, solid_capstyle="butt")
+            ax.plot([p["pct"]], [(lo + hi) / 2], "o", color=c, ms=4)  # an exhausted probe's interval is a point
+            ax.annotate(f"{int(p['step'])}: n={int(p['n_items'])}", (p["pct"], hi), textcoords="offset points",
+                        xytext=(3, 2), fontsize=7)
+        row = rows_of.get(name)
+        margin = float(row["margin_pts"]) if row is not None and "margin_pts" in row else 1.0
+        ax.axhline(0.0, color="black", lw=0.8)
+        ax.axhline(-margin, color="black", lw=0.8, ls=":")
+        if row is not None and "crossing_pct" in row and np.isfinite(float(row["crossing_pct"])):
+            ax.axvline(float(row["crossing_pct"]), color="tab:blue", lw=1, ls="--")
+            name = f"{name}: {float(row['crossing_pct']):g} % ({row['crossing_status']})"
+        top = float(row["range_pct"]) if row is not None and "range_pct" in row else float(got["pct"].max())
+        ax.set_xlim(-0.03 * top, 1.12 * top)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("% heads (target)", fontsize=8)
+        ax.set_ylabel("Δ accuracy (points)", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.grid(alpha=0.3)
     return fig
 
 

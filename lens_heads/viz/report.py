@@ -26,7 +26,7 @@ import pandas as pd
 from lens_heads.files.atomic import atomic_write_text
 from lens_heads.surgery.head_classes import CLASSES, SHORT, label
 from lens_heads.interventions.specs import Head
-from lens_heads.viz import AttentionView, bundle_script, diagnosis_map, head_label, score_distributions, \
+from lens_heads.viz import AttentionView, bundle_script, crossing_probes, diagnosis_map, head_label, score_distributions, \
     score_heatmap, sweep_curves
 
 if TYPE_CHECKING:  # types only: the report reads these results, it never makes them
@@ -64,6 +64,7 @@ class ReportData:
     heatmaps: Sequence[str] = ("ahon_ln", "awft")
     key_score: str = KEY_SCORE
     pruning: dict | None = None  # a 'lens-heads prune' run's prune_report.json
+    search: tuple | None = None  # an adaptive search's (within_1pt, probes) frames (--search crossing)
 
 
 @dataclass
@@ -242,14 +243,33 @@ def scores_section(data: ReportData) -> Section:
     return Section("Head scores", "\n".join(body), "scores")
 
 
+SEARCH_COLUMNS = ("score_fn", "crossing_pct", "crossing_status", "bracket_low_pct", "bracket_high_pct",
+                  "resolution_pct", "alpha", "n_probes", "item_evaluations", "probes", "monotone_violation")
+
+
+def search_html(data: ReportData) -> list[str]:
+    """An adaptive search's crossings and its probes with their intervals (``--search crossing``)."""
+    within, probes = data.search
+    w = within[[c for c in SEARCH_COLUMNS if c in within.columns]]
+    return ["<h3>Crossing search: the largest % of heads within the margin, probe by probe</h3>",
+            '<p class="note">Each bar is a probe\'s interval on the accuracy change when it stopped (green: '
+            "within the margin, red: outside, grey: unresolved), labelled with its step and the questions it "
+            "read; dashed: the crossing (docs/methods.md §13).</p>",
+            figure_html(crossing_probes(probes, within), "crossing search"), table_html(w)]
+
+
 def sweep_section(data: ReportData) -> Section:
     sweep = data.sweep
+    if sweep is None and data.search is not None:
+        return Section("Ablation sweep", "\n".join(search_html(data)), "sweep")
     if sweep is None:
         return Section("Ablation sweep", '<p class="note">No sweep: pass <code>--sweep DIR</code> or '
                                          "<code>--task TASK</code>.</p>", "sweep")
     body = [f'<p class="note">Accuracy as heads are zeroed ({html.escape(data.sources.get("sweep", ""))}). '
             "Random: mean over seeds with its confidence band.</p>",
             figure_html(sweep_curves(sweep.summary, sweep.within), "sweep curves")]
+    if data.search is not None:
+        body += search_html(data)
     if sweep.within is None:
         body.append('<p class="note">No within-1-point table: the sweep folder has no within_1pt.csv '
                     "(<code>lens-heads sweep</code> writes it with summary.csv).</p>")

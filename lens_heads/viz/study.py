@@ -28,6 +28,7 @@ from lens_heads.files.provenance import package_versions
 from lens_heads.viz.report import KEY_SCORE, ReportData, ViewGroup, head_titles, pick_views, write_report
 from lens_heads.scores import resolve_score_ids
 from lens_heads.sweep import SweepConfig, SweepResult, run_sweep, tabulate
+from lens_heads.sweep.adaptive import SearchResult
 from lens_heads.viz import AttentionView
 from lens_heads.surgery.prune import read_prune_report
 from lens_heads import models
@@ -203,7 +204,9 @@ def build_report(cfg: ReportConfig, model: LoadedModel=None, texts: list[str] | 
     check_report_config(cfg)
     saved_scores = HeadScores.load(cfg.scores) if cfg.scores else None  # a bad file fails before the model loads
     saved_diag = Diagnosis.load(cfg.diagnosis) if cfg.diagnosis else None
-    saved_sweep = SweepResult.load(cfg.sweep) if cfg.sweep else None
+    saved_search = SearchResult.load_tables(cfg.sweep) if cfg.sweep and Path(cfg.sweep).is_dir() else None
+    saved_sweep = SweepResult.load(cfg.sweep) if cfg.sweep and (saved_search is None or (
+        Path(cfg.sweep) / "summary.csv").is_file()) else None
     ref = ModelRef.of(model) if model is not None else ModelRef(cfg.model, cfg.dtype, cfg.device)
     model = ref.model
     g = model.geometry
@@ -223,9 +226,9 @@ def build_report(cfg: ReportConfig, model: LoadedModel=None, texts: list[str] | 
     sources["diagnosis"] = f"file {cfg.diagnosis}" if saved_diag else computed
     _check_shape(diagnosis.n_layers, diagnosis.n_heads, g, "the diagnosis table")
     sweep = saved_sweep
-    if saved_sweep is not None:
+    if saved_sweep is not None or saved_search is not None:
         sources["sweep"] = f"folder {cfg.sweep}"
-    elif cfg.task:
+    elif cfg.task and saved_search is None:
         sweep = _report_sweep(cfg, ref)
         sources["sweep"] = f"computed on {cfg.task}" + (f", {cfg.limit} questions" if cfg.limit else "")
 
@@ -251,7 +254,7 @@ def build_report(cfg: ReportConfig, model: LoadedModel=None, texts: list[str] | 
         pruning = read_prune_report(cfg.prune_run)
     data = ReportData(model.name, scores, diagnosis, sweep, views, text,
                       min(len(model.to_tokens(text)[0]), cfg.view_tokens), sources, meta, tuple(cfg.heatmaps),
-                      pruning=pruning)
+                      pruning=pruning, search=saved_search)
     return write_report(data, cfg.out)
 
 
