@@ -121,7 +121,8 @@ def test_a_curve_that_rises_is_reported():
 
     out = CurveOutcome(3, "resolved", (3, 4), [ProbeOutcome(2, WITHIN, -0.05, -0.04, 100),
                                                ProbeOutcome(5, OUTSIDE, 0.01, 0.02, 100)])
-    assert out.violations() == [(2, 5)]
+    assert out.violations(0.01) == [(2, 5)]  # up by 5 points for certain
+    assert out.violations(0.06) == []  # by less than a 6-point margin: noise at that scale
 
 
 @pytest.mark.parametrize("kwargs", [{"alpha": 0}, {"alpha": 1.5}, {"margin": -0.01}, {"resolution": 0},

@@ -128,13 +128,14 @@ class CurveOutcome:
     bracket: tuple[int, int]
     probes: list[ProbeOutcome] = field(default_factory=list)
 
-    def violations(self) -> list[tuple[int, int]]:
-        """Probe pairs (a, b), a < b on the grid, whose intervals say Δ(b) > Δ(a) for certain:
-        the curve visibly rises where the search assumed it does not."""
+    def violations(self, margin: float) -> list[tuple[int, int]]:
+        """Probe pairs (a, b), a < b on the grid, whose intervals say Δ(b) > Δ(a) + margin for
+        certain: the curve visibly rises, by more than the margin it is read at, where the search
+        assumed it does not (a rise of a question or two is noise at that scale)."""
         out = []
         for pa in self.probes:
             for pb in self.probes:
-                if pa.index < pb.index and pb.lo > pa.hi:
+                if pa.index < pb.index and pb.lo > pa.hi + margin + _EXACT:
                     out.append((pa.index, pb.index))
         return out
 
@@ -406,7 +407,7 @@ def crossing_row(curve: Curve, outcome: CurveOutcome, grid: Sequence[float], sea
     """The curve's ``within_1pt.csv`` row of an adaptive search."""
     lo, hi = outcome.bracket
     beyond = lambda i: math.inf if i >= len(grid) else 100 * grid[i]  # noqa: E731
-    violations = outcome.violations()
+    violations = outcome.violations(search.margin)
     return {"score_fn": curve.name,
             "crossing_pct": math.nan if outcome.crossing is None else 100 * grid[outcome.crossing],
             "crossing_status": outcome.status, "bracket_low_pct": 100 * grid[lo], "bracket_high_pct": beyond(hi),
