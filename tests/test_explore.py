@@ -198,6 +198,19 @@ def _driver():
     return webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=opts)
 
 
+def _run_prompt(driver, wait, text: str) -> None:
+    """Once the page is ready: type ``text`` as the prompt, run it, wait for the answer."""
+    from selenium.webdriver.common.by import By
+
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
+    box = driver.find_element(By.ID, "prompt")
+    box.clear()
+    box.send_keys(text)
+    runs = int(driver.find_element(By.TAG_NAME, "body").get_attribute("data-runs") or 0)
+    driver.find_element(By.ID, "run").click()
+    wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-runs") == str(runs + 1))
+
+
 @pytest.mark.browser
 def test_the_page_in_a_browser(served, tmp_path):
     """Load the page, run a prompt, open a head's pattern (circuitsvis renders), ablate two heads
@@ -212,12 +225,7 @@ def test_the_page_in_a_browser(served, tmp_path):
     try:
         wait = WebDriverWait(driver, 60)
         driver.get(url)
-        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
-        box = driver.find_element(By.ID, "prompt")
-        box.clear()
-        box.send_keys("The capital of France is")
-        driver.find_element(By.ID, "run").click()
-        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-runs") == "1")
+        _run_prompt(driver, wait, "The capital of France is")
         assert len(driver.find_elements(By.CSS_SELECTOR, "#tokens span")) == len(session.tokenize(model, "The capital of France is"))
         assert len(driver.find_elements(By.CSS_SELECTOR, "#topk tr")) == 11
         # a head's pattern: circuitsvis draws it
@@ -266,12 +274,7 @@ def test_the_page_works_with_a_token(served_with_token):
         driver.get_log("browser")  # that refusal's own console line
         driver.get(server.url)
         assert "token=" not in driver.current_url  # taken out of the address bar (and the history)
-        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-ready") == "1")
-        box = driver.find_element(By.ID, "prompt")
-        box.clear()
-        box.send_keys("The capital of France is")
-        driver.find_element(By.ID, "run").click()
-        wait.until(lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-runs") == "1")
+        _run_prompt(driver, wait, "The capital of France is")
         assert len(driver.find_elements(By.CSS_SELECTOR, "#topk tr")) == 11
         driver.find_element(By.CSS_SELECTOR, '#heads td[data-l="0"][data-h="1"]').click()
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, "#cv-pattern canvas"))
