@@ -467,7 +467,8 @@ def test_cli_writes_jsonl(tiny_model_dir, tmp_path, shared_data, capsys):
         assert {"doc_id", "pred", "gold", "correct", "lls", "subject"} <= set(row)
         assert row["gold"] == golds[row["doc_id"]]
         assert row["correct"] == (row["pred"] == row["gold"])
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "res.jsonl"]  # no temp files left
+    # no temp files left; the sidecar names what computed the results
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data", "res.jsonl", "res.jsonl.meta.json"]
 
 
 @pytest.mark.parametrize("task, message", [
