@@ -249,16 +249,14 @@ def test_shards_split_the_curves_and_the_last_writes_the_tables(model2k, shared_
     evaluated = list(counted)
     assert len(set(evaluated)) == len(evaluated)  # the shared baseline items: evaluated once
     whole = run_search(model, cfg, search, tmp_path / "whole", progress=False)
-    pd.testing.assert_frame_equal(second.within.drop(columns="new_item_evaluations"),
-                                  whole.within.drop(columns="new_item_evaluations"))
+    pd.testing.assert_frame_equal(second.within, whole.within)
     # the tables again from the store alone, no model
     from lens_heads.data import load_task
 
     task = load_task("piqa")
     gcfg, grid = search_config(cfg, search)
     again = tabulate_search(tmp_path, gcfg.identity(model, task), gcfg, None, search, grid, task=task)
-    pd.testing.assert_frame_equal(again.within.drop(columns="new_item_evaluations"),
-                                  second.within.drop(columns="new_item_evaluations"))
+    pd.testing.assert_frame_equal(again.within, second.within)
     assert list(again.within.crossing_pct) == list(second.within.crossing_pct)
     assert list(again.probes.n_items) == list(second.probes.n_items)
 
@@ -304,7 +302,7 @@ def test_executors_run_the_curves_as_units(executor, tiny_llama_2k, model2k, sha
         pytest.importorskip("ray")
     cfg = SweepConfig(**{**CFG, "limit": 32, "random_seeds": [0]})
     search = SearchConfig(margin=0.05, resolution=0.25, batch=16, alpha=0.2)
-    here = run_search(model2k, cfg, search, tmp_path / "here", progress=False)
+    run_search(model2k, cfg, search, tmp_path / "here", progress=False)
     job = job_for(str(tiny_llama_2k), "float32", "cpu", search_config(cfg, search)[0], tmp_path / executor,
                   n_shards=2, search=search)
     config = LocalConfig(processes=2) if executor == "local" else RayConfig(workers=2)
@@ -318,9 +316,7 @@ def test_executors_run_the_curves_as_units(executor, tiny_llama_2k, model2k, sha
                 ray.shutdown()
     assert out.n_units == 3  # ahon_ln, awft, random
     for name in ("within_1pt.csv", "probes.csv"):
-        a = pd.read_csv(tmp_path / "here" / name).drop(columns=["new_item_evaluations", "new_items"], errors="ignore")
-        b = pd.read_csv(tmp_path / executor / name).drop(columns=["new_item_evaluations", "new_items"], errors="ignore")
-        pd.testing.assert_frame_equal(a, b)
+        pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "here" / name), pd.read_csv(tmp_path / executor / name))
 
 
 def test_the_report_shows_the_probes(model2k, shared_data, tmp_path):

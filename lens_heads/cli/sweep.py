@@ -79,13 +79,13 @@ def register(sub) -> None:
                    help="grid (default): every --fractions point on every question; crossing: the largest %% of "
                         "heads within --margin of the unablated accuracy, searched on a grid of --resolution up "
                         "to the largest --fractions value, each probe on as few questions as decide it")
-    a.add_argument("--margin", type=float, default=1.0, help="crossing: accuracy points (default 1)")
-    a.add_argument("--alpha", type=float, default=0.05,
-                   help="crossing: the chance a curve's reported crossing is wrong (default 0.05)")
-    a.add_argument("--resolution", type=float, default=1.0, help="crossing: %% of heads between probes (default 1)")
-    a.add_argument("--search-batch", type=int, default=64, help="crossing: questions per sequential step (default 64)")
-    a.add_argument("--order-seed", type=int, default=0, help="crossing: seed of the questions' random order (default 0)")
-    a.add_argument("--max-items", type=int, default=None,
+    # (no argparse defaults: SearchConfig holds them, and a setting given without --search crossing is an error)
+    a.add_argument("--margin", type=float, help="crossing: accuracy points (default 1)")
+    a.add_argument("--alpha", type=float, help="crossing: the chance a curve's reported crossing is wrong (default 0.05)")
+    a.add_argument("--resolution", type=float, help="crossing: %% of heads between probes (default 1)")
+    a.add_argument("--search-batch", type=int, help="crossing: questions per sequential step (default 64)")
+    a.add_argument("--order-seed", type=int, help="crossing: seed of the questions' random order (default 0)")
+    a.add_argument("--max-items", type=int,
                    help="crossing: at most this many questions per probe (default all: every probe decides); a "
                         "probe still undecided there is reported unresolved")
     g = p.add_argument_group("scale-out (docs/methods.md §8; the store in --out is the only coordination)")
@@ -253,17 +253,19 @@ def run(args) -> int:
     return report(args, result)
 
 
+SEARCH_OPTIONS = (("margin", "margin"), ("alpha", "alpha"), ("resolution", "resolution"), ("search_batch", "batch"),
+                  ("order_seed", "order_seed"), ("max_items", "max_items"))  # (argument, SearchConfig field)
+
+
 def search_from_args(args) -> SearchConfig | None:
     """The ``--search crossing`` settings (checked before anything loads); None for a grid sweep."""
+    given = {(name, field): getattr(args, name) for name, field in SEARCH_OPTIONS if getattr(args, name) is not None}
     if args.search == "grid":
-        given = [f"--{n.replace('_', '-')}" for n, d in (("margin", 1.0), ("alpha", 0.05), ("resolution", 1.0),
-                                                          ("search_batch", 64), ("order_seed", 0), ("max_items", None))
-                 if getattr(args, n) != d]
         if given:
-            raise LensHeadsError(f"{given[0]} goes with --search crossing")
+            raise LensHeadsError(f"--{next(iter(given))[0].replace('_', '-')} goes with --search crossing")
         return None
-    return SearchConfig(margin=args.margin / 100, alpha=args.alpha, resolution=args.resolution / 100,
-                        batch=args.search_batch, order_seed=args.order_seed, max_items=args.max_items)
+    percent = ("margin", "resolution")  # points and % on the command line, fractions in the config
+    return SearchConfig(**{field: v / 100 if field in percent else v for (_, field), v in given.items()})
 
 
 def report_search(args, found) -> int:

@@ -106,14 +106,13 @@ def max_probes(n_grid: int) -> int:
 @dataclass
 class ProbeOutcome:
     """One probe: grid ``index``, the decision, the interval on Δ when it was taken, the items it
-    used (``n``) and of those the ones evaluated by this run (``new``)."""
+    used (``n``), and the % of units its points zeroed on the items stored."""
 
     index: int
     decision: str
     lo: float
     hi: float
     n: int
-    new: int = 0
     pct_zeroed: float = math.nan
 
 
@@ -362,7 +361,6 @@ def search_curve(run: SearchRun, curve: Curve) -> CurveOutcome:
 
     def probe(index: int) -> ProbeOutcome:
         specs = curve.specs[index]
-        before = items.new
         label = f"{curve.name}@{100 * run.grid[index]:g}%"
         bar = progress_bar(N, label, enabled=run.progress, unit="item", leave=False)
 
@@ -381,7 +379,7 @@ def search_curve(run: SearchRun, curve: Curve) -> CurveOutcome:
                                search.max_items, shown)
         finally:
             bar.close()
-        got.index, got.new = index, items.new - before
+        got.index = index
         got.pct_zeroed = float(np.mean([items.pct_zeroed(s) for s in specs]))
         if got.n == N:
             for s in specs:
@@ -399,7 +397,7 @@ def probe_rows(curve: Curve, outcome: CurveOutcome, grid: Sequence[float]) -> li
     """``probes.csv`` rows of one curve: every probe in the order taken."""
     return [{"score_fn": curve.name, "step": i + 1, "fraction": grid[p.index], "pct": 100 * grid[p.index],
              "specs": ";".join(curve.specs[p.index]), "decision": p.decision, "delta_lo": p.lo, "delta_hi": p.hi,
-             "n_items": p.n, "new_items": p.new, "pct_zeroed": p.pct_zeroed}
+             "n_items": p.n, "pct_zeroed": p.pct_zeroed}
             for i, p in enumerate(outcome.probes)]
 
 
@@ -414,7 +412,6 @@ def crossing_row(curve: Curve, outcome: CurveOutcome, grid: Sequence[float], sea
             "resolution_pct": 100 * search.resolution, "range_pct": 100 * grid[-1], "alpha": search.alpha,
             "margin_pts": 100 * search.margin, "n_probes": len(outcome.probes), "n_population": N,
             "item_evaluations": sum(p.n * len(curve.specs[p.index]) for p in outcome.probes),
-            "new_item_evaluations": sum(p.new for p in outcome.probes),
             "probes": "; ".join(f"{100 * grid[p.index]:g}%:{p.decision}@{p.n}" for p in outcome.probes),
             "monotone_violation": "; ".join(f"{100 * grid[a]:g}%<{100 * grid[b]:g}%" for a, b in violations)}
 
@@ -510,11 +507,14 @@ def run_search(model: LoadedModel, cfg: SweepConfig, search: SearchConfig, out_d
     t0 = time.perf_counter()
     run, curves = prepare_search(model, cfg, search, out_dir, task, progress)
     mine = curves if shard is None else curves[shard[0]::shard[1]]
-    outcomes = {}
-    for curve in mine:
-        outcomes[curve.name] = search_curve(run, curve)
-    result = tabulate_search(out_dir, run.plan.identity, run.plan.cfg, run.plan, search, run.grid, curves)
-    if result is None:  # another shard's curves are still running: the last to finish writes the tables
+    outcomes = {curve.name: search_curve(run, curve) for curve in mine}
+    if shard is None:  # every curve searched here: its tables are the outcomes (a replay from the store equals them)
+        within, probes = search_tables(curves, [outcomes[c.name] for c in curves], run.grid, search,
+                                       len(run.plan.doc_ids))
+        result = SearchResult(within, probes, outcomes)
+    else:  # the other shards' curves from the store: None while any of them is still running
+        result = tabulate_search(out_dir, run.plan.identity, run.plan.cfg, run.plan, search, run.grid, curves)
+    if result is None:  # the last shard to finish writes the tables
         within, probes = search_tables([c for c in mine], [outcomes[c.name] for c in mine], run.grid, search,
                                        len(run.plan.doc_ids))
         result = SearchResult(within, probes, outcomes, complete=False)
