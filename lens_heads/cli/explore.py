@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import sys
 import time
 
 from lens_heads.cli.common import add_model_args, model_from_args
 from lens_heads.data import load_task
 from lens_heads.errors import LensHeadsError
-from lens_heads.explore import Explorer, Server, exposure_warning
+from lens_heads.explore import Explorer, Server
 
 
 def register(sub) -> None:
@@ -37,11 +36,7 @@ def run(args) -> int:
     Explorer.open(None, sweep=args.sweep, scores=args.scores)  # bad paths fail before the model loads
     model = model_from_args(args)
     explorer = Explorer.open(model, sweep=args.sweep, scores=args.scores, tasks=args.task)
-    server = Server(explorer, args.host, args.port, token=args.token)
-    message = exposure_warning(args.host, server.policy.token is not None)
-    if message:
-        print(message, file=sys.stderr)
-    server.start()
+    server = Server(explorer, args.host, args.port, token=args.token).start()
     print(f"lens_heads explorer on {model.name}: {server.url}  (Ctrl-C stops it)", flush=True)
     try:
         while server.thread.is_alive():

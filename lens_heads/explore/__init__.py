@@ -13,23 +13,11 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING
 
-from lens_heads.explore.guard import LOOPBACK, is_loopback
+from lens_heads.explore.guard import LOOPBACK
 from lens_heads.explore.server import Explorer, Server
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
-
-
-def exposure_warning(host: str, token: bool) -> str | None:
-    """What to tell a user who binds the explorer beyond loopback (None on loopback)."""
-    if is_loopback(host):
-        return None
-    if token:
-        return (f"note: the explorer listens on {host}: whoever can reach this machine and has the URL with its "
-                f"token can use the model (and see what you type)")
-    return (f"warning: the explorer listens on {host} without a token: anyone who can reach this machine can use "
-            f"the model (and see what you type), and any web page can drive it; an SSH tunnel to 127.0.0.1 "
-            f"keeps it local")
 
 
 def explore(model: LoadedModel, sweep: str | None = None, scores: str | None = None, tasks: list[str] | None = None,
@@ -39,11 +27,7 @@ def explore(model: LoadedModel, sweep: str | None = None, scores: str | None = N
     every request (default: whenever ``host`` is not loopback; ``.url`` carries it). In Jupyter
     (``show``) the page is displayed inline in an iframe."""
     explorer = Explorer.open(model, sweep=sweep, scores=scores, tasks=tasks)
-    server = Server(explorer, host, port, token=token)
-    message = exposure_warning(host, server.policy.token is not None)
-    if message:
-        print(message, file=sys.stderr)
-    server.start()
+    server = Server(explorer, host, port, token=token).start()
     print(f"lens_heads explorer: {server.url}")
     if show and "ipykernel" in sys.modules:
         from IPython.display import IFrame, display

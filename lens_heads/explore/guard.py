@@ -45,6 +45,18 @@ def new_token() -> str:
     return secrets.token_urlsafe(24)
 
 
+def exposure_warning(host: str, token: bool) -> str | None:
+    """What to tell a user who binds the explorer beyond loopback (None on loopback)."""
+    if is_loopback(host):
+        return None
+    if token:
+        return (f"note: the explorer listens on {host}: whoever can reach this machine and has the URL with its "
+                f"token can use the model (and see what you type)")
+    return (f"warning: the explorer listens on {host} without a token: anyone who can reach this machine can use "
+            f"the model (and see what you type), and any web page can drive it; an SSH tunnel to 127.0.0.1 "
+            f"keeps it local")
+
+
 _HOST = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+)(?::([0-9]{1,5}))?")
 FRAME_ANCESTORS = "frame-ancestors 'self' http://127.0.0.1:* http://localhost:*"  # (CSP has no IPv6 literal sources)
 
@@ -69,9 +81,7 @@ class Policy:
     def names(self) -> set[str] | None:
         """Host names a loopback server answers to; None: any (bound beyond loopback, where it may
         be reached by names it cannot know, the token guards it)."""
-        if not is_loopback(self.host):
-            return None
-        return {*LOOPBACK, self.host.strip("[]").lower()}
+        return set(LOOPBACK) if is_loopback(self.host) else None
 
 
 class Refused(Exception):

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -32,7 +33,7 @@ from typing import TYPE_CHECKING
 from lens_heads.data import load_task
 from lens_heads.errors import LensHeadsError
 from lens_heads.explore import requests, session
-from lens_heads.explore.guard import WILDCARD, BodyTooLarge, Guard, Policy, is_loopback, new_token
+from lens_heads.explore.guard import WILDCARD, BodyTooLarge, Guard, Policy, exposure_warning, is_loopback, new_token
 from lens_heads.explore.requests import HeadRequest, Input, RunRequest
 from lens_heads.scores import HeadScores
 from lens_heads.viz.patterns import bundle_js
@@ -288,8 +289,13 @@ class Server:
         return self.config.port
 
     def start(self, timeout: float = 30.0) -> "Server":
+        """Listen (in a background thread), after saying on stderr who can reach the server when it
+        is bound beyond loopback (``guard.exposure_warning``)."""
         import time
 
+        message = exposure_warning(self.config.host, self.policy.token is not None)
+        if message:
+            print(message, file=sys.stderr)
         self.thread.start()
         t0 = time.monotonic()
         while not self.server.started:
