@@ -30,6 +30,7 @@ from pathlib import Path
 import numpy as np
 
 import lens_heads as lh
+from lens_heads.data.task_routes import load_task
 from lens_heads.evaluation import evaluate as evaluation
 from lens_heads.sweep import SweepConfig, run_sweep
 from lens_heads.sweep.adaptive import SearchConfig, run_search
@@ -121,13 +122,13 @@ def main(argv=None) -> int:
     cfg = SweepConfig(task="piqa", score_ids=SCORES, fractions=FRACTIONS, random_seeds=[0, 1, 2], limit=args.limit,
                       batch_size=16)
     counter = Counter()
-    n = len(lh.load_task("piqa").records) if args.limit is None else args.limit
+    n = len(load_task("piqa")) if args.limit is None else args.limit
     report = {"n": n, "dtype": str(model.dtype).removeprefix("torch."), "cpu": cpu_name(), "stages": {},
               "crossings": {}, "probes": {}}
     old = RESULTS / "bench_adaptive.json"
     if old.is_file():  # a stopped run's stages are kept; rerunning a stage measures it again
         prev = json.loads(old.read_text())
-        if prev.get("n") == n and prev.get("dtype") == report["dtype"]:
+        if prev.get("n") == n and prev.get("dtype") == report["dtype"] and prev.get("cpu") == report["cpu"]:
             report.update({k: prev[k] for k in ("stages", "crossings", "probes") if k in prev})
     for stage in args.stages.split(","):
         before, t0 = counter.n, time.perf_counter()
