@@ -94,6 +94,10 @@ ARCHITECTURES: Registry[ArchSpec] = Registry("architecture", {
                  layout="blocked", conv1d=True, qkv_bias=True, out_bias=True),
     ]
 })
+"""Every architecture lens_heads knows, by Hugging Face ``model_type``: one declarative ``ArchSpec``
+(where the blocks, attention module and q/k/v/output projections are, and their layout) instead of
+per-architecture branches; ``load_model`` resolves it against a model's config into a
+``HeadGeometry`` (docs/methods.md §8)."""
 
 
 def arch_for_model_type(model_type: str) -> ArchSpec:

@@ -130,6 +130,10 @@ class Placement:
 
 @dataclass
 class LoadedModel:
+    """A model as ``load_model`` returns it: the TransformerLens ``bridge`` over the Hugging Face
+    model, its ``tokenizer``, its head ``geometry``, where it came from (``source``), its dtype,
+    device and attention backend. Every lens_heads step takes one."""
+
     bridge: object  # transformer_lens.model_bridge.TransformerBridge
     tokenizer: object
     geometry: HeadGeometry

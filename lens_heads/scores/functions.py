@@ -181,6 +181,9 @@ class ScoreFn:
 
 
 SCORES: Registry[ScoreFn] = Registry("score")
+"""Every score function by id (``"ahon_ln"``, ``"awft"``, ...): the paper's twelve (``"paper"``)
+and the extras, each a ``ScoreFn`` that says what it reads and whether low or high values mean
+inactive (docs/methods.md §1). ``score_heads(model, inputs, scores=...)`` takes these ids."""
 
 
 def input_level(ids: Sequence[str] | None = None) -> list[str]:

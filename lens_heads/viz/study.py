@@ -41,6 +41,9 @@ if TYPE_CHECKING:
 
 @dataclass
 class ModelRef:
+    """A model named by its ``spec`` (zoo name, folder or hub id) and loaded only when something
+    needs it (``.model``), so a report built from stored results loads no model at all."""
+
     spec: str
     dtype: str = "float32"  # or "auto": bfloat16 where native
     device: str = "cpu"
