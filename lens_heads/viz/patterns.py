@@ -129,6 +129,9 @@ class AttentionView:
         return ("<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\">"
                 f"<title>{title}</title></head>\n<body>\n{self.local_src}\n</body></html>\n")
 
+    def __repr__(self) -> str:  # the patterns' arrays would fill a screen
+        return f"AttentionView({self.model_name or 'model'}: {', '.join(self.names)} on {len(self.tokens)} tokens)"
+
     def _repr_html_(self) -> str:
         """Jupyter: an iframe with srcdoc, so several views (each with its own bundle) coexist."""
         height = 320 + 14 * min(len(self.tokens), 60)
