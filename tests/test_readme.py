@@ -133,6 +133,10 @@ NOT_RUN = {
     "CUDA_VISIBLE_DEVICES=$i": "needs two CUDA devices (--device cuda); tests/test_scaleout.py runs --shard on CPU",
     "--out runs/qwen-mmlu --status": "reads the sweep the cluster commands above fill (tests/test_sweep.py "
                                      "covers --status)",
+    '.venv/bin/pip install -e ".[notebooks]"': "installs the notebook tools (the test command's [test] extra has them)",
+    "examples/build.py": "reruns the three notebooks on SmolLM2 (tests/test_notebooks.py runs each source)",
+    '.venv/bin/pip install -e ".[docs]"': "installs the site's tools (the test command's [test] extra has them)",
+    ".venv/bin/mkdocs serve": "a server that runs until stopped (tests/test_docs_site.py builds the same site, strictly)",
     "lens-heads explore": "a server that runs until stopped, on files made elsewhere (tests/test_explore.py "
                           "serves the same app and drives the page in a browser)",
 }
