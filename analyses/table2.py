@@ -11,15 +11,17 @@ seeds, static AHON(LN)); Qwen/MMLU (stratified 2,000 5-shot) for random, AWFT, A
 LTHON(LN); Gemma/WinoGrande (all functions); the other Qwen/MMLU functions; then mean ablation
 (``mean:c4``) for random, AWFT, AHON(LN), LTHON(LN) on the same five pairs. One *unit* is one
 curve of one (model, task, ablation) *group*; a group is one adaptive search (``SweepConfig`` on
-0-60 % at 1 %, margin 1 point, alpha 0.05 per curve) with its own store under
-``OUT/table2/store/<group>/``.
+0-60 % at 1 %, margin 1 point, alpha 0.05 per curve). A pair's two groups share one store,
+``OUT/table2/store/<model>__<task>/``: the unablated point and the thresholds are the same under
+zero and mean ablation (each ablated point has its own key), so they are computed once.
 
 Each unit is skipped when the store (or its ledger) already decides it; else the group's
 thresholds are read (or computed: one scoring pass over the population, not interruptible) and
 the curve is searched, every batch stored as it is evaluated. ``--time-limit``: no batch starts
 after it (the run stops between batches and exits 0; the next run resumes, evaluating nothing
 twice). After every finished unit (and at the stop) the group's ledger
-(``OUT/table2/store/<group>/ledger.json``, the per-item results in ~N/4 bytes a point) is
+(``OUT/table2/store/<model>__<task>/ledger_<ablation>.json``, the per-item results in ~N/4 bytes
+a point, docs/methods.md §13) is
 written and every table is rebuilt from the stores and ledgers alone, no model; with
 ``--commit-every M``, at most every M minutes (and at the end) a git commit of the results
 only: the tables, the figures, and per group the ledger, the thresholds and the static scores
@@ -183,7 +185,8 @@ class GroupState:
 
     @property
     def ledger_path(self) -> Path:
-        return self.folder / "ledger.json"
+        """This group's ledger; its pair's other groups (the other ablation kind) keep theirs beside it."""
+        return self.folder / f"ledger_{self.group.ablation}.json"
 
     @property
     def passes_path(self) -> Path:
@@ -198,7 +201,16 @@ class GroupState:
         return [r.doc_id for r in select_records(self.load_task(), self.cfg.limit, self.cfg.seed)]
 
     def ledger(self) -> Ledger:
-        return Ledger.load(self.ledger_path, self.doc_ids())
+        """Every ledger of the pair's store, merged: the groups share the unablated point (and
+        thresholds), so one group's ledger can hold what the other needs. Where two hold the
+        same point, the one that knows more questions is taken."""
+        ids = self.doc_ids()
+        merged = Ledger(ids)
+        for path in sorted(self.folder.glob("ledger_*.json")):
+            for digest, e in Ledger.load(path, ids).entries.items():
+                if digest not in merged.entries or len(e.known) > len(merged.entries[digest].known):
+                    merged.entries[digest] = e
+        return merged
 
     def replayed(self) -> SearchRun | None:
         """The search on the store and ledger alone (None until the thresholds are stored)."""
@@ -342,8 +354,8 @@ def tabulate(args, units: list[Unit], states: dict[Group, GroupState]):
             "group": g.name, "model": g.model, "task": g.task, "ablation": g.ablation, "status": "started",
             "dtype": st.dtype, "n_population": N, "unablated_items_known": len(known),
             "unablated_accuracy_on_known": float(np.mean([q.correct for q in known.values()])) if known else math.nan,
-            "unablated_eval_hours": round(base_seconds / 3600, 4),
-            "scoring_pass_hours": round(float(passes["wall_seconds"].sum()) / 3600, 4) if passes is not None
+            "pair_unablated_eval_hours": round(base_seconds / 3600, 4),
+            "pair_scoring_pass_hours": round(float(passes["wall_seconds"].sum()) / 3600, 4) if passes is not None
             else math.nan})
     for u in units:
         st = states[u.group]
@@ -536,11 +548,12 @@ def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame
     lines += ["## Every row", "", markdown_table(cross, 3, [c for c in cols if c in cross.columns]), ""]
     if "curves_eval_hours" in groups.columns:
         gcols = [c for c in ("group", "status", "dtype", "n_population", "unablated_items_known",
-                             "unablated_accuracy_on_known", "unablated_eval_hours", "scoring_pass_hours",
+                             "unablated_accuracy_on_known", "pair_unablated_eval_hours", "pair_scoring_pass_hours",
                              "curves_eval_items", "curves_eval_hours", "grid7_items", "grid7_est_hours")
                  if c in groups.columns]
         lines += ["## Cost per group", "", "Hours are the evaluation's own timings stored with each batch "
-                  "(wall clock of the 2-core CPU that ran it, see table2_runs.csv for which); grid7 is the fixed "
+                  "(wall clock of the 2-core CPU that ran it, see table2_runs.csv for which); a pair's two groups "
+                  "share one unablated point and one scoring pass (the pair_ columns); grid7 is the fixed "
                   "7-point grid (0-30 % in 5s) on the same population, at the row's measured seconds per item.", "",
                   markdown_table(groups, 3, gcols), ""]
     if figures:
@@ -571,7 +584,7 @@ def result_paths(out: Path) -> list[Path]:
     paths = [out / n for n in (*TABLES, "table2_dtype_check.csv", "table2_runs.csv")]
     paths += sorted((out / "figures").glob("table2_*.png"))
     for g in sorted((out / "table2" / "store").glob("*")):
-        paths += [g / "ledger.json", g / "passes.csv"]
+        paths += [*sorted(g.glob("ledger_*.json")), g / "passes.csv"]
         for kind in ("thresholds", "static_scores"):
             paths += sorted((g / kind).glob("*.json"))
     return [p for p in paths if p.is_file()]
@@ -617,7 +630,7 @@ def check_dtype(args, out: Path, units: list[Unit], states: dict[Group, GroupSta
         if not wanted:
             continue
         ref32 = ModelRef(args.model_specs[g.model], "float32", args.device)
-        other = GroupState(g, st.cfg, st.search, st.folder.parent / f"{g.name}__float32", ref32, "float32")
+        other = GroupState(g, st.cfg, st.search, st.folder.parent / f"{st.folder.name}__float32", ref32, "float32")
         model = ref32.model
         run32 = other.prepare(model, deadline, not args.no_progress)
         run32.items.deadline = deadline
@@ -748,8 +761,8 @@ def main(argv=None) -> int:
         raise LensHeadsError(f"--only {','.join(args.only)} matches no unit of the work list")
     search = search_settings(args)
     refs = {m: ModelRef(args.model_specs[m], args.dtype, args.device) for m in args.model_names}
-    states = {g: GroupState(g, sweep_cfg(args, g), search, out / "table2" / "store" / g.name, refs[g.model],
-                            args.dtype)
+    states = {g: GroupState(g, sweep_cfg(args, g), search, out / "table2" / "store" / f"{g.model}__{g.task}",
+                            refs[g.model], args.dtype)
               for g in dict.fromkeys(u.group for u in units)}
     if args.list:
         for u in todo:

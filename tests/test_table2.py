@@ -54,7 +54,7 @@ def counted(monkeypatch):
 def argv(model: Path, out: Path, *extra: str) -> list[str]:
     m = str(model)
     return ["--out", str(out), "--models", f"smollm2-135m={m},gemma-3-270m={m},qwen2.5-coder-0.5b={m}",
-            "--only", "smollm2-135m/piqa/zero", "--scores", "ahon_ln,awft", "--seeds", "2", "--static", "ahon_ln",
+            "--only", "smollm2-135m/piqa/zero", "--scores", "ahon_ln,awft", "--mean-scores", "ahon_ln", "--seeds", "2", "--static", "ahon_ln",
             "--limit", "32", "--range", "0.5", "--resolution", "25", "--margin", "5", "--alpha", "0.2",
             "--search-batch", "8", "--batch-size", "8", "--dtype", "float32", "--no-progress", *extra]
 
@@ -175,7 +175,7 @@ def test_a_commit_takes_the_results_only(tiny_llama_2k, shared_data, tmp_path):
     files = {line for line in log.splitlines() if line.strip()}
     assert files and all(f.startswith("analyses/results/inactive_heads/") for f in files)
     assert not any("/points/" in f or "/parts/" in f for f in files)
-    assert any(f.endswith("ledger.json") for f in files) and any("/thresholds/" in f for f in files)
+    assert any(f.endswith("ledger_zero.json") for f in files) and any("/thresholds/" in f for f in files)
     assert "other.txt" not in log and "untracked.txt" not in log
     assert "other.txt" in git("diff", "--cached", "--name-only").stdout  # still staged, untouched
 
@@ -224,3 +224,19 @@ def test_the_dtype_check_runs_the_campaigns_probes_again_in_float32(tiny_llama_2
         assert got.decision == r.decision_float32
         assert 100 * got.lo == pytest.approx(r.delta_lo_pts_float32) and 100 * got.hi == pytest.approx(
             r.delta_hi_pts_float32)
+
+
+def test_mean_ablation_shares_the_pairs_baseline_and_thresholds(tiny_llama_2k, shared_data, tmp_path, counted):
+    t2 = script("table2")
+    assert t2.main(argv(tiny_llama_2k, tmp_path, "--only", "smollm2-135m/piqa/zero/random")) == 0
+    zero = list(counted)
+    counted.clear()
+    assert t2.main(argv(tiny_llama_2k, tmp_path, "--only", "smollm2-135m/piqa/mean_c4/random")) == 0
+    mean = list(counted)
+    assert mean and all(a != "none" for a, _ in mean)  # the unablated answers: from the zero group's
+    assert {d for _, d in mean} <= {d for _, d in zero}
+    store = tmp_path / "table2" / "store" / "smollm2-135m__piqa"
+    assert len(pd.read_csv(store / "passes.csv")) == 1  # one scoring pass for the pair
+    assert (store / "ledger_zero.json").is_file() and (store / "ledger_mean_c4.json").is_file()
+    cross = pd.read_csv(tmp_path / "table2_crossings.csv").set_index(["model", "ablation", "score_fn"])
+    assert cross.loc[("smollm2-135m", "mean_c4", "random"), "status"] in ("resolved", "lower bound")
