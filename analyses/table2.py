@@ -62,7 +62,6 @@ from lens_heads.forward.task_requests import select_records  # noqa: E402
 from lens_heads.models import check_device  # noqa: E402
 from lens_heads.models.load import native_bf16  # noqa: E402
 from lens_heads.results.store import ResultStore  # noqa: E402
-from lens_heads.scores.functions import PAPER_SCORES  # noqa: E402
 from lens_heads.sweep import SweepConfig  # noqa: E402
 from lens_heads.sweep.adaptive import PENDING, SearchConfig, SearchRun, SearchStopped, StoreItems, curve_cost, \
     curves_of, prepare_search, run_probe, search_config, search_curve, search_tables  # noqa: E402
@@ -345,8 +344,11 @@ def tabulate(args, units: list[Unit], states: dict[Group, GroupState]):
         N = len(run.plan.doc_ids)
         for u, c, o, w in zip(mine, curves, got, within.to_dict("records")):
             outcomes[g][u.curve] = (o, unit_row(u, st, o, w, None, N, curve_cost(c, o, run.items)))
-        if len(probes):
-            probe_rows.append(probes.assign(model=g.model, task=g.task, ablation=g.ablation))
+        probes = probes[~((probes["decision"] == PENDING) & (probes["n_items"] == 0))] if len(probes) else probes
+        if len(probes):  # (a curve's next probe with no question read yet is no probe to show)
+            probes = probes.assign(model=g.model, task=g.task, ablation=g.ablation,
+                                   pct=probes["pct"].round(9))
+            probe_rows.append(probes)
         base_items, base_seconds = run.items.cost("none")
         known = run.items._load(run.plan.point_key("none"))
         passes = pd.read_csv(st.passes_path) if st.passes_path.is_file() else None
@@ -364,6 +366,9 @@ def tabulate(args, units: list[Unit], states: dict[Group, GroupState]):
         else:
             rows.append(unit_row(u, st, None, None, None, None, None))
     crossings = pd.DataFrame(rows)
+    for c in ("crossing_pct", "bracket_low_pct", "bracket_high_pct", "resolution_pct", "range_pct", "margin_pts"):
+        if c in crossings:
+            crossings[c] = crossings[c].round(9)  # 100 x 0.07 is 7.000000000000001
     for c in ("n_population", "n_probes", "item_reads", "eval_items", "grid7_items"):
         if c in crossings:
             crossings[c] = crossings[c].astype("Int64")
@@ -688,6 +693,8 @@ def parse_args(argv):
     p.add_argument("--dtype", default="bfloat16",
                    help="bfloat16 (default: native on this machine's AVX512-BF16 CPUs) or float32; it is part of "
                         "every store key, so keep one dtype for the whole campaign")
+    p.add_argument("--allow-emulated", action="store_true",
+                   help="run bfloat16 on a CPU without native bf16 (else such a machine only rebuilds the tables)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--search-batch", type=int, default=64, help="questions per sequential step (default 64)")
@@ -769,8 +776,14 @@ def main(argv=None) -> int:
             print(f"{u.stage:>2} {u.name:<55} {'decided' if states[u.group].decided(u.curve) else 'to do'}")
         return 0
     if args.dtype == "bfloat16" and not native_bf16(args.device) and not args.tabulate_only:
-        print(f"warning: bfloat16 is emulated on this machine ({cpu_name()}): several times slower than "
-              f"float32; the campaign's keys are bfloat16, so it runs on, slowly", file=sys.stderr)
+        if not args.allow_emulated:
+            print(f"bfloat16 is emulated on this machine ({cpu_name()}), 6-25x slower than float32 per matmul: "
+                  f"nothing computed (the campaign's keys are bfloat16; --allow-emulated runs it anyway). "
+                  f"Tables rebuilt.", file=sys.stderr)
+            args.tabulate_only = True
+        else:
+            print(f"warning: bfloat16 is emulated on this machine ({cpu_name()}): running anyway, slowly",
+                  file=sys.stderr)
     evaluated, evaluated_s, stopped, last_commit = 0, 0.0, False, time.monotonic()
     loaded: dict[str, object] = {}
     skipped: set[Group] = set()

@@ -203,6 +203,7 @@ def test_the_dtype_check_runs_the_campaigns_probes_again_in_float32(tiny_llama_2
     t2 = script("table2")
     base = [a for a in argv(tiny_llama_2k, tmp_path, "--only", "smollm2-135m/piqa/zero/ahon_ln") if a != "float32"]
     base[base.index("--dtype") + 1] = "bfloat16"
+    base.append("--allow-emulated")  # a CPU without native bf16 runs it too, slowly
     assert t2.main(base) == 0
     assert t2.main([*base, "--check-dtype", "--check-dtype-curves", "ahon_ln", "--check-dtype-items", "16"]) == 0
     check = pd.read_csv(tmp_path / "table2_dtype_check.csv")
@@ -240,3 +241,31 @@ def test_mean_ablation_shares_the_pairs_baseline_and_thresholds(tiny_llama_2k, s
     assert (store / "ledger_zero.json").is_file() and (store / "ledger_mean_c4.json").is_file()
     cross = pd.read_csv(tmp_path / "table2_crossings.csv").set_index(["model", "ablation", "score_fn"])
     assert cross.loc[("smollm2-135m", "mean_c4", "random"), "status"] in ("resolved", "lower bound")
+
+
+def test_a_killed_campaign_resumes_without_evaluating_an_item_twice(tiny_llama_2k, shared_data, tmp_path, counted,
+                                                                   monkeypatch):
+    from lens_heads.sweep import adaptive
+
+    t2 = script("table2")
+    only = ["--only", "smollm2-135m/piqa/zero/random,smollm2-135m/piqa/zero/awft"]
+    assert t2.main(argv(tiny_llama_2k, tmp_path / "ref", *only)) == 0
+    one_go = list(counted)
+    counted.clear()
+    real, calls = adaptive.StoreItems._evaluate, []
+
+    def dies(self, spec, ids):
+        if len(calls) == 5:
+            raise KeyboardInterrupt  # killed in the middle of a curve, between two stored batches
+        calls.append(spec)
+        return real(self, spec, ids)
+
+    monkeypatch.setattr(adaptive.StoreItems, "_evaluate", dies)
+    with pytest.raises(KeyboardInterrupt):
+        t2.main(argv(tiny_llama_2k, tmp_path / "run", *only))
+    monkeypatch.setattr(adaptive.StoreItems, "_evaluate", real)
+    assert t2.main(argv(tiny_llama_2k, tmp_path / "run", *only)) == 0
+    assert sorted(counted) == sorted(one_go)
+    drop = ["eval_hours", "grid7_est_hours"]
+    a, b = (pd.read_csv(tmp_path / o / "table2_crossings.csv").drop(columns=drop) for o in ("ref", "run"))
+    pd.testing.assert_frame_equal(a, b)
