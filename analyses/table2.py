@@ -23,8 +23,8 @@ twice). After every finished unit (and at the stop) the group's ledger
 (``OUT/table2/store/<model>__<task>/ledger_<ablation>.json``, the per-item results in ~N/4 bytes
 a point, docs/methods.md §13) is
 written and every table is rebuilt from the stores and ledgers alone, no model; with
-``--commit-every M``, at most every M minutes (and at the end) a git commit of the results
-only: the tables, the figures, and per group the ledger, the thresholds and the static scores
+``--commit-every M``, every M minutes (checked after each unit and after each batch within one,
+the ledger written first; and at the end) a git commit of the results only: the tables, the figures, and per group the ledger, the thresholds and the static scores
 (never the per-item store, never anything outside OUT: the paths are named, no ``git add -A``).
 
 Outputs (OUT, beside the old 200-question tables, which this script never writes):
@@ -607,11 +607,17 @@ def commit_results(out: Path, message: str) -> bool:
         return False
     root = Path(top.stdout.strip()).resolve()
     rel = [str(p.resolve().relative_to(root)) for p in paths]
-    subprocess.run(["git", "-C", str(root), "add", "--", *rel], check=True)
-    diff = subprocess.run(["git", "-C", str(root), "diff", "--cached", "--quiet", "--", *rel])
-    if diff.returncode == 0:
+    try:
+        subprocess.run(["git", "-C", str(root), "add", "--", *rel], check=True, capture_output=True, text=True)
+        diff = subprocess.run(["git", "-C", str(root), "diff", "--cached", "--quiet", "--", *rel])
+        if diff.returncode == 0:
+            return False
+        subprocess.run(["git", "-C", str(root), "commit", "-q", "-m", message, "--", *rel], check=True,
+                       capture_output=True, text=True)
+    except (subprocess.CalledProcessError, OSError) as exc:  # a failed commit must not stop the campaign
+        err = getattr(exc, "stderr", "") or str(exc)
+        print(f"commit failed (the campaign goes on; the files stay on disk): {err.strip()}", file=sys.stderr)
         return False
-    subprocess.run(["git", "-C", str(root), "commit", "-q", "-m", message, "--", *rel], check=True)
     return True
 
 
@@ -814,6 +820,18 @@ def main(argv=None) -> int:
             print(f"[{time.strftime('%H:%M:%S')}] {u.name}", flush=True)
             run = st.prepare(loaded[u.group.model], deadline, not args.no_progress)
             run.items.deadline = deadline
+
+            def checkpoint(st=st, u=u) -> None:
+                """Within a long curve: the ledger, the tables and a commit, every --commit-every."""
+                nonlocal last_commit
+                if args.commit_every is None or time.monotonic() - last_commit < 60 * args.commit_every:
+                    return
+                st.save_ledger()
+                write_tables(out, args, units, states)
+                commit_results(out, f"table2: {u.name} running; the campaign's ledgers and tables so far")
+                last_commit = time.monotonic()
+
+            run.items.after_batch = checkpoint
             new0, s0 = run.items.new, run.items.new_seconds
             try:
                 outcome = search_curve(run, st.curves[u.curve])
@@ -827,9 +845,9 @@ def main(argv=None) -> int:
                 st.save_ledger()
             write_tables(out, args, units, states)
             if args.commit_every is not None and time.monotonic() - last_commit >= 60 * args.commit_every:
-                if commit_results(out, f"table2: {u.name} {'stopped at the time limit' if stopped else 'decided'}; "
-                                       f"the campaign's ledgers and tables so far"):
-                    last_commit = time.monotonic()
+                commit_results(out, f"table2: {u.name} {'stopped at the time limit' if stopped else 'decided'}; "
+                                    f"the campaign's ledgers and tables so far")
+                last_commit = time.monotonic()
             if stopped:
                 break
     if evaluated:

@@ -396,6 +396,7 @@ def test_a_fresh_store_with_the_ledger_alone_evaluates_only_what_it_lacks(model2
                        time_limit=3600)
     monkeypatch.setattr(adaptive.StoreItems, "_evaluate", real)
     assert first.stopped and not first.complete and len(calls) == 4 and first.new_items == len(counted)
+    # (every stored batch was followed by after_batch, the campaign's checkpoint: see test_the_batches_call_back)
     assert not (tmp_path / "a" / "within_1pt.csv").exists()  # no tables from a stopped run
     fresh = tmp_path / "b"
     for kind in ("thresholds", "static_scores"):
@@ -502,3 +503,24 @@ def test_the_command_line_takes_a_time_limit_and_a_ledger(tiny_llama_2k, shared_
         assert message in capsys.readouterr().err
     assert main(["sweep", str(tiny_llama_2k), "--task", "piqa", "--ledger", "x.json", "--out", str(tmp_path / "x")]) == 2
     assert "--ledger goes with --search crossing" in capsys.readouterr().err
+
+
+def test_the_batches_call_back_between_them(model2k, shared_data, tmp_path, counted):
+    """``StoreItems.after_batch`` runs once after each batch evaluated and stored, with no claim
+    held, so a caller can write the ledger there: it then holds exactly the items stored so far."""
+    from lens_heads.sweep import adaptive
+
+    cfg = SweepConfig(**{**CFG, "random_seeds": [0], "score_ids": ["ahon_ln"], "limit": 24})
+    search = SearchConfig(margin=0.05, resolution=0.25, batch=8, alpha=0.2)
+    run, curves = adaptive.prepare_search(model2k, cfg, search, tmp_path, progress=False)
+    seen = []
+
+    def checkpoint():
+        assert not list(tmp_path.rglob("*.claim"))
+        book = run.items.to_ledger()
+        seen.append(sum(len(e.known) for e in book.entries.values()))
+
+    run.items.after_batch = checkpoint
+    for c in curves:
+        adaptive.search_curve(run, c)
+    assert len(seen) == len(counted) // 8 and seen == sorted(seen) and seen[-1] == len(counted)

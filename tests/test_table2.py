@@ -177,6 +177,8 @@ def test_a_commit_takes_the_results_only(tiny_llama_2k, shared_data, tmp_path):
     assert not any("/points/" in f or "/parts/" in f for f in files)
     assert any(f.endswith("ledger_zero.json") for f in files) and any("/thresholds/" in f for f in files)
     assert "other.txt" not in log and "untracked.txt" not in log
+    subjects = git("log", "--format=%s").stdout
+    assert "running" in subjects  # checkpoints between batches inside a curve, not only after it
     assert "other.txt" in git("diff", "--cached", "--name-only").stdout  # still staged, untouched
 
 

@@ -223,7 +223,8 @@ class StoreItems:
     and from ``ledger`` (``sweep.ledger``: the compact form a fresh machine may hold alone), and
     evaluated where missing (with ``model``; without one a missing item is ``ItemsMissing``: the
     tables are rebuilt from the store alone). ``deadline`` (``time.monotonic()``): no batch is
-    evaluated once it has passed (``SearchStopped``)."""
+    evaluated once it has passed (``SearchStopped``). ``after_batch``: called after each batch
+    is evaluated and stored (a long campaign checkpoints its ledger there)."""
 
     def __init__(self, store: ResultStore, plan: SweepPlan, model: LoadedModel | None = None, task=None,
                  ledger: Ledger | None = None, deadline: float | None = None):
@@ -231,6 +232,7 @@ class StoreItems:
         if ledger is not None and ledger.population != population_digest(plan.doc_ids):
             raise LensHeadsError("the ledger is of another population of items than the search's plan")
         self.ledger, self.deadline = ledger, deadline
+        self.after_batch: Callable[[], None] | None = None  # called after each batch evaluated and stored
         self.new = 0  # items this object evaluated
         self.new_seconds = 0.0  # the seconds their evaluation took
         self._known: dict[str, dict[int, object]] = {}  # point digest -> doc_id -> QuestionResult (or _Known)
@@ -312,6 +314,7 @@ class StoreItems:
         """Evaluate ``missing`` under ``spec`` as one claimed part (or wait for the process that holds it)."""
         part = key.part(missing)
         path = self.store.path(part)
+        evaluated = False
         with claim(path) as mine:
             if mine:
                 rec = self.store.load(part, PointRecord)
@@ -325,8 +328,12 @@ class StoreItems:
                     self.store.save(part, rec)
                     self.new += len(missing)
                     self.new_seconds += float(rec.eval_config.get("seconds") or 0.0)
+                    evaluated = True
                 self._add(self._known[key.digest], self._zeroed[key.digest], self._cost[key.digest], rec)
-                return
+        if mine:
+            if evaluated and self.after_batch is not None:
+                self.after_batch()  # between batches, no claim held: a caller may checkpoint (``to_ledger``)
+            return
         wait_for(path)
         rec = self.store.load(part, PointRecord)
         if rec is not None:
