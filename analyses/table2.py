@@ -193,7 +193,7 @@ class GroupState:
 
     def load_task(self):
         if self.task is None:
-            self.task = load_task(self.group.task)
+            self.task = _task(self.group.task)
         return self.task
 
     def doc_ids(self) -> list[int]:
@@ -256,6 +256,16 @@ class GroupState:
             self.replay = None
 
 
+_TASKS: dict[str, object] = {}
+
+
+def _task(name: str):
+    """A task, loaded once per process (a pair's groups share it)."""
+    if name not in _TASKS:
+        _TASKS[name] = load_task(name)
+    return _TASKS[name]
+
+
 def log_pass(path: Path, wall: float, cpu: float, dtype: str) -> None:
     row = pd.DataFrame([{"what": "thresholds and static scores (one scoring pass)", "wall_seconds": round(wall, 1),
                          "cpu_seconds": round(cpu, 1), "dtype": dtype, "cpu": cpu_name(),
@@ -289,9 +299,11 @@ def unit_row(u: Unit, st: GroupState, outcome, within: dict | None, probes: pd.D
            "score_fn": u.curve, "n_population": N, "dtype": st.dtype, "resolution_pct": 100 * st.search.resolution,
            "range_pct": 100 * st.cfg.fractions[-1], "alpha": st.search.alpha, "margin_pts": 100 * st.search.margin}
     if outcome is None:
-        return {**row, "status": "not started",
+        n = len(st.doc_ids())
+        return {**row, "n_population": n, "status": "not started",
                 "reason": "not run yet" if not (st.folder / "thresholds").is_dir()
-                else "not run yet (thresholds stored)"}
+                else "not run yet (thresholds stored)",
+                "grid7_items": GRID7 * n * (len(st.cfg.random_seeds) if u.curve in ("random", "static:random") else 1)}
     grid = st.replayed().grid
     levels = st.curves[u.curve].levels
     status = outcome.status
@@ -380,12 +392,14 @@ def tabulate(args, units: list[Unit], states: dict[Group, GroupState]):
     for c in ("n_population", "unablated_items_known"):
         if c in groups:
             groups[c] = groups[c].astype("Int64")
-    if len(crossings) and "eval_hours" in crossings:
-        per_group = crossings.groupby(["model", "task", "ablation"], sort=False).agg(
-            curves_eval_hours=("eval_hours", "sum"), curves_eval_items=("eval_items", "sum"),
-            grid7_items=("grid7_items", "sum"), grid7_est_hours=("grid7_est_hours", "sum")).reset_index()
-        per_group["curves_eval_items"] = per_group["curves_eval_items"].astype("Int64")
-        per_group["grid7_items"] = per_group["grid7_items"].astype("Int64")
+    sums = {"curves_eval_hours": "eval_hours", "curves_eval_items": "eval_items", "grid7_items": "grid7_items",
+            "grid7_est_hours": "grid7_est_hours"}
+    sums = {k: (v, "sum") for k, v in sums.items() if v in crossings}
+    if len(crossings) and sums:
+        per_group = crossings.groupby(["model", "task", "ablation"], sort=False).agg(**sums).reset_index()
+        for c in ("curves_eval_items", "grid7_items"):
+            if c in per_group:
+                per_group[c] = per_group[c].astype("Int64")
         groups = groups.merge(per_group, on=["model", "task", "ablation"], how="left")
     return crossings, probes, groups
 
@@ -551,7 +565,7 @@ def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame
             "bracket_high_pct", "within_delta_lo_pts", "within_delta_hi_pts", "n_probes", "item_reads", "eval_items",
             "eval_hours", "grid7_items", "grid7_est_hours", "reason"]
     lines += ["## Every row", "", markdown_table(cross, 3, [c for c in cols if c in cross.columns]), ""]
-    if "curves_eval_hours" in groups.columns:
+    if "grid7_items" in groups.columns:
         gcols = [c for c in ("group", "status", "dtype", "n_population", "unablated_items_known",
                              "unablated_accuracy_on_known", "pair_unablated_eval_hours", "pair_scoring_pass_hours",
                              "curves_eval_items", "curves_eval_hours", "grid7_items", "grid7_est_hours")
