@@ -331,8 +331,8 @@ def unit_row(u: Unit, st: GroupState, outcome, within: dict | None, probes: pd.D
             "outside_delta_hi_pts": 100 * nxt.hi if nxt else math.nan,
             "n_probes": len(outcome.probes), "probes": within["probes"],
             "item_reads": within["item_evaluations"], "eval_items": round(items),
-            "eval_hours": round(seconds / 3600, 4),
-            "grid7_items": grid_items, "grid7_est_hours": round(grid_items * per_item / 3600, 3)
+            "eval_seconds": round(seconds, 3), "eval_hours": round(seconds / 3600, 6),
+            "grid7_items": grid_items, "grid7_est_hours": round(grid_items * per_item / 3600, 6)
             if math.isfinite(per_item) else math.nan,
             "monotone_violation": within["monotone_violation"]}
 
@@ -368,7 +368,7 @@ def tabulate(args, units: list[Unit], states: dict[Group, GroupState]):
             "group": g.name, "model": g.model, "task": g.task, "ablation": g.ablation, "status": "started",
             "dtype": st.dtype, "n_population": N, "unablated_items_known": len(known),
             "unablated_accuracy_on_known": float(np.mean([q.correct for q in known.values()])) if known else math.nan,
-            "pair_unablated_eval_hours": round(base_seconds / 3600, 4),
+            "pair_unablated_eval_hours": round(base_seconds / 3600, 6),
             "pair_scoring_pass_hours": round(float(passes["wall_seconds"].sum()) / 3600, 4) if passes is not None
             else math.nan})
     for u in units:
@@ -537,6 +537,26 @@ def write_figures(out: Path, probes: pd.DataFrame, cross: pd.DataFrame) -> list[
     return names
 
 
+def dtype_text(out: Path) -> list[str]:
+    """The summary's dtype section, from table2_dtype_check.csv when there is one."""
+    path = out / "table2_dtype_check.csv"
+    if not path.is_file():
+        return ["## bf16 vs fp32", "", "Not checked yet (`--check-dtype`, analyses/results/README.md).", ""]
+    d = pd.read_csv(path)
+    same = int(d["same_decision"].sum())
+    lines = ["## bf16 vs fp32", "",
+             f"{same} of {len(d)} probes reach the same decision in both dtypes on the same questions "
+             f"(at most {int(d['n_items'].max())} a probe; table2_dtype_check.csv); the unablated answers agree on "
+             f"{100 * d['unablated_correct_agreement'].mean():.1f} % of them, the ablated on "
+             f"{100 * d['ablated_correct_agreement'].mean():.1f} %."]
+    differ = d[~d["same_decision"].astype(bool)]
+    for r in differ.itertuples():
+        lines.append(f"- differs: {r.model}/{r.task} {r.score_fn} at {r.pct:g} % on {r.n_items} questions: "
+                     f"{r.dtype} {r.decision} [{r.delta_lo_pts:+.2f}, {r.delta_hi_pts:+.2f}] pt, float32 "
+                     f"{r.decision_float32} [{r.delta_lo_pts_float32:+.2f}, {r.delta_hi_pts_float32:+.2f}] pt")
+    return lines + [""]
+
+
 def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame, comparison: pd.DataFrame,
                  figures: list[str], args) -> str:
     done = cross[cross.status.isin(["resolved", "lower bound"])]
@@ -575,6 +595,7 @@ def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame
                   "share one unablated point and one scoring pass (the pair_ columns); grid7 is the fixed "
                   "7-point grid (0-30 % in 5s) on the same population, at the row's measured seconds per item.", "",
                   markdown_table(groups, 3, gcols), ""]
+    lines += dtype_text(Path(args.out))
     if figures:
         lines += ["## Figures", ""] + [f"- [{f}]({f})" for f in figures] + [""]
     return "\n".join(lines) + "\n"
@@ -878,7 +899,7 @@ def main(argv=None) -> int:
 def log_run(out: Path, args, items: int, eval_seconds: float, wall: float, stopped: bool) -> None:
     path = out / "table2_runs.csv"
     row = pd.DataFrame([{"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "dtype": args.dtype,
-                         "items_evaluated": items, "eval_hours": round(eval_seconds / 3600, 4),
+                         "items_evaluated": items, "eval_hours": round(eval_seconds / 3600, 6),
                          "wall_hours": round(wall / 3600, 4), "stopped_at_time_limit": stopped,
                          "only": ",".join(args.only)}])
     old = pd.read_csv(path) if path.is_file() else None

@@ -103,7 +103,8 @@ def test_the_campaign_stops_resumes_and_regenerates_byte_for_byte(tiny_llama_2k,
     assert set(mine.status) <= {"resolved", "lower bound"}
     assert (cross.drop(index=mine.index).status == "not started").all()
     assert (mine.grid7_items == 6 * 32 * pd.Series([2, 1, 1, 1], index=mine.index)).all()
-    assert (mine.eval_items > 0).all() and (mine.eval_hours > 0).all()
+    assert (mine.eval_items > 0).all() and (mine.eval_seconds > 0).all()
+    assert mine.eval_hours.to_list() == pytest.approx((mine.eval_seconds / 3600).to_list(), abs=1e-6)
     # each row's items: what its probes' points hold, counted independently from the per-item store
     probes = pd.read_csv(ref_out / "table2_probes.csv")
     assert set(probes.score_fn) == set(mine.score_fn)
@@ -126,7 +127,7 @@ def test_the_campaign_stops_resumes_and_regenerates_byte_for_byte(tiny_llama_2k,
     monkeypatch.setattr(adaptive.StoreItems, "_evaluate", real)
     assert t2.main(argv(tiny_llama_2k, out)) == 0
     assert sorted(counted) == sorted(one_go)  # stopped + resumed = one run, item for item
-    timing = ["eval_hours", "grid7_est_hours"]
+    timing = ["eval_seconds", "eval_hours", "grid7_est_hours"]
     a, b = (pd.read_csv(o / "table2_crossings.csv").drop(columns=timing) for o in (ref_out, out))
     pd.testing.assert_frame_equal(a, b)
     runs = pd.read_csv(out / "table2_runs.csv")
@@ -268,6 +269,6 @@ def test_a_killed_campaign_resumes_without_evaluating_an_item_twice(tiny_llama_2
     monkeypatch.setattr(adaptive.StoreItems, "_evaluate", real)
     assert t2.main(argv(tiny_llama_2k, tmp_path / "run", *only)) == 0
     assert sorted(counted) == sorted(one_go)
-    drop = ["eval_hours", "grid7_est_hours"]
+    drop = ["eval_seconds", "eval_hours", "grid7_est_hours"]
     a, b = (pd.read_csv(tmp_path / o / "table2_crossings.csv").drop(columns=drop) for o in ("ref", "run"))
     pd.testing.assert_frame_equal(a, b)

@@ -237,7 +237,7 @@ class StoreItems:
         self.new_seconds = 0.0  # the seconds their evaluation took
         self._known: dict[str, dict[int, object]] = {}  # point digest -> doc_id -> QuestionResult (or _Known)
         self._zeroed: dict[str, list[float]] = {}  # point digest -> [units zeroed, units seen] over its records
-        self._cost: dict[str, list[float]] = {}  # point digest -> [items evaluated, seconds] over its records
+        self._cost: dict[str, list[float]] = {}  # point digest -> [items evaluated, milliseconds] over its records
         self._index_parts()
 
     def _index_parts(self) -> None:
@@ -261,7 +261,7 @@ class StoreItems:
         if entry is not None and not entry.known <= stored:  # the ledger knows more than this store
             got.update({d: _Known(d, d in entry.correct) for d in entry.known})
             zeroed[:] = entry.zeroed_units
-            cost[:] = [entry.items, entry.seconds]
+            cost[:] = [entry.items, round(1000 * entry.seconds)]
             for r in records:  # what this store evaluated beyond the ledger
                 ids = {q.doc_id for q in r.questions}
                 if ids - entry.known:
@@ -283,7 +283,7 @@ class StoreItems:
             zeroed[0] += share * units[0]
             zeroed[1] += share * units[1]
         cost[0] += share * len(rec.questions)
-        cost[1] += share * float(rec.eval_config.get("seconds") or 0.0)
+        cost[1] += share * round(1000 * float(rec.eval_config.get("seconds") or 0.0))  # in ms: sums exact
 
     def pct_zeroed(self, spec: str) -> float:
         """% of (input, layer, head) units zeroed over the stored items of ``spec``'s point."""
@@ -297,8 +297,8 @@ class StoreItems:
         read from the records' own timings: the same on every machine that reads them."""
         key = self.plan.point_key(spec)
         self._load(key)
-        items, seconds = self._cost.get(key.digest, [0.0, 0.0])
-        return float(items), float(seconds)
+        items, ms = self._cost.get(key.digest, [0.0, 0.0])
+        return float(items), float(ms) / 1000
 
     def correct(self, spec: str, doc_ids: Sequence[int]) -> np.ndarray:
         """0/1 correctness of ``spec`` on ``doc_ids`` (evaluating, and storing, the missing ones)."""
@@ -356,7 +356,7 @@ class StoreItems:
             if not known:
                 continue
             entries[key.digest] = LedgerEntry(spec, frozenset(known), frozenset(d for d, q in known.items() if q.correct),
-                                              tuple(self._zeroed[key.digest]), self._cost[key.digest][1],
+                                              tuple(self._zeroed[key.digest]), self._cost[key.digest][1] / 1000,
                                               int(round(self._cost[key.digest][0])))
         return Ledger(self.plan.doc_ids, entries)
 
