@@ -2,7 +2,7 @@
 
 A search decides from one bit per item and point (answered correctly or not), plus the counts
 of units its points zeroed and the seconds their evaluation took. The store keeps far more (each
-choice's log-likelihood, the prediction, the whole evaluation config: ~130 bytes an item, ~240 kB
+choice's log-likelihood, the prediction, the whole evaluation config: ~138 bytes an item, ~250 kB
 a full-PIQA point), which is too much to commit for a campaign that runs over many sessions on
 machines that keep only what is committed. The ledger keeps what the decisions read:
 
