@@ -272,3 +272,18 @@ def test_a_killed_campaign_resumes_without_evaluating_an_item_twice(tiny_llama_2
     drop = ["eval_seconds", "eval_hours", "grid7_est_hours"]
     a, b = (pd.read_csv(tmp_path / o / "table2_crossings.csv").drop(columns=drop) for o in ("ref", "run"))
     pd.testing.assert_frame_equal(a, b)
+
+
+def test_this_repository_ignores_the_per_item_store_and_not_what_the_campaign_commits():
+    root = Path(__file__).resolve().parents[1]
+    if subprocess.run(["git", "-C", str(root), "rev-parse"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    pair = "analyses/results/inactive_heads/table2/store/smollm2-135m__piqa"
+    ignored = lambda p: subprocess.run(["git", "-C", str(root), "check-ignore", "-q", p]).returncode == 0  # noqa: E731
+    for p in (f"{pair}/ledger_zero.json", f"{pair}/ledger_mean_c4.json", f"{pair}/passes.csv",
+              f"{pair}/thresholds/x.json", f"{pair}/static_scores/x.json",
+              "analyses/results/inactive_heads/table2_crossings.csv", "analyses/results/inactive_heads/figures/table2_x.png"):
+        assert not ignored(p), p
+    for p in (f"{pair}/points/x.json", f"{pair}/parts/x.json", f"{pair}/score_shards/x.safetensors",
+              f"{pair}/parts/x.json.claim"):
+        assert ignored(p), p
