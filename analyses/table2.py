@@ -3,7 +3,7 @@ crossing searched adaptively (docs/methods.md §12-13) on the full benchmark, as
 campaign over many sessions that commits as it goes.
 
     export LENS_HEADS_DATA=/work/shared/data HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-    nohup nice -n 19 python analyses/table2.py --time-limit 170 --commit-every 60 > /tmp/table2.log 2>&1 &
+    nohup nice -n 19 python analyses/table2.py --time-limit 170 --commit-every 60 --no-progress > /tmp/table2.log 2>&1 &
 
 The work list (``work_list``), in the order of issue 55, so that every session leaves finished
 rows: PIQA for SmolLM2, Gemma and Qwen (the twelve paper functions, random heads over three
