@@ -20,12 +20,15 @@ thresholds are read (or computed: one scoring pass over the population, not inte
 the curve is searched, every batch stored as it is evaluated. ``--time-limit``: no batch starts
 after it (the run stops between batches and exits 0; the next run resumes, evaluating nothing
 twice). After every finished unit (and at the stop) the group's ledger
-(``OUT/table2/store/<model>__<task>/ledger_<ablation>.json``, the per-item results in ~N/4 bytes
-a point, docs/methods.md §13) is
-written and every table is rebuilt from the stores and ledgers alone, no model; with
-``--commit-every M``, every M minutes (checked after each unit and after each batch within one,
-the ledger written first; and at the end) a git commit of the results only: the tables, the figures, and per group the ledger, the thresholds and the static scores
-(never the per-item store, never anything outside OUT: the paths are named, no ``git add -A``).
+(``OUT/table2/store/<model>__<task>/ledger_<ablation>.json``, the per-item results in ~N/4
+bytes a point, docs/methods.md §13) is written and every table is rebuilt from the stores and
+ledgers alone, no model. With ``--commit-every M``: every M minutes (checked after each unit and
+after each batch within one, the ledger written first) and at the end, a git commit of the
+results only: the tables, the figures, and per pair the ledgers, the scoring-pass log, the
+thresholds and the static scores (never the per-item store, never anything outside OUT: the
+paths are named, no ``git add -A``). A group whose scoring pass may not fit the time left
+(``--pass-minutes``) waits for a longer run; a CPU without native bf16 only rebuilds the tables
+(``--allow-emulated`` to run there anyway).
 
 Outputs (OUT, beside the old 200-question tables, which this script never writes):
 table2_crossings.csv (a row per unit: crossing, status and reason, intervals, probes, items and
