@@ -14,6 +14,8 @@ import pytest
 import torch
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+if not SHARED_DATA.is_dir() and os.environ.get("LENS_HEADS_DATA"):  # a checkout elsewhere (a git worktree)
+    SHARED_DATA = Path(os.environ["LENS_HEADS_DATA"])
 if SHARED_DATA.is_dir():  # tests (and CI) point the library at the project's copy; it has no default
     os.environ.setdefault("LENS_HEADS_DATA", str(SHARED_DATA))
 

@@ -337,3 +337,190 @@ def test_the_report_shows_the_probes(model2k, shared_data, tmp_path):
     assert "Crossing search" in part and re.search(r'<img[^>]+src="data:image/png;base64,', part)
     for row in found.within.itertuples():
         assert f"<td>{row.score_fn}</td>" in part and row.probes in part
+
+
+# --- the ledger, the time limit, a replay of a running search, mean ablation -------------------
+
+
+def test_a_ledger_round_trips_bit_for_bit_and_refuses_another_population(tmp_path):
+    from lens_heads.sweep.ledger import Ledger, LedgerEntry
+
+    rng = np.random.default_rng(3)
+    ids = [int(d) for d in rng.permutation(1838)[:1000] * 7]  # arbitrary doc ids, plan order
+    entries = {}
+    for k in range(5):
+        known = frozenset(int(d) for d in rng.choice(ids, size=int(rng.integers(1, 1000)), replace=False))
+        correct = frozenset(d for d in known if rng.random() < 0.6)
+        entries[f"{k:032x}"] = LedgerEntry(f"spec{k}", known, correct, (float(rng.integers(0, 99)), 1e4), 1.25, 3)
+    book = Ledger(ids, entries)
+    book.save(tmp_path / "l.json")
+    again = Ledger.load(tmp_path / "l.json", ids)
+    for k, e in entries.items():
+        got = again.get(k)
+        assert got.known == e.known and got.correct == e.correct and got.spec == e.spec
+        assert got.zeroed_units == e.zeroed_units and got.seconds == e.seconds and got.items == e.items
+    again.save(tmp_path / "m.json")
+    assert (tmp_path / "m.json").read_bytes() == (tmp_path / "l.json").read_bytes()
+    # a point's masks are N/4 hex characters each: a 1,000-item population, ~250 bytes a mask
+    assert len(book.to_json()["points"][f"{0:032x}"]["known"]) == 2 * 125
+    with pytest.raises(LensHeadsError, match="another population"):
+        Ledger.load(tmp_path / "l.json", ids[:-1])
+    with pytest.raises(LensHeadsError, match="correct but not known"):
+        LedgerEntry("x", frozenset({1}), frozenset({2}), (0.0, 0.0), 0.0, 0)
+
+
+def test_a_fresh_store_with_the_ledger_alone_evaluates_only_what_it_lacks(model2k, shared_data, tmp_path,
+                                                                          monkeypatch, counted):
+    """A search killed part-way writes its ledger; a new folder holding only the thresholds and the
+    ledger (no per-item points or parts) resumes it: together the two evaluate what one search
+    does, item for item, and find the same crossings."""
+    import shutil
+
+    from lens_heads.sweep import adaptive
+
+    cfg = SweepConfig(**{**CFG, "random_seeds": [0]})
+    search = SearchConfig(margin=0.05, resolution=0.25, batch=8, alpha=0.2)
+    ref = run_search(model2k, cfg, search, tmp_path / "ref", progress=False)
+    one_go = list(counted)
+    counted.clear()
+    real, calls = adaptive.StoreItems._evaluate, []
+
+    def timed(self, spec, ids):
+        calls.append(spec)
+        if len(calls) == 4:
+            self.deadline = -1.0  # the time limit has passed: no later batch starts
+        return real(self, spec, ids)
+
+    monkeypatch.setattr(adaptive.StoreItems, "_evaluate", timed)
+    first = run_search(model2k, cfg, search, tmp_path / "a", progress=False, ledger=tmp_path / "a" / "ledger.json",
+                       time_limit=3600)
+    monkeypatch.setattr(adaptive.StoreItems, "_evaluate", real)
+    assert first.stopped and not first.complete and len(calls) == 4 and first.new_items == len(counted)
+    # (every stored batch was followed by after_batch, the campaign's checkpoint: see test_the_batches_call_back)
+    assert not (tmp_path / "a" / "within_1pt.csv").exists()  # no tables from a stopped run
+    fresh = tmp_path / "b"
+    for kind in ("thresholds", "static_scores"):
+        if (tmp_path / "a" / kind).is_dir():
+            shutil.copytree(tmp_path / "a" / kind, fresh / kind)
+    shutil.copy(tmp_path / "a" / "ledger.json", fresh / "ledger.json")
+    again = run_search(model2k, cfg, search, fresh, progress=False, ledger=fresh / "ledger.json")
+    assert sorted(counted) == sorted(one_go)  # ledger + fresh store = one search, no item twice
+    pd.testing.assert_frame_equal(again.within, ref.within)
+    # the ledger then holds every item the search read, with the store's own correctness
+    from lens_heads.sweep.ledger import Ledger
+
+    book = Ledger.load(fresh / "ledger.json", [r.doc_id for r in _records(cfg)])
+    run, _ = adaptive.prepare_search(model2k, cfg, search, tmp_path / "ref", progress=False)
+    for digest, e in book.entries.items():
+        spec = e.spec
+        truth = run.items.correct(spec, sorted(e.known))
+        assert [bool(x) for x in truth] == [d in e.correct for d in sorted(e.known)], spec
+
+
+def _records(cfg):
+    from lens_heads.data import load_task
+    from lens_heads.forward.task_requests import select_records
+
+    return select_records(load_task(cfg.task), cfg.limit, cfg.seed)
+
+
+def test_a_replay_of_a_running_search_shows_its_curves_pending(model2k, shared_data, tmp_path, monkeypatch):
+    from lens_heads.data import load_task
+    from lens_heads.sweep import adaptive
+    from lens_heads.sweep.adaptive import PENDING, search_config, tabulate_search
+
+    cfg = SweepConfig(**{**CFG, "random_seeds": [0]})
+    search = SearchConfig(margin=0.05, resolution=0.25, batch=8, alpha=0.2)
+    real, calls = adaptive.StoreItems._evaluate, []
+
+    def timed(self, spec, ids):
+        calls.append(spec)
+        if len(calls) == 3:
+            self.deadline = -1.0
+        return real(self, spec, ids)
+
+    monkeypatch.setattr(adaptive.StoreItems, "_evaluate", timed)
+    assert run_search(model2k, cfg, search, tmp_path, progress=False, time_limit=3600).stopped
+    task = load_task("piqa")
+    gcfg, grid = search_config(cfg, search)
+    identity = gcfg.identity(model2k, task)
+    assert tabulate_search(tmp_path, identity, gcfg, None, search, grid, task=task) is None
+    found = tabulate_search(tmp_path, identity, gcfg, None, search, grid, task=task, pending=True, costs=True)
+    assert not found.complete and PENDING in set(found.within.crossing_status)
+    first = found.probes.iloc[0]
+    assert first.decision == PENDING and 0 < first.n_items < 48 and first.n_items % 8 == 0
+    # a pending curve's cost is what its stored parts took, read from their own timings
+    row = found.within.iloc[0]
+    assert row.eval_items == first.n_items and row.eval_seconds > 0
+
+
+def test_mean_ablation_runs_through_the_search(model2k, shared_data, tmp_path, counted):
+    """Under ``replacement`` (``--ablate-with mean:...``) every probed point replaces its heads,
+    and each stored item is what evaluating that replaced ablation directly gives."""
+    from lens_heads.data import load_task
+    from lens_heads.evaluation.evaluate import evaluate_task
+    from lens_heads.forward.replacement import parse_replacement
+    from lens_heads.interventions.ablation import parse_ablation
+    from lens_heads.interventions.specs import parse_spec, with_replacement
+    from lens_heads.sweep.adaptive import prepare_search
+
+    cfg = SweepConfig(**{**CFG, "random_seeds": [0], "score_ids": ["ahon_ln"], "limit": 24},
+                      replacement="mean:c4-sample@4")
+    search = SearchConfig(margin=0.05, resolution=0.25, batch=8, alpha=0.2)
+    found = run_search(model2k, cfg, search, tmp_path, progress=False)
+    specs = {s for p in found.probes.specs for s in p.split(";")}
+    assert specs and all(s.endswith("|mean:c4-sample@4") for s in specs)
+    zero_cfg = SweepConfig(**{**CFG, "random_seeds": [0], "score_ids": ["ahon_ln"], "limit": 24})
+    zrun, _ = prepare_search(model2k, zero_cfg, search, tmp_path / "zero", progress=False)
+    run, _ = prepare_search(model2k, cfg, search, tmp_path, progress=False)
+    task = load_task("piqa")
+    rep = parse_replacement("mean:c4-sample@4")
+    for p in found.probes.itertuples():
+        for s in p.specs.split(";"):
+            zero_spec = zrun.plan.points[[q.spec for q in run.plan.points].index(s)].spec  # same point, zeroed
+            spec = str(with_replacement(parse_spec(zero_spec), rep))
+            assert spec == s
+            ids = run.order[:p.n_items]
+            direct = evaluate_task(model2k, task, ablation=parse_ablation(spec, model2k.geometry), doc_ids=ids,
+                                   batch_size=8, progress=False)
+            by = {q.doc_id: q.correct for q in direct.questions}
+            assert [bool(x) for x in run.items.correct(s, ids)] == [by[d] for d in ids]
+
+
+def test_the_command_line_takes_a_time_limit_and_a_ledger(tiny_llama_2k, shared_data, tmp_path, capsys):
+    from lens_heads.cli import main
+
+    out = tmp_path / "run"
+    argv = ["sweep", str(tiny_llama_2k), "--task", "piqa", "--limit", "24", "--scores", "ahon_ln", "--random-seeds",
+            "1", "--fractions", "0,0.5", "--search", "crossing", "--resolution", "25", "--margin", "5",
+            "--search-batch", "8", "--out", str(out), "--no-progress", "--ledger", str(tmp_path / "l.json"),
+            "--time-limit", "60"]
+    assert main(argv) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert "ledger:" in printed and (tmp_path / "l.json").is_file() and (out / "within_1pt.csv").is_file()
+    for bad, message in ((["--time-limit", "0"], "must be > 0"), (["--workers", "2"], "run in this process")):
+        assert main([*argv, *bad]) == 2
+        assert message in capsys.readouterr().err
+    assert main(["sweep", str(tiny_llama_2k), "--task", "piqa", "--ledger", "x.json", "--out", str(tmp_path / "x")]) == 2
+    assert "--ledger goes with --search crossing" in capsys.readouterr().err
+
+
+def test_the_batches_call_back_between_them(model2k, shared_data, tmp_path, counted):
+    """``StoreItems.after_batch`` runs once after each batch evaluated and stored, with no claim
+    held, so a caller can write the ledger there: it then holds exactly the items stored so far."""
+    from lens_heads.sweep import adaptive
+
+    cfg = SweepConfig(**{**CFG, "random_seeds": [0], "score_ids": ["ahon_ln"], "limit": 24})
+    search = SearchConfig(margin=0.05, resolution=0.25, batch=8, alpha=0.2)
+    run, curves = adaptive.prepare_search(model2k, cfg, search, tmp_path, progress=False)
+    seen = []
+
+    def checkpoint():
+        assert not list(tmp_path.rglob("*.claim"))
+        book = run.items.to_ledger()
+        seen.append(sum(len(e.known) for e in book.entries.values()))
+
+    run.items.after_batch = checkpoint
+    for c in curves:
+        adaptive.search_curve(run, c)
+    assert len(seen) == len(counted) // 8 and seen == sorted(seen) and seen[-1] == len(counted)

@@ -88,6 +88,13 @@ def register(sub) -> None:
     a.add_argument("--max-items", type=int,
                    help="crossing: at most this many questions per probe (default all: every probe decides); a "
                         "probe still undecided there is reported unresolved")
+    a.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
+                   help="crossing: evaluate no batch after this many minutes; the curves not finished are left "
+                        "for a rerun, which resumes them (nothing evaluated is lost)")
+    a.add_argument("--ledger", default=None, metavar="FILE",
+                   help="crossing: a compact record of every item's result (docs/methods.md §13), read if it "
+                        "exists and written back when the run ends or stops: small enough to commit, and a "
+                        "search on a machine without the store resumes from it")
     g = p.add_argument_group("scale-out (docs/methods.md §8; the store in --out is the only coordination)")
     g.add_argument("--executor", choices=("local", "ray", "slurm"), default="local",
                    help="where the units run: this machine (default: this process, or --workers processes), "
@@ -196,7 +203,15 @@ def run(args) -> int:
         raise LensHeadsError("--search crossing searches curves; --ablate points have none (run them as a grid sweep)")
     if search is not None:
         search.grid(max(cfg.fractions))  # a range that holds a step: checked before anything loads
+    for name in ("time_limit", "ledger"):
+        if getattr(args, name) is not None and search is None:
+            raise LensHeadsError(f"--{name.replace('_', '-')} goes with --search crossing")
+    if args.time_limit is not None and not args.time_limit > 0:
+        raise LensHeadsError(f"--time-limit must be > 0 minutes, got {args.time_limit:g}")
     scale = _executor_config(args) if search is None or args.shard is None else None  # a shard searches here
+    if scale is not None and search is not None and (args.time_limit is not None or args.ledger is not None):
+        raise LensHeadsError("--time-limit and --ledger run in this process (or one --shard); the executors' "
+                             "workers take neither")
     if in_process_only(cfg) and scale is not None:
         raise LensHeadsError(in_process_message(in_process_only(cfg)))
     if scale is not None and (args.thresholds_file is not None or args.paper_protocol):
@@ -247,7 +262,9 @@ def run(args) -> int:
 
     if search is not None:
         shard = parse_shard(args.shard) if args.shard is not None else None
-        found = run_search(model, cfg, search, args.out, task=task, progress=not args.no_progress, shard=shard)
+        found = run_search(model, cfg, search, args.out, task=task, progress=not args.no_progress, shard=shard,
+                           ledger=args.ledger,
+                           time_limit=None if args.time_limit is None else 60.0 * args.time_limit)
         return report_search(args, found)
     result = run_sweep(model, cfg, args.out, task=task, progress=not args.no_progress)
     return report(args, result)
@@ -281,7 +298,12 @@ def report_search(args, found) -> int:
               f"({row['n_probes']} probes: {row['probes']}){flag}")
     print((f"{found.new_items} question evaluations in this process, " if found.new_items is not None else "")
           + f"{found.seconds:.1f} s")
-    if found.complete:
+    if getattr(args, "ledger", None) is not None:
+        print(f"ledger: {args.ledger}")
+    if getattr(found, "stopped", False):
+        print(f"stopped at the time limit with {len(found.outcomes)} curve(s) done: rerun the same command to "
+              f"resume (nothing evaluated is lost)")
+    elif found.complete:
         print(f"wrote {args.out}/within_1pt.csv and {args.out}/probes.csv")
     else:
         print("other shards' curves are still running: the last shard to finish writes the tables")

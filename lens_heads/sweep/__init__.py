@@ -31,6 +31,8 @@ The package, in the order data flows through it:
 * ``adaptive``: ``--search crossing``: each curve's within-margin crossing by bisection over a
   fine grid, every probe decided sequentially on the confidence sequence, its questions read
   from and stored in the same store under the grid's point keys (docs/methods.md §13);
+* ``ledger``: a search's per-item results in compact form (one bit an item and point, the
+  units zeroed, the seconds spent): what a campaign commits and a fresh machine resumes from;
 * ``records`` / ``result``: the typed stored records and ``SweepResult`` (save / load).
 
 Every record is one JSON file in a ``ResultStore`` (``DIR/points``, ``DIR/parts``,

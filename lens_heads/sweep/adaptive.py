@@ -41,8 +41,10 @@ from lens_heads.results.keys import Kind, RunIdentity, StoreKey, config_key
 from lens_heads.progress import progress_bar
 from lens_heads.results.store import ResultStore
 from lens_heads.sweep.confseq import WoRConfidenceSequence, decide
+from lens_heads.sweep.ledger import Ledger, LedgerEntry, population_digest
 from lens_heads.sweep.config import SweepConfig
 from lens_heads.sweep.plan import SweepPlan, stored_static
+from lens_heads.forward.task_requests import select_records
 from lens_heads.sweep.records import PointRecord
 from lens_heads.sweep.run import check_one_weights, check_sweep, ensure_static, ensure_thresholds, read_thresholds
 
@@ -50,7 +52,17 @@ if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
 
 WITHIN, OUTSIDE, UNRESOLVED = "within", "outside", "unresolved"
+PENDING = "pending"  # a probe (and its curve) whose items are not all stored yet: a replay of a running search
 _EXACT = 1e-9  # Δ == -margin counts as within (the grid's ``acc >= base - tol``), float rounding aside
+
+
+class ItemsMissing(LensHeadsError):
+    """An item a search needs is not stored and there is no model to evaluate it."""
+
+
+class SearchStopped(LensHeadsError):
+    """The search's deadline came before the next batch was evaluated (nothing is lost: every
+    batch evaluated is stored)."""
 
 
 @dataclass(frozen=True)
@@ -142,7 +154,7 @@ class CurveOutcome:
 def bisect_crossing(n_grid: int, probe: Callable[[int], ProbeOutcome]) -> CurveOutcome:
     """Bisection for the largest grid index whose Δ is within the margin. Index 0 (nothing
     zeroed) is within by definition; ``n_grid`` stands for "beyond the grid" (outside). Each
-    step probes the middle of the bracket; an unresolved probe ends the search."""
+    step probes the middle of the bracket; an unresolved (or pending) probe ends the search."""
     lo, hi = 0, n_grid
     probes: list[ProbeOutcome] = []
     while hi - lo > 1:
@@ -154,22 +166,31 @@ def bisect_crossing(n_grid: int, probe: Callable[[int], ProbeOutcome]) -> CurveO
         elif got.decision == OUTSIDE:
             hi = mid
         else:
-            return CurveOutcome(None, UNRESOLVED, (lo, hi), probes)
+            return CurveOutcome(None, PENDING if got.decision == PENDING else UNRESOLVED, (lo, hi), probes)
     return CurveOutcome(lo, "lower bound" if hi == n_grid else "resolved", (lo, hi), probes)
 
 
 def decide_probe(N: int, order: Sequence[int], differences: Callable[[Sequence[int]], np.ndarray],
                  alpha: float, margin: float, batch: int, levels: int = 1, max_items: int | None = None,
-                 on_batch: Callable[[int, float, float], None] | None = None) -> ProbeOutcome:
+                 on_batch: Callable[[int, float, float], None] | None = None,
+                 pending: bool = False) -> ProbeOutcome:
     """Feed the items of ``order`` (the population's N item ids in a random order) to a
     confidence sequence, ``batch`` at a time, until it decides; ``differences(ids)`` gives each
-    item's Δ on the lattice -1, -1 + 1/levels, ..., 1. The outcome's index is left at -1."""
+    item's Δ on the lattice -1, -1 + 1/levels, ..., 1. The outcome's index is left at -1.
+    ``pending``: a batch whose items are missing (``ItemsMissing``) ends the probe as ``pending``
+    with the interval so far, instead of raising."""
     cs = WoRConfidenceSequence(N, alpha, -1.0, 1.0, 1.0 / levels)
     cap = N if max_items is None else min(N, max_items)
     lo, hi, n = -1.0, 1.0, 0
     while n < cap:
         ids = order[n:min(n + batch, cap)]
-        lo, hi = cs.update(differences(ids))
+        try:
+            d = differences(ids)
+        except ItemsMissing:
+            if not pending:
+                raise
+            return ProbeOutcome(-1, PENDING, lo, hi, n)
+        lo, hi = cs.update(d)
         n += len(ids)
         if on_batch is not None:
             on_batch(n, lo, hi)
@@ -189,16 +210,34 @@ def item_order(doc_ids: Sequence[int], seed: int) -> list[int]:
 # Items from the store
 
 
+@dataclass(frozen=True)
+class _Known:
+    """An item known from a ledger: its correctness is all a search reads."""
+
+    doc_id: int
+    correct: bool
+
+
 class StoreItems:
     """Per-item results of sweep points, read from ``store`` (a point's record, or its parts)
-    and evaluated where missing (with ``model``; without one a missing item is an error: the
-    tables are rebuilt from the store alone)."""
+    and from ``ledger`` (``sweep.ledger``: the compact form a fresh machine may hold alone), and
+    evaluated where missing (with ``model``; without one a missing item is ``ItemsMissing``: the
+    tables are rebuilt from the store alone). ``deadline`` (``time.monotonic()``): no batch is
+    evaluated once it has passed (``SearchStopped``). ``after_batch``: called after each batch
+    is evaluated and stored (a long campaign checkpoints its ledger there)."""
 
-    def __init__(self, store: ResultStore, plan: SweepPlan, model: LoadedModel | None = None, task=None):
+    def __init__(self, store: ResultStore, plan: SweepPlan, model: LoadedModel | None = None, task=None,
+                 ledger: Ledger | None = None, deadline: float | None = None):
         self.store, self.plan, self.model, self.task = store, plan, model, task
+        if ledger is not None and ledger.population != population_digest(plan.doc_ids):
+            raise LensHeadsError("the ledger is of another population of items than the search's plan")
+        self.ledger, self.deadline = ledger, deadline
+        self.after_batch: Callable[[], None] | None = None  # called after each batch evaluated and stored
         self.new = 0  # items this object evaluated
-        self._known: dict[str, dict[int, object]] = {}  # point digest -> doc_id -> QuestionResult
-        self._zeroed: dict[str, list[int]] = {}  # point digest -> [units zeroed, units seen] over its records
+        self.new_seconds = 0.0  # the seconds their evaluation took
+        self._known: dict[str, dict[int, object]] = {}  # point digest -> doc_id -> QuestionResult (or _Known)
+        self._zeroed: dict[str, list[float]] = {}  # point digest -> [units zeroed, units seen] over its records
+        self._cost: dict[str, list[float]] = {}  # point digest -> [items evaluated, milliseconds] over its records
         self._index_parts()
 
     def _index_parts(self) -> None:
@@ -214,22 +253,37 @@ class StoreItems:
         if digest in self._known:
             return self._known[digest]
         got: dict[int, object] = {}
-        zeroed = [0, 0]
+        zeroed, cost = [0.0, 0.0], [0.0, 0.0]
         rec = self.store.load(key, PointRecord)
         records = [rec] if rec is not None else [PointRecord.from_json(d) for d in self._parts.get(digest, [])]
-        for r in records:
-            self._add(got, zeroed, r)
-        self._known[digest], self._zeroed[digest] = got, zeroed
+        entry = self.ledger.get(digest) if self.ledger is not None else None
+        stored = {q.doc_id for r in records for q in r.questions}
+        if entry is not None and not entry.known <= stored:  # the ledger knows more than this store
+            got.update({d: _Known(d, d in entry.correct) for d in entry.known})
+            zeroed[:] = entry.zeroed_units
+            cost[:] = [entry.items, round(1000 * entry.seconds)]
+            for r in records:  # what this store evaluated beyond the ledger
+                ids = {q.doc_id for q in r.questions}
+                if ids - entry.known:
+                    self._add(got, zeroed, cost, r, share=len(ids - entry.known) / len(ids))
+        else:
+            for r in records:
+                self._add(got, zeroed, cost, r)
+        self._known[digest], self._zeroed[digest], self._cost[digest] = got, zeroed, cost
         return got
 
     @staticmethod
-    def _add(got: dict, zeroed: list[int], rec: PointRecord) -> None:
+    def _add(got: dict, zeroed: list[float], cost: list[float], rec: PointRecord, share: float = 1.0) -> None:
+        """Add ``rec``'s items that are not known yet; its counts (zeroed units, items evaluated,
+        seconds) in proportion ``share`` (the part of its items that is new)."""
         for q in rec.questions:
             got.setdefault(q.doc_id, q)
         units = rec.eval_config.get("zeroed_units")
         if units:
-            zeroed[0] += units[0]
-            zeroed[1] += units[1]
+            zeroed[0] += share * units[0]
+            zeroed[1] += share * units[1]
+        cost[0] += share * len(rec.questions)
+        cost[1] += share * round(1000 * float(rec.eval_config.get("seconds") or 0.0))  # in ms: sums exact
 
     def pct_zeroed(self, spec: str) -> float:
         """% of (input, layer, head) units zeroed over the stored items of ``spec``'s point."""
@@ -237,6 +291,14 @@ class StoreItems:
         self._load(key)
         z, u = self._zeroed.get(key.digest, [0, 0])
         return 0.0 if spec == "none" else (100.0 * z / u if u else math.nan)
+
+    def cost(self, spec: str) -> tuple[float, float]:
+        """(items evaluated, seconds) of ``spec``'s point over its stored items (and the ledger's),
+        read from the records' own timings: the same on every machine that reads them."""
+        key = self.plan.point_key(spec)
+        self._load(key)
+        items, ms = self._cost.get(key.digest, [0.0, 0.0])
+        return float(items), float(ms) / 1000
 
     def correct(self, spec: str, doc_ids: Sequence[int]) -> np.ndarray:
         """0/1 correctness of ``spec`` on ``doc_ids`` (evaluating, and storing, the missing ones)."""
@@ -252,22 +314,30 @@ class StoreItems:
         """Evaluate ``missing`` under ``spec`` as one claimed part (or wait for the process that holds it)."""
         part = key.part(missing)
         path = self.store.path(part)
+        evaluated = False
         with claim(path) as mine:
             if mine:
                 rec = self.store.load(part, PointRecord)
                 if rec is None:
                     if self.model is None:
-                        raise LensHeadsError(f"{self.store.root}: items of {spec} are not stored; the search's "
-                                             f"tables are rebuilt from a complete store only")
+                        raise ItemsMissing(f"{self.store.root}: items of {spec} are not stored; the search's "
+                                           f"tables are rebuilt from a complete store only")
+                    if self.deadline is not None and time.monotonic() >= self.deadline:
+                        raise SearchStopped(f"the search's time is up before {len(missing)} items of {spec}")
                     rec = self._evaluate(spec, missing)
                     self.store.save(part, rec)
                     self.new += len(missing)
-                self._add(self._known[key.digest], self._zeroed[key.digest], rec)
-                return
+                    self.new_seconds += float(rec.eval_config.get("seconds") or 0.0)
+                    evaluated = True
+                self._add(self._known[key.digest], self._zeroed[key.digest], self._cost[key.digest], rec)
+        if mine:
+            if evaluated and self.after_batch is not None:
+                self.after_batch()  # between batches, no claim held: a caller may checkpoint (``to_ledger``)
+            return
         wait_for(path)
         rec = self.store.load(part, PointRecord)
         if rec is not None:
-            self._add(self._known[key.digest], self._zeroed[key.digest], rec)
+            self._add(self._known[key.digest], self._zeroed[key.digest], self._cost[key.digest], rec)
 
     def _evaluate(self, spec: str, doc_ids: list[int]) -> PointRecord:
         cfg = self.plan.cfg
@@ -276,6 +346,19 @@ class StoreItems:
                                           batch_size=cfg.batch_size, progress=False, doc_ids=list(doc_ids),
                                           protocol=cfg.protocol)
         return PointRecord.from_result(result)
+
+    def to_ledger(self) -> Ledger:
+        """Everything known of the plan's points (the store's and the ledger's), as a ledger."""
+        entries = {}
+        for spec in self.plan.order:
+            key = self.plan.point_key(spec)
+            known = self._load(key)
+            if not known:
+                continue
+            entries[key.digest] = LedgerEntry(spec, frozenset(known), frozenset(d for d, q in known.items() if q.correct),
+                                              tuple(self._zeroed[key.digest]), self._cost[key.digest][1] / 1000,
+                                              int(round(self._cost[key.digest][0])))
+        return Ledger(self.plan.doc_ids, entries)
 
     def complete_point(self, spec: str) -> bool:
         """Once every item of ``spec`` is known from disjoint parts: store them as the point's
@@ -354,39 +437,46 @@ class SearchRun:
         return item_order(self.plan.doc_ids, self.search.order_seed)
 
 
-def search_curve(run: SearchRun, curve: Curve) -> CurveOutcome:
-    """Bisect ``curve`` on the run's grid, each probe decided sequentially on the store's items."""
-    N, order, items, search = len(run.plan.doc_ids), run.order, run.items, run.search
+def run_probe(run: SearchRun, curve: Curve, index: int, pending: bool = False,
+              max_items: int | None = None) -> ProbeOutcome:
+    """One probe of ``curve`` at grid ``index``: its questions in the run's order, batch by
+    batch, until the confidence sequence decides (``max_items``: a cap below the search's own)."""
+    N, items, search = len(run.plan.doc_ids), run.items, run.search
     alpha = search.probe_alpha(len(run.grid))
+    cap = search.max_items if max_items is None else (max_items if search.max_items is None
+                                                      else min(max_items, search.max_items))
+    specs = curve.specs[index]
+    label = f"{curve.name}@{100 * run.grid[index]:g}%"
+    bar = progress_bar(N, label, enabled=run.progress, unit="item", leave=False)
 
-    def probe(index: int) -> ProbeOutcome:
-        specs = curve.specs[index]
-        label = f"{curve.name}@{100 * run.grid[index]:g}%"
-        bar = progress_bar(N, label, enabled=run.progress, unit="item", leave=False)
+    def differences(ids: Sequence[int]) -> np.ndarray:
+        base = items.correct("none", ids)
+        ablated = np.mean([items.correct(s, ids) for s in specs], axis=0)
+        return ablated - base
 
-        def differences(ids: Sequence[int]) -> np.ndarray:
-            base = items.correct("none", ids)
-            ablated = np.mean([items.correct(s, ids) for s in specs], axis=0)
-            return ablated - base
+    def shown(n: int, lo: float, hi: float) -> None:
+        bar.n = n
+        bar.set_postfix_str(f"Δ in [{100 * lo:+.2f}, {100 * hi:+.2f}] pt, margin -{100 * search.margin:g}",
+                            refresh=True)
 
-        def shown(n: int, lo: float, hi: float) -> None:
-            bar.n = n
-            bar.set_postfix_str(f"Δ in [{100 * lo:+.2f}, {100 * hi:+.2f}] pt, margin -{100 * search.margin:g}",
-                                refresh=True)
+    try:
+        got = decide_probe(N, run.order, differences, alpha, search.margin, search.batch, curve.levels,
+                           cap, shown, pending)
+    finally:
+        bar.close()
+    got.index = index
+    got.pct_zeroed = float(np.mean([items.pct_zeroed(s) for s in specs]))
+    if got.n == N and got.decision != PENDING:
+        for s in specs:
+            items.complete_point(s)  # a probe run to exhaustion is a whole point: a grid sweep reads it
+    return got
 
-        try:
-            got = decide_probe(N, order, differences, alpha, search.margin, search.batch, curve.levels,
-                               search.max_items, shown)
-        finally:
-            bar.close()
-        got.index = index
-        got.pct_zeroed = float(np.mean([items.pct_zeroed(s) for s in specs]))
-        if got.n == N:
-            for s in specs:
-                items.complete_point(s)  # a probe run to exhaustion is a whole point: a grid sweep reads it
-        return got
 
-    return bisect_crossing(len(run.grid), probe)
+def search_curve(run: SearchRun, curve: Curve, pending: bool = False) -> CurveOutcome:
+    """Bisect ``curve`` on the run's grid, each probe decided sequentially on the store's items.
+    ``pending`` (a replay with no model): the first probe whose items are not all stored ends the
+    curve as ``pending``, with its interval so far, instead of raising ``ItemsMissing``."""
+    return bisect_crossing(len(run.grid), lambda index: run_probe(run, curve, index, pending))
 
 
 # -----------------------------------------------------------------------------
@@ -401,8 +491,18 @@ def probe_rows(curve: Curve, outcome: CurveOutcome, grid: Sequence[float]) -> li
             for i, p in enumerate(outcome.probes)]
 
 
-def crossing_row(curve: Curve, outcome: CurveOutcome, grid: Sequence[float], search: SearchConfig, N: int) -> dict:
-    """The curve's ``within_1pt.csv`` row of an adaptive search."""
+def curve_cost(curve: Curve, outcome: CurveOutcome, items: StoreItems) -> tuple[float, float]:
+    """(items evaluated, seconds) of the points ``outcome`` probed, the unablated one left out
+    (every curve shares it): from the stored records' own timings, so the same wherever read."""
+    specs = dict.fromkeys(s for p in outcome.probes for s in curve.specs[p.index] if s != "none")
+    costs = [items.cost(s) for s in specs]
+    return float(sum(c[0] for c in costs)), float(sum(c[1] for c in costs))
+
+
+def crossing_row(curve: Curve, outcome: CurveOutcome, grid: Sequence[float], search: SearchConfig, N: int,
+                 cost: tuple[float, float] | None = None) -> dict:
+    """The curve's ``within_1pt.csv`` row of an adaptive search (``cost``: ``curve_cost``'s
+    items evaluated and seconds, the ``eval_items`` / ``eval_seconds`` columns)."""
     lo, hi = outcome.bracket
     beyond = lambda i: math.inf if i >= len(grid) else 100 * grid[i]  # noqa: E731
     violations = outcome.violations(search.margin)
@@ -413,16 +513,18 @@ def crossing_row(curve: Curve, outcome: CurveOutcome, grid: Sequence[float], sea
             "margin_pts": 100 * search.margin, "n_probes": len(outcome.probes), "n_population": N,
             "item_evaluations": sum(p.n * len(curve.specs[p.index]) for p in outcome.probes),
             "probes": "; ".join(f"{100 * grid[p.index]:g}%:{p.decision}@{p.n}" for p in outcome.probes),
-            "monotone_violation": "; ".join(f"{100 * grid[a]:g}%<{100 * grid[b]:g}%" for a, b in violations)}
+            "monotone_violation": "; ".join(f"{100 * grid[a]:g}%<{100 * grid[b]:g}%" for a, b in violations),
+            **({} if cost is None else {"eval_items": round(cost[0]), "eval_seconds": round(cost[1], 3)})}
 
 
 def search_tables(curves: Iterable[Curve], outcomes: Sequence[CurveOutcome], grid: Sequence[float],
-                  search: SearchConfig, N: int):
-    """(within, probes) DataFrames of an adaptive search."""
+                  search: SearchConfig, N: int, items: StoreItems | None = None):
+    """(within, probes) DataFrames of an adaptive search (``items``: where the curves' costs are read)."""
     import pandas as pd
 
     curves = list(curves)
-    within = pd.DataFrame([crossing_row(c, o, grid, search, N) for c, o in zip(curves, outcomes)])
+    within = pd.DataFrame([crossing_row(c, o, grid, search, N, None if items is None else curve_cost(c, o, items))
+                           for c, o in zip(curves, outcomes)])
     probes = pd.DataFrame([r for c, o in zip(curves, outcomes) for r in probe_rows(c, o, grid)])
     return within, probes
 
@@ -449,6 +551,7 @@ class SearchResult:
     new_items: int = 0
     seconds: float = 0.0
     complete: bool = True
+    stopped: bool = False  # the time limit came first: the curves not in ``outcomes`` are left for a rerun
 
     @classmethod
     def load_tables(cls, out_dir) -> tuple[object, object] | None:
@@ -485,9 +588,11 @@ class SearchResult:
 
 
 def prepare_search(model: LoadedModel, cfg: SweepConfig, search: SearchConfig, out_dir, task=None,
-                   progress: bool = True) -> tuple[SearchRun, list[Curve]]:
+                   progress: bool = True, ledger: Ledger | None = None,
+                   deadline: float | None = None) -> tuple[SearchRun, list[Curve]]:
     """Everything a search needs before its first probe: the thresholds and static scores on the
-    search's grid (stored, or one scoring pass), the plan, the curves."""
+    search's grid (stored, or one scoring pass), the plan, the curves. ``ledger``: items known
+    beyond the store (``sweep.ledger``); ``deadline``: see ``StoreItems``."""
     task = check_sweep(model, cfg, task)
     gcfg, grid = search_config(cfg, search)
     identity = gcfg.identity(model, task)
@@ -496,19 +601,45 @@ def prepare_search(model: LoadedModel, cfg: SweepConfig, search: SearchConfig, o
     thresholds = ensure_thresholds(model, store, identity, gcfg, task, progress)
     static = ensure_static(model, store, identity, gcfg, task, progress)
     plan = SweepPlan.build(identity, gcfg, task, thresholds, static)
-    return SearchRun(plan, search, grid, StoreItems(store, plan, model, task), progress), curves_of(plan, grid)
+    items = StoreItems(store, plan, model, task, ledger=ledger, deadline=deadline)
+    return SearchRun(plan, search, grid, items, progress), curves_of(plan, grid)
 
 
 def run_search(model: LoadedModel, cfg: SweepConfig, search: SearchConfig, out_dir, task=None,
-               progress: bool = True, shard: tuple[int, int] | None = None) -> SearchResult:
+               progress: bool = True, shard: tuple[int, int] | None = None, ledger=None,
+               time_limit: float | None = None) -> SearchResult:
     """Search every curve of ``cfg`` (``shard`` (i, n): every n-th curve from i, then the tables
     if every curve is done) and write the tables. Resumes from the store; reuses what a grid
-    sweep stored under the same keys."""
+    sweep stored under the same keys.
+
+    ``ledger``: a path: the items it holds are read (a fresh machine's store may hold none of
+    them) and it is written back with everything known when the run ends or stops.
+    ``time_limit`` (seconds): no batch is evaluated after it (a scoring pass already running
+    finishes); the curves not finished by then are left for a rerun, which resumes them, and the
+    result is ``stopped`` with no tables written."""
     t0 = time.perf_counter()
-    run, curves = prepare_search(model, cfg, search, out_dir, task, progress)
+    deadline = None if time_limit is None else time.monotonic() + float(time_limit)
+    task = check_sweep(model, cfg, task)
+    doc_ids = [r.doc_id for r in select_records(task, cfg.limit, cfg.seed)]
+    book = None if ledger is None else Ledger.load(ledger, doc_ids)
+    run, curves = prepare_search(model, cfg, search, out_dir, task, progress, book, deadline)
     mine = curves if shard is None else curves[shard[0]::shard[1]]
-    outcomes = {curve.name: search_curve(run, curve) for curve in mine}
-    if shard is None:  # every curve searched here: its tables are the outcomes (a replay from the store equals them)
+    outcomes: dict[str, CurveOutcome] = {}
+    stopped = False
+    try:
+        for curve in mine:
+            outcomes[curve.name] = search_curve(run, curve)
+    except SearchStopped:
+        stopped = True
+    finally:
+        if ledger is not None:
+            run.items.to_ledger().save(ledger)
+    done = [c for c in mine if c.name in outcomes]
+    if stopped:
+        within, probes = search_tables(done, [outcomes[c.name] for c in done], run.grid, search,
+                                       len(run.plan.doc_ids))
+        result = SearchResult(within, probes, outcomes, complete=False, stopped=True)
+    elif shard is None:  # every curve searched here: its tables are the outcomes (a replay from the store equals them)
         within, probes = search_tables(curves, [outcomes[c.name] for c in curves], run.grid, search,
                                        len(run.plan.doc_ids))
         result = SearchResult(within, probes, outcomes)
@@ -518,7 +649,7 @@ def run_search(model: LoadedModel, cfg: SweepConfig, search: SearchConfig, out_d
         within, probes = search_tables([c for c in mine], [outcomes[c.name] for c in mine], run.grid, search,
                                        len(run.plan.doc_ids))
         result = SearchResult(within, probes, outcomes, complete=False)
-    else:
+    elif not stopped:
         result.save(out_dir)
     result.new_items, result.seconds = run.items.new, time.perf_counter() - t0
     return result
@@ -544,9 +675,12 @@ def run_curve_unit(model: LoadedModel, task, identity: RunIdentity, gcfg: SweepC
 
 def tabulate_search(out_dir, identity: RunIdentity, gcfg: SweepConfig, plan: SweepPlan | None,
                     search: SearchConfig, grid: Sequence[float], curves: Sequence[Curve] | None = None,
-                    task=None) -> SearchResult | None:
-    """The search's tables from the store alone (no model): every curve's search replayed on its
-    stored items; None while any item a curve needs is missing."""
+                    task=None, ledger: Ledger | None = None, pending: bool = False,
+                    costs: bool = False) -> SearchResult | None:
+    """The search's tables from the store (and ``ledger``) alone, no model: every curve's search
+    replayed on its stored items; None while any item a curve needs is missing, or with
+    ``pending`` the curves still running as ``pending`` rows (their probes so far); ``costs``:
+    with each curve's ``eval_items`` / ``eval_seconds`` (``curve_cost``)."""
     store = ResultStore(out_dir)
     if plan is None:
         thresholds = read_thresholds(store, identity, gcfg, task)
@@ -555,18 +689,19 @@ def tabulate_search(out_dir, identity: RunIdentity, gcfg: SweepConfig, plan: Swe
             return None
         plan = SweepPlan.build(identity, gcfg, task, thresholds, static)
     curves = list(curves) if curves is not None else curves_of(plan, grid)
-    replay = SearchRun(plan, search, list(grid), StoreItems(store, plan))
+    replay = SearchRun(plan, search, list(grid), StoreItems(store, plan, ledger=ledger))
     outcomes = {}
     try:
         for c in curves:
-            outcomes[c.name] = search_curve(replay, c)
-    except LensHeadsError:
+            outcomes[c.name] = search_curve(replay, c, pending)
+    except ItemsMissing:
         return None
-    within, probes = search_tables(curves, [outcomes[c.name] for c in curves], grid, search, len(plan.doc_ids))
-    return SearchResult(within, probes, outcomes)
+    within, probes = search_tables(curves, [outcomes[c.name] for c in curves], grid, search, len(plan.doc_ids),
+                                   replay.items if costs else None)
+    return SearchResult(within, probes, outcomes, complete=all(o.status != PENDING for o in outcomes.values()))
 
 
-__all__ = ["SearchConfig", "ProbeOutcome", "CurveOutcome", "Curve", "SearchRun", "SearchResult", "StoreItems",
+__all__ = ["ItemsMissing", "SearchStopped", "PENDING", "curve_cost", "SearchConfig", "ProbeOutcome", "CurveOutcome", "Curve", "SearchRun", "SearchResult", "StoreItems",
            "bisect_crossing", "decide_probe", "item_order", "max_probes", "curves_of", "prepare_search",
-           "run_curve_unit", "run_search", "search_config", "search_curve", "search_tables", "tabulate_search", "WITHIN", "OUTSIDE",
+           "run_curve_unit", "run_probe", "run_search", "search_config", "search_curve", "search_tables", "tabulate_search", "WITHIN", "OUTSIDE",
            "UNRESOLVED"]

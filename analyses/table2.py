@@ -1,0 +1,913 @@
+"""The paper's Table 2 (arXiv 2504.03889) at paper resolution: each curve's within-1-point
+crossing searched adaptively (docs/methods.md §12-13) on the full benchmark, as a resumable
+campaign over many sessions that commits as it goes.
+
+    export LENS_HEADS_DATA=/work/shared/data HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+    nohup nice -n 19 python analyses/table2.py --time-limit 170 --commit-every 60 --no-progress > /tmp/table2.log 2>&1 &
+
+The work list (``work_list``), in the order of issue 55, so that every session leaves finished
+rows: PIQA for SmolLM2, Gemma and Qwen (the twelve paper functions, random heads over three
+seeds, static AHON(LN)); Qwen/MMLU (stratified 2,000 5-shot) for random, AWFT, AHON(LN),
+LTHON(LN); Gemma/WinoGrande (all functions); the other Qwen/MMLU functions; then mean ablation
+(``mean:c4``) for random, AWFT, AHON(LN), LTHON(LN) on the same five pairs. One *unit* is one
+curve of one (model, task, ablation) *group*; a group is one adaptive search (``SweepConfig`` on
+0-60 % at 1 %, margin 1 point, alpha 0.05 per curve). A pair's two groups share one store,
+``OUT/table2/store/<model>__<task>/``: the unablated point and the thresholds are the same under
+zero and mean ablation (each ablated point has its own key), so they are computed once.
+
+Each unit is skipped when the store (or its ledger) already decides it; else the group's
+thresholds are read (or computed: one scoring pass over the population, not interruptible) and
+the curve is searched, every batch stored as it is evaluated. ``--time-limit``: no batch starts
+after it (the run stops between batches and exits 0; the next run resumes, evaluating nothing
+twice). After every finished unit (and at the stop) the group's ledger
+(``OUT/table2/store/<model>__<task>/ledger_<ablation>.json``, the per-item results in ~N/4
+bytes a point, docs/methods.md §13) is written and every table is rebuilt from the stores and
+ledgers alone, no model. With ``--commit-every M``: every M minutes (checked after each unit and
+after each batch within one, the ledger written first) and at the end, a git commit of the
+results only: the tables, the figures, and per pair the ledgers, the scoring-pass log, the
+thresholds and the static scores (never the per-item store, never anything outside OUT: the
+paths are named, no ``git add -A``). A group whose scoring pass may not fit the time left
+(``--pass-minutes``) waits for a longer run; a CPU without native bf16 only rebuilds the tables
+(``--allow-emulated`` to run there anyway).
+
+Outputs (OUT, beside the old 200-question tables, which this script never writes):
+table2_crossings.csv (a row per unit: crossing, status and reason, intervals, probes, items and
+hours spent, the fixed 7-point grid's cost), table2_probes.csv, table2_groups.csv (per group:
+the unablated items, the population, the scoring pass, totals), table2_paper_comparison.csv,
+table2_paper_claims.csv, table2_dtype_check.csv (``--check-dtype``), table2_runs.csv (one row
+per run that computed something: machine, dtype, items, hours), table2_summary.md and
+figures/table2_<group>.png. Rerunning with nothing left to compute (or ``--tabulate-only``)
+rewrites every one of them byte for byte.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import platform
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import markdown_table, out_folder, script_main, split_list, write_csv  # noqa: E402
+
+from lens_heads.data import load_task  # noqa: E402
+from lens_heads.errors import LensHeadsError  # noqa: E402
+from lens_heads.files.atomic import atomic_path, atomic_write_text  # noqa: E402
+from lens_heads.forward.task_requests import select_records  # noqa: E402
+from lens_heads.models import check_device  # noqa: E402
+from lens_heads.models.load import native_bf16  # noqa: E402
+from lens_heads.results.store import ResultStore  # noqa: E402
+from lens_heads.sweep import SweepConfig  # noqa: E402
+from lens_heads.sweep.adaptive import PENDING, SearchConfig, SearchRun, SearchStopped, StoreItems, curve_cost, \
+    curves_of, prepare_search, run_probe, search_config, search_curve, search_tables  # noqa: E402
+from lens_heads.sweep.ledger import Ledger  # noqa: E402
+from lens_heads.sweep.plan import SweepPlan, stored_static  # noqa: E402
+from lens_heads.sweep.run import read_thresholds  # noqa: E402
+from lens_heads.viz.study import ModelRef  # noqa: E402
+
+MODELS = ("smollm2-135m", "gemma-3-270m", "qwen2.5-coder-0.5b")
+LIMITS = {"piqa": None, "winogrande": None, "mmlu": 2000}  # the population: the full benchmark, MMLU's stratified 2,000
+FIRST = ("random", "awft", "ahon_ln", "lthon_ln")  # the curves the paper's claims turn on, first in every pair
+STATIC = "static:ahon_ln"
+OUTPUT_NORM = ("ahon", "ahon_ln", "lthon", "lthon_ln")  # the paper's output-norm scores
+ZERO, MEAN = "zero", "mean_c4"
+REPLACEMENT = {ZERO: None, MEAN: "mean:c4"}
+GRID7 = 6  # the fixed grid's ablated points per curve (0-30 % in 5s; the unablated point is shared)
+
+# The paper's numbers (arXiv 2504.03889, Table 2 and its text)
+PAPER_ROW = {"model": "Qwen2.5-0.5B", "task": "mmlu", "base_accuracy": 47.49, "awft": 7.4, "ahon_ln": 7.4,
+             "lthon_ln": 14.4}
+PAPER_RANDOM = (0.5, 1.9)
+PAPER_AVERAGES = {"awft": 4.61, "best_non_awft": 12.18}
+
+# Minutes a group's one scoring pass (thresholds + static scores over the whole population, not
+# interruptible) may take at most, by task: a run whose time limit leaves less skips the group's
+# units for now and goes on with the next group's (a longer run takes them). From the unablated
+# passes measured in fp32 on a 2-core AVX2 EPYC (analyses/results/README.md): Qwen/MMLU's 500 took
+# ~2 h (its 2,000: ~8 h), Gemma/WinoGrande ~30 min, PIQA 10-30 min.
+PASS_MINUTES = {"piqa": 30.0, "winogrande": 60.0, "mmlu": 480.0}
+
+TABLES = ("table2_crossings.csv", "table2_probes.csv", "table2_groups.csv", "table2_paper_comparison.csv",
+          "table2_paper_claims.csv", "table2_summary.md")
+
+
+# -----------------------------------------------------------------------------
+# The work list
+
+
+@dataclass(frozen=True)
+class Group:
+    """One adaptive search: a model on a task under one ablation kind."""
+
+    model: str
+    task: str
+    ablation: str  # ZERO or MEAN
+
+    @property
+    def name(self) -> str:
+        return f"{self.model}__{self.task}__{self.ablation}"
+
+
+@dataclass(frozen=True)
+class Unit:
+    group: Group
+    curve: str  # a score id, "random" or "static:ahon_ln"
+    stage: int  # 1-based, the issue's order
+
+    @property
+    def name(self) -> str:
+        return f"{self.group.model}/{self.group.task}/{self.group.ablation}/{self.curve}"
+
+
+def group_curves(args, ablation: str) -> list[str]:
+    """Every curve of a group, in search order: random and the claims' three first."""
+    scores = args.scores if ablation == ZERO else args.mean_scores
+    first = [c for c in FIRST if c == "random" and args.seeds or c in scores]
+    rest = [s for s in scores if s not in first]
+    return first + rest + ([f"static:{s}" for s in args.static] if ablation == ZERO else [])
+
+
+def work_list(args, only: bool = True) -> list[Unit]:
+    """The units in the issue's order (``only``: those whose name starts with an item of ``--only``)."""
+    smol, gemma, qwen = args.model_names
+    zero = lambda m, t: Group(m, t, ZERO)  # noqa: E731
+    allc = group_curves(args, ZERO)
+    first = [c for c in allc if c in FIRST]
+    stages = [(zero(smol, "piqa"), allc), (zero(gemma, "piqa"), allc), (zero(qwen, "piqa"), allc),
+              (zero(qwen, "mmlu"), first), (zero(gemma, "winogrande"), allc),
+              (zero(qwen, "mmlu"), [c for c in allc if c not in first])]
+    for m, t in ((smol, "piqa"), (gemma, "piqa"), (qwen, "piqa"), (qwen, "mmlu"), (gemma, "winogrande")):
+        stages.append((Group(m, t, MEAN), group_curves(args, MEAN)))
+    units = [Unit(g, c, i + 1) for i, (g, curves) in enumerate(stages) for c in curves]
+    if only and args.only:
+        units = [u for u in units if any(u.name.startswith(o) for o in args.only)]
+    return units
+
+
+def sweep_cfg(args, group: Group) -> SweepConfig:
+    scores = args.scores if group.ablation == ZERO else args.mean_scores
+    limit = args.limit if args.limit is not None else LIMITS.get(group.task)
+    if args.limit is not None and LIMITS.get(group.task) is not None:
+        limit = min(args.limit, LIMITS[group.task])
+    return SweepConfig(task=group.task, score_ids=list(scores), fractions=[0.0, args.range],
+                       random_seeds=list(range(args.seeds)), limit=limit, batch_size=args.batch_size,
+                       static_ids=list(args.static) if group.ablation == ZERO else [], chunk_questions=None,
+                       replacement=REPLACEMENT[group.ablation])
+
+
+def search_settings(args) -> SearchConfig:
+    return SearchConfig(margin=args.margin / 100, alpha=args.alpha, resolution=args.resolution / 100,
+                        batch=args.search_batch, order_seed=args.order_seed)
+
+
+# -----------------------------------------------------------------------------
+# A group's search: its store, ledger and plan
+
+
+@dataclass
+class GroupState:
+    group: Group
+    cfg: SweepConfig
+    search: SearchConfig
+    folder: Path
+    ref: ModelRef
+    dtype: str
+    task: object = None
+    run: SearchRun | None = None  # with a model, once prepared
+    replay: SearchRun | None = None  # without one, from the store and the ledger
+    curves: dict = field(default_factory=dict)
+
+    @property
+    def ledger_path(self) -> Path:
+        """This group's ledger; its pair's other groups (the other ablation kind) keep theirs beside it."""
+        return self.folder / f"ledger_{self.group.ablation}.json"
+
+    @property
+    def passes_path(self) -> Path:
+        return self.folder / "passes.csv"
+
+    def load_task(self):
+        if self.task is None:
+            self.task = _task(self.group.task)
+        return self.task
+
+    def doc_ids(self) -> list[int]:
+        return [r.doc_id for r in select_records(self.load_task(), self.cfg.limit, self.cfg.seed)]
+
+    def ledger(self) -> Ledger:
+        """Every ledger of the pair's store, merged: the groups share the unablated point (and
+        thresholds), so one group's ledger can hold what the other needs. Where two hold the
+        same point, the one that knows more questions is taken."""
+        ids = self.doc_ids()
+        merged = Ledger(ids)
+        for path in sorted(self.folder.glob("ledger_*.json")):
+            for digest, e in Ledger.load(path, ids).entries.items():
+                if digest not in merged.entries or len(e.known) > len(merged.entries[digest].known):
+                    merged.entries[digest] = e
+        return merged
+
+    def replayed(self) -> SearchRun | None:
+        """The search on the store and ledger alone (None until the thresholds are stored)."""
+        if self.replay is not None:
+            return self.replay
+        gcfg, grid = search_config(self.cfg, self.search)
+        if not self.folder.is_dir():
+            return None
+        store = ResultStore(self.folder)
+        task = self.load_task()
+        identity = gcfg.identity_for(self.ref.digest, self.dtype, task)
+        thresholds = read_thresholds(store, identity, gcfg, task)
+        static = stored_static(store, identity, gcfg) if gcfg.static_ids else None
+        if thresholds is None or (gcfg.static_ids and static is None):
+            return None
+        plan = SweepPlan.build(identity, gcfg, task, thresholds, static)
+        self.replay = SearchRun(plan, self.search, grid, StoreItems(store, plan, ledger=self.ledger()))
+        self.curves = {c.name: c for c in curves_of(plan, grid)}
+        return self.replay
+
+    def decided(self, curve: str) -> bool:
+        run = self.replayed()
+        if run is None:
+            return False
+        return search_curve(run, self.curves[curve], pending=True).status != PENDING
+
+    def prepare(self, model, deadline: float | None, progress: bool) -> SearchRun:
+        """The search with the model: the thresholds (one scoring pass when missing, timed into
+        passes.csv), the store, the ledger."""
+        if self.run is None:
+            had = self.replayed() is not None
+            t0, c0 = time.perf_counter(), time.process_time()
+            self.run, curves = prepare_search(model, self.cfg, self.search, self.folder, self.load_task(),
+                                              progress, self.ledger(), deadline)
+            if not had:
+                log_pass(self.passes_path, time.perf_counter() - t0, time.process_time() - c0, self.dtype)
+            self.curves = {c.name: c for c in curves}
+            self.replay = None  # rebuilt from the store when tabulating
+        return self.run
+
+    def save_ledger(self) -> None:
+        if self.run is not None:
+            self.run.items.to_ledger().save(self.ledger_path)
+            self.replay = None
+
+
+_TASKS: dict[str, object] = {}
+
+
+def _task(name: str):
+    """A task, loaded once per process (a pair's groups share it)."""
+    if name not in _TASKS:
+        _TASKS[name] = load_task(name)
+    return _TASKS[name]
+
+
+def log_pass(path: Path, wall: float, cpu: float, dtype: str) -> None:
+    row = pd.DataFrame([{"what": "thresholds and static scores (one scoring pass)", "wall_seconds": round(wall, 1),
+                         "cpu_seconds": round(cpu, 1), "dtype": dtype, "cpu": cpu_name(),
+                         "date": time.strftime("%Y-%m-%d")}])
+    old = pd.read_csv(path) if path.is_file() else None
+    write_csv(row if old is None else pd.concat([old, row], ignore_index=True), path)
+
+
+def cpu_name() -> str:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+        name = next(line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name"))
+        flags = [f for f in ("amx_bf16", "avx512_bf16") if f in text]
+        return f"{name} ({', '.join(flags) if flags else 'no native bf16'}), {os.cpu_count()} cores"
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
+# -----------------------------------------------------------------------------
+# Tables, from the stores and ledgers alone
+
+
+def fmt_pct(x) -> str:
+    return "" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:g}"
+
+
+def unit_row(u: Unit, st: GroupState, outcome, within: dict | None, probes: pd.DataFrame | None,
+             N: int | None, cost: tuple[float, float] | None) -> dict:
+    """One row of table2_crossings.csv."""
+    row = {"stage": u.stage, "model": u.group.model, "task": u.group.task, "ablation": u.group.ablation,
+           "score_fn": u.curve, "n_population": N, "dtype": st.dtype, "resolution_pct": 100 * st.search.resolution,
+           "range_pct": 100 * st.cfg.fractions[-1], "alpha": st.search.alpha, "margin_pts": 100 * st.search.margin}
+    if outcome is None:
+        n = len(st.doc_ids())
+        return {**row, "n_population": n, "status": "not started",
+                "reason": "not run yet" if not (st.folder / "thresholds").is_dir()
+                else "not run yet (thresholds stored)",
+                "grid7_items": GRID7 * n * (len(st.cfg.random_seeds) if u.curve in ("random", "static:random") else 1)}
+    grid = st.replayed().grid
+    levels = st.curves[u.curve].levels
+    status = outcome.status
+    if status == PENDING and len(outcome.probes) == 1 and outcome.probes[0].n == 0:
+        return {**row, "n_population": N, "status": "not started", "reason": "not run yet (thresholds stored)"}
+    lo, hi = outcome.bracket
+    by_index = {p.index: p for p in outcome.probes}
+    at, nxt = by_index.get(lo), by_index.get(hi)
+    last = outcome.probes[-1] if outcome.probes else None
+    reason = {"resolved": "",
+              "lower bound": f"within {100 * st.search.margin:g} pt up to the range's end ({100 * grid[-1]:g} %)",
+              "unresolved": (f"probe at {100 * grid[last.index]:g} % undecided after {last.n} items" if last else ""),
+              PENDING: (f"running: probe at {100 * grid[last.index]:g} % read {last.n} of {N} items, Δ in "
+                        f"[{100 * last.lo:+.2f}, {100 * last.hi:+.2f}] pt" if last else "running")}[status]
+    items, seconds = cost
+    grid_items = GRID7 * N * levels
+    per_item = seconds / items if items else math.nan
+    return {**row, "status": status, "reason": reason,
+            "crossing_pct": within["crossing_pct"] if status in ("resolved", "lower bound") else math.nan,
+            "bracket_low_pct": 100 * grid[lo], "bracket_high_pct": math.inf if hi >= len(grid) else 100 * grid[hi],
+            "within_delta_lo_pts": 100 * at.lo if at else (0.0 if lo == 0 else math.nan),
+            "within_delta_hi_pts": 100 * at.hi if at else (0.0 if lo == 0 else math.nan),
+            "within_pct_zeroed": at.pct_zeroed if at else (0.0 if lo == 0 else math.nan),
+            "outside_delta_lo_pts": 100 * nxt.lo if nxt else math.nan,
+            "outside_delta_hi_pts": 100 * nxt.hi if nxt else math.nan,
+            "n_probes": len(outcome.probes), "probes": within["probes"],
+            "item_reads": within["item_evaluations"], "eval_items": round(items),
+            "eval_seconds": round(seconds, 3), "eval_hours": round(seconds / 3600, 6),
+            "grid7_items": grid_items, "grid7_est_hours": round(grid_items * per_item / 3600, 6)
+            if math.isfinite(per_item) else math.nan,
+            "monotone_violation": within["monotone_violation"]}
+
+
+def tabulate(args, units: list[Unit], states: dict[Group, GroupState]):
+    """(crossings, probes, groups) frames of every unit of the work list."""
+    rows, probe_rows, group_rows = [], [], []
+    outcomes: dict[Group, dict] = {}
+    for g in dict.fromkeys(u.group for u in units):
+        st = states[g]
+        run = st.replayed()
+        if run is None:
+            group_rows.append({"group": g.name, "model": g.model, "task": g.task, "ablation": g.ablation,
+                               "status": "not started"})
+            continue
+        mine = [u for u in units if u.group == g]
+        curves = [st.curves[u.curve] for u in mine]
+        got = [search_curve(run, c, pending=True) for c in curves]
+        within, probes = search_tables(curves, got, run.grid, st.search, len(run.plan.doc_ids))
+        outcomes[g] = {}
+        N = len(run.plan.doc_ids)
+        for u, c, o, w in zip(mine, curves, got, within.to_dict("records")):
+            outcomes[g][u.curve] = (o, unit_row(u, st, o, w, None, N, curve_cost(c, o, run.items)))
+        probes = probes[~((probes["decision"] == PENDING) & (probes["n_items"] == 0))] if len(probes) else probes
+        if len(probes):  # (a curve's next probe with no question read yet is no probe to show)
+            probes = probes.assign(model=g.model, task=g.task, ablation=g.ablation,
+                                   pct=probes["pct"].round(9))
+            probe_rows.append(probes)
+        base_items, base_seconds = run.items.cost("none")
+        known = run.items._load(run.plan.point_key("none"))
+        passes = pd.read_csv(st.passes_path) if st.passes_path.is_file() else None
+        group_rows.append({
+            "group": g.name, "model": g.model, "task": g.task, "ablation": g.ablation, "status": "started",
+            "dtype": st.dtype, "n_population": N, "unablated_items_known": len(known),
+            "unablated_accuracy_on_known": float(np.mean([q.correct for q in known.values()])) if known else math.nan,
+            "pair_unablated_eval_hours": round(base_seconds / 3600, 6),
+            "pair_scoring_pass_hours": round(float(passes["wall_seconds"].sum()) / 3600, 4) if passes is not None
+            else math.nan})
+    for u in units:
+        st = states[u.group]
+        if u.group in outcomes and u.curve in outcomes[u.group]:
+            rows.append(outcomes[u.group][u.curve][1])
+        else:
+            rows.append(unit_row(u, st, None, None, None, None, None))
+    crossings = pd.DataFrame(rows)
+    for c in ("crossing_pct", "bracket_low_pct", "bracket_high_pct", "resolution_pct", "range_pct", "margin_pts"):
+        if c in crossings:
+            crossings[c] = crossings[c].round(9)  # 100 x 0.07 is 7.000000000000001
+    for c in ("n_population", "n_probes", "item_reads", "eval_items", "grid7_items"):
+        if c in crossings:
+            crossings[c] = crossings[c].astype("Int64")
+    probes = (pd.concat(probe_rows, ignore_index=True) if probe_rows else
+              pd.DataFrame(columns=["model", "task", "ablation", "score_fn", "step", "pct", "decision"]))
+    front = ["model", "task", "ablation"]
+    probes = probes[front + [c for c in probes.columns if c not in front]]
+    groups = pd.DataFrame(group_rows)
+    for c in ("n_population", "unablated_items_known"):
+        if c in groups:
+            groups[c] = groups[c].astype("Int64")
+    sums = {"curves_eval_hours": "eval_hours", "curves_eval_items": "eval_items", "grid7_items": "grid7_items",
+            "grid7_est_hours": "grid7_est_hours"}
+    sums = {k: (v, "sum") for k, v in sums.items() if v in crossings}
+    if len(crossings) and sums:
+        per_group = crossings.groupby(["model", "task", "ablation"], sort=False).agg(**sums).reset_index()
+        for c in ("curves_eval_items", "grid7_items"):
+            if c in per_group:
+                per_group[c] = per_group[c].astype("Int64")
+        groups = groups.merge(per_group, on=["model", "task", "ablation"], how="left")
+    return crossings, probes, groups
+
+
+# -----------------------------------------------------------------------------
+# The paper beside ours, judged from our intervals
+
+
+def _decided(r) -> bool:
+    return r is not None and r["status"] in ("resolved", "lower bound")
+
+
+def _bracket(r) -> str:
+    """``[c, c')``: within at c, beyond at c' (inf: within up to the range's end)."""
+    hi = float(r["bracket_high_pct"])
+    return f"[{fmt_pct(float(r['bracket_low_pct']))}, {'inf' if math.isinf(hi) else fmt_pct(hi)})"
+
+
+def paper_comparison(cross: pd.DataFrame, args) -> pd.DataFrame:
+    """The paper's Qwen2.5-0.5B MMLU row beside our Qwen2.5-Coder-0.5B / MMLU rows."""
+    qwen = args.model_names[2]
+    rows = []
+    sel = cross[(cross.model == qwen) & (cross.task == "mmlu") & (cross.ablation == ZERO)].set_index("score_fn")
+    for fn, paper in (("awft", PAPER_ROW["awft"]), ("ahon_ln", PAPER_ROW["ahon_ln"]),
+                      ("lthon_ln", PAPER_ROW["lthon_ln"]), ("random", f"{PAPER_RANDOM[0]}-{PAPER_RANDOM[1]}")):
+        r = sel.loc[fn] if fn in sel.index else None
+        row = {"quantity": f"{fn}: % of heads within 1 pt", "paper": paper, "paper_model": PAPER_ROW["model"],
+               "our_model": qwen, "task": "mmlu"}
+        if not _decided(r):
+            rows.append({**row, "ours": "", "verdict": "not resolved at this size: " + (
+                "not run yet" if r is None or r["status"] == "not started" else f"{r['status']}, {r['reason']}")})
+            continue
+        lo, hi = float(r["bracket_low_pct"]), float(r["bracket_high_pct"])
+        p_lo, p_hi = (PAPER_RANDOM if fn == "random" else (float(paper), float(paper)))
+        if hi <= p_lo:
+            verdict = f"disagrees: ours below the paper's (our crossing in {_bracket(r)} %)"
+        elif lo > p_hi:
+            verdict = f"disagrees: ours above the paper's (our crossing in {_bracket(r)} %)"
+        else:
+            verdict = f"agrees: the paper's value lies in our bracket {_bracket(r)} %"
+        rows.append({**row, "ours": r["crossing_pct"], "ours_bracket_low": lo, "ours_bracket_high": hi,
+                     "verdict": verdict})
+    return pd.DataFrame(rows)
+
+
+def paper_claims(cross: pd.DataFrame) -> pd.DataFrame:
+    """Each claim of the paper, per pair and over the pairs, judged from our brackets: the crossing
+    c on a 1 % grid means Δ(c) ≥ -1 pt and Δ(c + 1 %) < -1 pt, each with probability ≥ 1 - α."""
+    rows = []
+    zero = cross[cross.ablation == ZERO]
+    pairs = list(dict.fromkeys(zip(zero.model, zero.task)))
+    best_lo, best_hi, pending_pairs = [], [], []
+    for m, t in pairs:
+        g = zero[(zero.model == m) & (zero.task == t)].set_index("score_fn")
+        dec = {fn: r for fn, r in g.iterrows() if _decided(r)}
+        open_ = [fn for fn, r in g.iterrows() if not _decided(r)]
+        # (1) output-norm scores beat AWFT
+        norm = {fn: dec[fn] for fn in OUTPUT_NORM if fn in dec}
+        row = {"claim": "output-norm scores keep more heads within 1 pt than AWFT", "model": m, "task": t}
+        if "awft" not in dec or not norm:
+            rows.append({**row, "verdict": "not resolved at this size",
+                         "reason": "AWFT or every output-norm curve not decided yet"})
+        else:
+            a = dec["awft"]
+            best = max(norm, key=lambda fn: (float(norm[fn]["bracket_low_pct"]), fn))
+            b = norm[best]
+            if float(b["bracket_low_pct"]) >= float(a["bracket_high_pct"]):
+                verdict, why = "confirmed", f"{best} {_bracket(b)} % lies above AWFT {_bracket(a)} %"
+            elif all(float(n["bracket_high_pct"]) <= float(a["bracket_low_pct"]) for n in norm.values()) and \
+                    len(norm) == len([fn for fn in OUTPUT_NORM if fn in g.index]):
+                verdict, why = "refuted", f"every output-norm curve lies below AWFT {_bracket(a)} %"
+            else:
+                verdict, why = "not resolved at this size", (
+                    f"AWFT {_bracket(a)} %, best output-norm {best} {_bracket(b)} %: the brackets touch or cross")
+            rows.append({**row, "verdict": verdict, "reason": why})
+        # (2) random heads only 0.5-1.9 %
+        row = {"claim": f"random heads stay within 1 pt only up to {PAPER_RANDOM[0]}-{PAPER_RANDOM[1]} %",
+               "model": m, "task": t}
+        if "random" not in dec:
+            rows.append({**row, "verdict": "not resolved at this size", "reason": "random heads not decided yet"})
+        else:
+            r = dec["random"]
+            lo, hi = float(r["bracket_low_pct"]), float(r["bracket_high_pct"])
+            if lo > PAPER_RANDOM[1]:
+                verdict = "refuted"
+            elif hi <= PAPER_RANDOM[0]:
+                verdict = "refuted"
+            elif hi <= math.ceil(PAPER_RANDOM[1]):
+                verdict = "confirmed"
+            else:
+                verdict = "not resolved at this size"
+            rows.append({**row, "verdict": verdict, "reason": f"our random-heads crossing lies in {_bracket(r)} %"})
+        # (3) the best non-AWFT function, per pair (averaged below)
+        non_awft = {fn: r for fn, r in dec.items() if fn not in ("awft", "random") and not fn.startswith("static:")}
+        undecided = [fn for fn in open_ if fn not in ("awft", "random") and not fn.startswith("static:")]
+        if non_awft and not undecided:
+            best = max(non_awft, key=lambda fn: (float(non_awft[fn]["bracket_low_pct"]), fn))
+            hi_all = max(float(r["bracket_high_pct"]) for r in non_awft.values())
+            best_lo.append(float(non_awft[best]["bracket_low_pct"]))
+            best_hi.append(hi_all)
+        else:
+            pending_pairs.append(f"{m}/{t}")
+    row = {"claim": f"more than 12 % of heads within 1 pt on average for the best non-AWFT score "
+                    f"(paper: {PAPER_AVERAGES['best_non_awft']} % vs AWFT {PAPER_AVERAGES['awft']} %)",
+           "model": "mean over pairs", "task": ""}
+    if pending_pairs or not best_lo:
+        rows.append({**row, "verdict": "not resolved at this size",
+                     "reason": "functions not all decided on " + (", ".join(pending_pairs) or "any pair")})
+    else:
+        lo, hi = float(np.mean(best_lo)), float(np.mean(best_hi))
+        verdict = "confirmed" if lo > 12 else "refuted" if hi <= 12 else "not resolved at this size"
+        rows.append({**row, "verdict": verdict,
+                     "reason": f"mean over {len(best_lo)} pairs of the best non-AWFT crossing in "
+                               f"[{lo:.2f}, {hi:.2f}) %"})
+    return pd.DataFrame(rows, columns=["claim", "model", "task", "verdict", "reason"])
+
+
+# -----------------------------------------------------------------------------
+# Figures and the summary
+
+
+def write_figures(out: Path, probes: pd.DataFrame, cross: pd.DataFrame) -> list[str]:
+    from lens_heads.viz.figures import crossing_probes
+
+    names = []
+    for (m, t, a), got in probes.groupby(["model", "task", "ablation"], sort=False):
+        within = cross[(cross.model == m) & (cross.task == t) & (cross.ablation == a)].rename(
+            columns={"status": "crossing_status"})
+        fig = crossing_probes(got, within)
+        fig.suptitle(f"{m} / {t} / {a}: probes (interval on Δ when decided) and the crossing")
+        name = f"figures/table2_{m}__{t}__{a}.png"
+        with atomic_path(out / name, make_parents=True) as tmp:
+            fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
+        names.append(name)
+    return names
+
+
+def dtype_text(out: Path) -> list[str]:
+    """The summary's dtype section, from table2_dtype_check.csv when there is one."""
+    path = out / "table2_dtype_check.csv"
+    if not path.is_file():
+        return ["## bf16 vs fp32", "", "Not checked yet (`--check-dtype`, analyses/results/README.md).", ""]
+    d = pd.read_csv(path)
+    same = int(d["same_decision"].sum())
+    lines = ["## bf16 vs fp32", "",
+             f"{same} of {len(d)} probes reach the same decision in both dtypes on the same questions "
+             f"(at most {int(d['n_items'].max())} a probe; table2_dtype_check.csv); the unablated answers agree on "
+             f"{100 * d['unablated_correct_agreement'].mean():.1f} % of them, the ablated on "
+             f"{100 * d['ablated_correct_agreement'].mean():.1f} %."]
+    differ = d[~d["same_decision"].astype(bool)]
+    for r in differ.itertuples():
+        lines.append(f"- differs: {r.model}/{r.task} {r.score_fn} at {r.pct:g} % on {r.n_items} questions: "
+                     f"{r.dtype} {r.decision} [{r.delta_lo_pts:+.2f}, {r.delta_hi_pts:+.2f}] pt, float32 "
+                     f"{r.decision_float32} [{r.delta_lo_pts_float32:+.2f}, {r.delta_hi_pts_float32:+.2f}] pt")
+    return lines + [""]
+
+
+def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame, comparison: pd.DataFrame,
+                 figures: list[str], args) -> str:
+    done = cross[cross.status.isin(["resolved", "lower bound"])]
+    cross = cross.astype(object).where(cross.notna(), None)  # blank cells, not <NA>
+    groups = groups.astype(object).where(groups.notna(), None)
+    lines = ["# Table 2 at paper resolution: adaptive crossings on the full benchmarks", "",
+             "_Written by `analyses/table2.py` from the stores and ledgers under `table2/store/`; do not edit by "
+             "hand. The 200-question tables beside it (table2.csv, paper_comparison.csv, ...) are the earlier, "
+             "fixed-grid rows._", "",
+             f"Per curve: the largest fraction of heads ({fmt_pct(args.resolution)} % grid, 0-{fmt_pct(100 * args.range)} %) "
+             f"whose ablation "
+             f"keeps accuracy within {fmt_pct(args.margin)} point of the unablated model over the whole benchmark, "
+             f"found by bisection with every probe decided by a confidence sequence for sampling without "
+             f"replacement (alpha {args.alpha:g} per curve; docs/methods.md §12-13). A bracket [c, c') reads: "
+             f"within at c, beyond at c' (inf: within up to the range's end, a lower bound).", "",
+             f"**Progress**: {len(done)} of {len(cross)} rows decided; "
+             f"{int((cross.status == PENDING).sum())} running; {int((cross.status == 'not started').sum())} not "
+             f"started; {int((cross.status == 'unresolved').sum())} unresolved.", "",
+             "## The paper's claims", ""]
+    for r in claims.itertuples():
+        lines.append(f"- **{r.verdict}** — {r.claim} ({r.model}{'/' + r.task if r.task else ''}): {r.reason}")
+    lines += ["", "## The paper's Qwen2.5-0.5B MMLU row beside Qwen2.5-Coder-0.5B / MMLU", "",
+              markdown_table(comparison, 2, [c for c in ("quantity", "paper", "ours", "verdict")
+                                             if c in comparison.columns]) if len(comparison) else "(nothing yet)", ""]
+    cols = ["stage", "model", "task", "ablation", "score_fn", "status", "crossing_pct", "bracket_low_pct",
+            "bracket_high_pct", "within_delta_lo_pts", "within_delta_hi_pts", "n_probes", "item_reads", "eval_items",
+            "eval_hours", "grid7_items", "grid7_est_hours", "reason"]
+    lines += ["## Every row", "", markdown_table(cross, 3, [c for c in cols if c in cross.columns]), ""]
+    if "grid7_items" in groups.columns:
+        gcols = [c for c in ("group", "status", "dtype", "n_population", "unablated_items_known",
+                             "unablated_accuracy_on_known", "pair_unablated_eval_hours", "pair_scoring_pass_hours",
+                             "curves_eval_items", "curves_eval_hours", "grid7_items", "grid7_est_hours")
+                 if c in groups.columns]
+        lines += ["## Cost per group", "", "Hours are the evaluation's own timings stored with each batch "
+                  "(wall clock of the 2-core CPU that ran it, see table2_runs.csv for which); a pair's two groups "
+                  "share one unablated point and one scoring pass (the pair_ columns); grid7 is the fixed "
+                  "7-point grid (0-30 % in 5s) on the same population, at the row's measured seconds per item.", "",
+                  markdown_table(groups, 3, gcols), ""]
+    lines += dtype_text(Path(args.out))
+    if figures:
+        lines += ["## Figures", ""] + [f"- [{f}]({f})" for f in figures] + [""]
+    return "\n".join(lines) + "\n"
+
+
+def write_tables(out: Path, args, units: list[Unit], states: dict[Group, GroupState]) -> pd.DataFrame:
+    cross, probes, groups = tabulate(args, units, states)
+    comparison, claims = paper_comparison(cross, args), paper_claims(cross)
+    write_csv(cross, out / "table2_crossings.csv")
+    write_csv(probes, out / "table2_probes.csv")
+    write_csv(groups, out / "table2_groups.csv")
+    write_csv(comparison, out / "table2_paper_comparison.csv")
+    write_csv(claims, out / "table2_paper_claims.csv")
+    figures = write_figures(out, probes, cross) if args.figures and len(probes) else []
+    atomic_write_text(out / "table2_summary.md", summary_text(cross, groups, claims, comparison, figures, args))
+    return cross
+
+
+# -----------------------------------------------------------------------------
+# Commits: the results only
+
+
+def result_paths(out: Path) -> list[Path]:
+    """What a commit takes: the tables, the figures, and per group its ledger, scoring-pass log,
+    thresholds and static scores (never the per-item points and parts)."""
+    paths = [out / n for n in (*TABLES, "table2_dtype_check.csv", "table2_runs.csv")]
+    paths += sorted((out / "figures").glob("table2_*.png"))
+    for g in sorted((out / "table2" / "store").glob("*")):
+        paths += [*sorted(g.glob("ledger_*.json")), g / "passes.csv"]
+        for kind in ("thresholds", "static_scores"):
+            paths += sorted((g / kind).glob("*.json"))
+    return [p for p in paths if p.is_file()]
+
+
+def commit_results(out: Path, message: str) -> bool:
+    """``git add`` the named result files and commit them alone (``git commit -- paths``: whatever
+    else is staged stays out). False when there is nothing new or no repository."""
+    paths = result_paths(out)
+    if not paths:
+        return False
+    top = subprocess.run(["git", "-C", str(out), "rev-parse", "--show-toplevel"], capture_output=True, text=True)
+    if top.returncode != 0:
+        print(f"commit skipped: {out} is not in a git repository", file=sys.stderr)
+        return False
+    root = Path(top.stdout.strip()).resolve()
+    rel = [str(p.resolve().relative_to(root)) for p in paths]
+    try:
+        subprocess.run(["git", "-C", str(root), "add", "--", *rel], check=True, capture_output=True, text=True)
+        diff = subprocess.run(["git", "-C", str(root), "diff", "--cached", "--quiet", "--", *rel])
+        if diff.returncode == 0:
+            return False
+        subprocess.run(["git", "-C", str(root), "commit", "-q", "-m", message, "--", *rel], check=True,
+                       capture_output=True, text=True)
+    except (subprocess.CalledProcessError, OSError) as exc:  # a failed commit must not stop the campaign
+        err = getattr(exc, "stderr", "") or str(exc)
+        print(f"commit failed (the campaign goes on; the files stay on disk): {err.strip()}", file=sys.stderr)
+        return False
+    return True
+
+
+# -----------------------------------------------------------------------------
+# The dtype check: probes of the campaign again in float32, on the same questions
+
+
+def check_dtype(args, out: Path, units: list[Unit], states: dict[Group, GroupState], deadline) -> pd.DataFrame:
+    """For each decided curve of ``--check-dtype-curves`` in the groups run: every probe again in
+    float32 (its own thresholds, its own store ``<group>__float32``), on the same questions in
+    the same order, capped at ``--check-dtype-items``; the campaign's dtype replayed to the same
+    number of items; both decisions side by side."""
+    rows = []
+    path = out / "table2_dtype_check.csv"
+    for g in dict.fromkeys(u.group for u in units):
+        st = states[g]
+        run = st.replayed()
+        if run is None or st.dtype == "float32":
+            continue
+        wanted = [c for c in args.check_dtype_curves if c in st.curves and st.decided(c)]
+        if not wanted:
+            continue
+        ref32 = ModelRef(args.model_specs[g.model], "float32", args.device)
+        other = GroupState(g, st.cfg, st.search, st.folder.parent / f"{st.folder.name}__float32", ref32, "float32")
+        model = ref32.model
+        run32 = other.prepare(model, deadline, not args.no_progress)
+        run32.items.deadline = deadline
+        try:
+            for c in wanted:
+                outcome = search_curve(run, st.curves[c], pending=True)
+                for p in outcome.probes:
+                    cap = min(p.n, args.check_dtype_items)
+                    mine = run_probe(run, st.curves[c], p.index, max_items=cap)
+                    theirs = run_probe(run32, other.curves[c], p.index, max_items=cap)
+                    ids = run.order[:cap]
+                    agree = [float(np.mean(run.items.correct(s, ids) == run32.items.correct(t, ids)))
+                             for s, t in zip(st.curves[c].specs[p.index], other.curves[c].specs[p.index])]
+                    rows.append({"model": g.model, "task": g.task, "ablation": g.ablation, "score_fn": c,
+                                 "pct": 100 * run.grid[p.index], "n_items": cap, "dtype": st.dtype,
+                                 "decision": mine.decision, "delta_lo_pts": 100 * mine.lo,
+                                 "delta_hi_pts": 100 * mine.hi, "pct_zeroed": mine.pct_zeroed,
+                                 "decision_float32": theirs.decision, "delta_lo_pts_float32": 100 * theirs.lo,
+                                 "delta_hi_pts_float32": 100 * theirs.hi, "pct_zeroed_float32": theirs.pct_zeroed,
+                                 "same_decision": mine.decision == theirs.decision,
+                                 "unablated_correct_agreement": float(np.mean(
+                                     run.items.correct("none", ids) == run32.items.correct("none", ids))),
+                                 "ablated_correct_agreement": float(np.mean(agree)),
+                                 "campaign_decision_at_full_probe": p.decision, "campaign_probe_items": p.n})
+        except SearchStopped:
+            print("dtype check: stopped at the time limit; rerun --check-dtype to resume", flush=True)
+            break
+        finally:
+            other.save_ledger()
+        del model
+        ref32.loaded = None
+    frame = pd.DataFrame(rows)
+    if len(frame):
+        write_csv(frame, path)
+    return frame
+
+
+# -----------------------------------------------------------------------------
+# main
+
+
+def parse_args(argv):
+    p = __import__("argparse").ArgumentParser(description=__doc__, formatter_class=__import__(
+        "argparse").RawDescriptionHelpFormatter)
+    p.add_argument("--out", default="analyses/results/inactive_heads", help="results folder (default %(default)s)")
+    p.add_argument("--time-limit", type=float, default=None, metavar="MINUTES",
+                   help="start no batch after this many minutes (default: none); rerun to resume")
+    p.add_argument("--commit-every", type=float, default=None, metavar="MINUTES",
+                   help="git commit the results (only OUT's result files) at most every M minutes and at the end "
+                        "(default: never)")
+    p.add_argument("--tabulate-only", action="store_true", help="compute nothing: rebuild the tables")
+    p.add_argument("--list", action="store_true", help="print the work list with each unit's status and exit")
+    p.add_argument("--only", default="", help="comma list of unit-name prefixes (MODEL/TASK/ABLATION/CURVE) to run "
+                                              "and tabulate")
+    p.add_argument("--dtype", default="bfloat16",
+                   help="bfloat16 (default: native on this machine's AVX512-BF16 CPUs) or float32; it is part of "
+                        "every store key, so keep one dtype for the whole campaign")
+    p.add_argument("--allow-emulated", action="store_true",
+                   help="run bfloat16 on a CPU without native bf16 (else such a machine only rebuilds the tables)")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--search-batch", type=int, default=64, help="questions per sequential step (default 64)")
+    p.add_argument("--range", type=float, default=0.6, help="largest fraction of heads (default 0.6)")
+    p.add_argument("--resolution", type=float, default=1.0, help="%% of heads between grid points (default 1)")
+    p.add_argument("--margin", type=float, default=1.0, help="accuracy points (default 1)")
+    p.add_argument("--alpha", type=float, default=0.05, help="per curve (default 0.05)")
+    p.add_argument("--order-seed", type=int, default=0)
+    p.add_argument("--scores", default="paper", help="per-input functions of the zero-ablation groups")
+    p.add_argument("--mean-scores", default="awft,ahon_ln,lthon_ln", help="functions under mean ablation")
+    p.add_argument("--static", default="ahon_ln", help="static curves' dataset-level scores (zero ablation)")
+    p.add_argument("--seeds", type=int, default=3, help="random-head seeds")
+    p.add_argument("--limit", type=int, default=None, help="a smaller population for every task (tests)")
+    p.add_argument("--models", default=",".join(MODELS),
+                   help="the three models' specs, in the order SmolLM2, Gemma, Qwen (default the zoo's); "
+                        "NAME=SPEC keeps the table's name for another spec")
+    p.add_argument("--pass-minutes", dest="pass_minutes_text", default="",
+                   help="TASK=MINUTES,...: how long a group's scoring pass may take (default "
+                        + ", ".join(f"{k}={v:g}" for k, v in PASS_MINUTES.items())
+                        + "); with --time-limit, a group whose pass does not fit in the time left waits for a "
+                          "longer run")
+    p.add_argument("--no-figures", dest="figures", action="store_false")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--check-dtype", action="store_true",
+                   help="instead of the work list: every probe of --check-dtype-curves decided in the groups of "
+                        "--only, again in float32 on the same questions (table2_dtype_check.csv)")
+    p.add_argument("--check-dtype-curves", default="ahon_ln,random")
+    p.add_argument("--check-dtype-items", type=int, default=256, help="at most this many items per probe")
+    args = p.parse_args(argv)
+    args.device = check_device(args.device)
+    from lens_heads.scores import resolve_score_ids
+
+    args.scores = resolve_score_ids(args.scores)
+    args.mean_scores = resolve_score_ids(args.mean_scores)
+    args.static = resolve_score_ids(args.static) if args.static.strip() else []
+    args.check_dtype_curves = split_list(args.check_dtype_curves, "curves")
+    specs = split_list(args.models, "models")
+    if len(specs) != 3:
+        raise LensHeadsError("--models: give three specs, in the order SmolLM2, Gemma, Qwen")
+    pairs = [s.split("=", 1) if "=" in s else (s, s) for s in specs]
+    args.model_names = [n for n, _ in pairs]
+    args.model_specs = dict(pairs)
+    if len(set(args.model_names)) != 3:
+        raise LensHeadsError("--models: three different names")
+    args.only = [o.strip() for o in args.only.split(",") if o.strip()]
+    args.pass_minutes = dict(PASS_MINUTES)
+    for item in split_list(args.pass_minutes_text, "pass minutes") if args.pass_minutes_text.strip() else []:
+        task, _, minutes = item.partition("=")
+        try:
+            args.pass_minutes[task.strip()] = float(minutes)
+        except ValueError:
+            raise LensHeadsError(f"--pass-minutes: write TASK=MINUTES, got {item!r}") from None
+    for name in ("time_limit", "commit_every"):
+        v = getattr(args, name)
+        if v is not None and not v > 0:
+            raise LensHeadsError(f"--{name.replace('_', '-')} must be > 0 minutes")
+    if args.dtype not in ("bfloat16", "float32"):
+        raise LensHeadsError("--dtype: bfloat16 or float32 (not auto: the dtype is part of every store key, and "
+                             "auto would change it with the machine)")
+    search_settings(args).grid(args.range)  # a range that holds a step
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    t0 = time.monotonic()
+    deadline = None if args.time_limit is None else t0 + 60 * args.time_limit
+    out = out_folder(args.out)
+    units, todo = work_list(args, only=False), work_list(args)
+    if not todo:
+        raise LensHeadsError(f"--only {','.join(args.only)} matches no unit of the work list")
+    search = search_settings(args)
+    refs = {m: ModelRef(args.model_specs[m], args.dtype, args.device) for m in args.model_names}
+    states = {g: GroupState(g, sweep_cfg(args, g), search, out / "table2" / "store" / f"{g.model}__{g.task}",
+                            refs[g.model], args.dtype)
+              for g in dict.fromkeys(u.group for u in units)}
+    if args.list:
+        for u in todo:
+            print(f"{u.stage:>2} {u.name:<55} {'decided' if states[u.group].decided(u.curve) else 'to do'}")
+        return 0
+    if args.dtype == "bfloat16" and not native_bf16(args.device) and not args.tabulate_only:
+        if not args.allow_emulated:
+            print(f"bfloat16 is emulated on this machine ({cpu_name()}), 6-25x slower than float32 per matmul: "
+                  f"nothing computed (the campaign's keys are bfloat16; --allow-emulated runs it anyway). "
+                  f"Tables rebuilt.", file=sys.stderr)
+            args.tabulate_only = True
+        else:
+            print(f"warning: bfloat16 is emulated on this machine ({cpu_name()}): running anyway, slowly",
+                  file=sys.stderr)
+    evaluated, evaluated_s, stopped, last_commit = 0, 0.0, False, time.monotonic()
+    loaded: dict[str, object] = {}
+    skipped: set[Group] = set()
+    if args.check_dtype and not args.tabulate_only:
+        check_dtype(args, out, todo, states, deadline)
+    elif not args.tabulate_only:
+        for u in todo:
+            st = states[u.group]
+            if st.decided(u.curve):
+                continue
+            if deadline is not None and time.monotonic() >= deadline:
+                stopped = True
+                break
+            left = None if deadline is None else (deadline - time.monotonic()) / 60
+            if left is not None and st.replayed() is None and left < args.pass_minutes.get(u.group.task, 0.0):
+                if u.group not in skipped:
+                    print(f"[{time.strftime('%H:%M:%S')}] {u.group.name}: its scoring pass may take "
+                          f"{args.pass_minutes[u.group.task]:g} min and {left:.0f} are left: skipped for now",
+                          flush=True)
+                skipped.add(u.group)
+                continue
+            if u.group.model not in loaded:
+                loaded.clear()  # one model in memory at a time
+                for other in states.values():
+                    other.run = None
+                loaded[u.group.model] = refs[u.group.model].model
+                refs[u.group.model].loaded = None  # only ``loaded`` holds it
+            print(f"[{time.strftime('%H:%M:%S')}] {u.name}", flush=True)
+            run = st.prepare(loaded[u.group.model], deadline, not args.no_progress)
+            run.items.deadline = deadline
+
+            def checkpoint(st=st, u=u) -> None:
+                """Within a long curve: the ledger, the tables and a commit, every --commit-every."""
+                nonlocal last_commit
+                if args.commit_every is None or time.monotonic() - last_commit < 60 * args.commit_every:
+                    return
+                st.save_ledger()
+                write_tables(out, args, units, states)
+                commit_results(out, f"table2: {u.name} running; the campaign's ledgers and tables so far")
+                last_commit = time.monotonic()
+
+            run.items.after_batch = checkpoint
+            new0, s0 = run.items.new, run.items.new_seconds
+            try:
+                outcome = search_curve(run, st.curves[u.curve])
+                print(f"  {outcome.status}: crossing index {outcome.crossing}, bracket {outcome.bracket}, "
+                      f"{run.items.new - new0} items evaluated", flush=True)
+            except SearchStopped:
+                stopped = True
+            finally:
+                evaluated += run.items.new - new0
+                evaluated_s += run.items.new_seconds - s0
+                st.save_ledger()
+            write_tables(out, args, units, states)
+            if args.commit_every is not None and time.monotonic() - last_commit >= 60 * args.commit_every:
+                commit_results(out, f"table2: {u.name} {'stopped at the time limit' if stopped else 'decided'}; "
+                                    f"the campaign's ledgers and tables so far")
+                last_commit = time.monotonic()
+            if stopped:
+                break
+    if evaluated:
+        log_run(out, args, evaluated, evaluated_s, time.monotonic() - t0, stopped)
+    write_tables(out, args, units, states)
+    if args.commit_every is not None and not args.tabulate_only:
+        commit_results(out, "table2: the campaign's ledgers and tables at the end of a run"
+                       + (" (stopped at the time limit)" if stopped else ""))
+    print(("stopped at the time limit; rerun to resume. " if stopped else "")
+          + f"{evaluated} items evaluated in {time.monotonic() - t0:.0f} s; tables in {out}")
+    return 0
+
+
+def log_run(out: Path, args, items: int, eval_seconds: float, wall: float, stopped: bool) -> None:
+    path = out / "table2_runs.csv"
+    row = pd.DataFrame([{"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "dtype": args.dtype,
+                         "items_evaluated": items, "eval_hours": round(eval_seconds / 3600, 6),
+                         "wall_hours": round(wall / 3600, 4), "stopped_at_time_limit": stopped,
+                         "only": ",".join(args.only)}])
+    old = pd.read_csv(path) if path.is_file() else None
+    write_csv(row if old is None else pd.concat([old, row], ignore_index=True), path)
+
+
+if __name__ == "__main__":
+    script_main(main)

@@ -1,0 +1,289 @@
+"""analyses/table2.py, the adaptive Table 2 campaign, end to end at toy size (the tiny llama as
+all three models, 32 PIQA questions, a 25 % grid): a run stopped by its time limit and resumed
+evaluates exactly what one uninterrupted run does, item for item; the tables come back byte for
+byte from a rerun with nothing to compute, and from the committed files alone on a machine
+without the per-item store; a commit takes the results folder's named files only."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from test_analyses import ANALYSES
+
+
+def script(name: str):
+    """analyses/<name>.py as a module, registered in sys.modules (its dataclasses need that)."""
+    import importlib.util
+    import sys
+
+    if str(ANALYSES) not in sys.path:
+        sys.path.insert(0, str(ANALYSES))
+    key = f"analyses_{name}"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, ANALYSES / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Every (ablation, doc_id) the evaluation runs."""
+    from lens_heads.evaluation import evaluate as evaluation
+
+    seen: list[tuple[str, int]] = []
+    real = evaluation.evaluate_task
+
+    def wrapped(model, task, *a, doc_ids=None, ablation=None, **k):
+        res = real(model, task, *a, doc_ids=doc_ids, ablation=ablation, **k)
+        seen.extend((ablation.name if ablation is not None else "none", q.doc_id) for q in res.questions)
+        return res
+
+    monkeypatch.setattr(evaluation, "evaluate_task", wrapped)
+    return seen
+
+
+def argv(model: Path, out: Path, *extra: str) -> list[str]:
+    m = str(model)
+    return ["--out", str(out), "--models", f"smollm2-135m={m},gemma-3-270m={m},qwen2.5-coder-0.5b={m}",
+            "--only", "smollm2-135m/piqa/zero", "--scores", "ahon_ln,awft", "--mean-scores", "ahon_ln", "--seeds", "2", "--static", "ahon_ln",
+            "--limit", "32", "--range", "0.5", "--resolution", "25", "--margin", "5", "--alpha", "0.2",
+            "--search-batch", "8", "--batch-size", "8", "--dtype", "float32", "--no-progress", *extra]
+
+
+def outputs(out: Path) -> dict[str, bytes]:
+    names = [p for p in out.rglob("*") if p.is_file() and (p.name.startswith("table2_") or p.suffix == ".png")]
+    return {str(p.relative_to(out)): p.read_bytes() for p in sorted(names)}
+
+
+def test_work_list_is_the_issues_order():
+    t2 = script("table2")
+    args = t2.parse_args([])
+    units = t2.work_list(args)
+    groups = list(dict.fromkeys((u.group.model, u.group.task, u.group.ablation) for u in units))
+    assert groups[:5] == [("smollm2-135m", "piqa", "zero"), ("gemma-3-270m", "piqa", "zero"),
+                          ("qwen2.5-coder-0.5b", "piqa", "zero"), ("qwen2.5-coder-0.5b", "mmlu", "zero"),
+                          ("gemma-3-270m", "winogrande", "zero")]
+    assert all(g[2] == "mean_c4" for g in groups[5:]) and len(groups) == 10
+    piqa = [u.curve for u in units if u.group.name == "smollm2-135m__piqa__zero"]
+    assert piqa[:4] == ["random", "awft", "ahon_ln", "lthon_ln"] and len(piqa) == 12 + 1 + 1
+    assert piqa[-1] == "static:ahon_ln"
+    mmlu = [u for u in units if u.group.name == "qwen2.5-coder-0.5b__mmlu__zero"]
+    assert [u.curve for u in mmlu if u.stage == 4] == ["random", "awft", "ahon_ln", "lthon_ln"]
+    assert len({u.curve for u in mmlu}) == 14 and {u.stage for u in mmlu} == {4, 6}
+    cfg = t2.sweep_cfg(args, mmlu[0].group)
+    assert cfg.limit == 2000 and cfg.fractions == [0.0, 0.6] and cfg.random_seeds == [0, 1, 2]
+    grid = t2.search_settings(args).grid(0.6)
+    assert len(grid) == 61 and grid[1] == 0.01
+    mean = [u for u in units if u.group.ablation == "mean_c4"]
+    assert {u.curve for u in mean} == {"random", "awft", "ahon_ln", "lthon_ln"}
+    assert str(t2.sweep_cfg(args, mean[0].group).replacement) == "mean:c4"
+
+
+def test_the_campaign_stops_resumes_and_regenerates_byte_for_byte(tiny_llama_2k, shared_data, tmp_path, counted,
+                                                                monkeypatch):
+    from lens_heads.sweep import adaptive
+
+    t2 = script("table2")
+    ref_out, out = tmp_path / "ref", tmp_path / "run"
+    assert t2.main(argv(tiny_llama_2k, ref_out)) == 0
+    one_go = list(counted)
+    assert one_go and len(set(one_go)) == len(one_go)
+    cross = pd.read_csv(ref_out / "table2_crossings.csv")
+    mine = cross[(cross.model == "smollm2-135m") & (cross.ablation == "zero")]
+    assert list(mine.score_fn) == ["random", "awft", "ahon_ln", "static:ahon_ln"]
+    assert set(mine.status) <= {"resolved", "lower bound"}
+    assert (cross.drop(index=mine.index).status == "not started").all()
+    assert (mine.grid7_items == 6 * 32 * pd.Series([2, 1, 1, 1], index=mine.index)).all()
+    assert (mine.eval_items > 0).all() and (mine.eval_seconds > 0).all()
+    assert mine.eval_hours.to_list() == pytest.approx((mine.eval_seconds / 3600).to_list(), abs=1e-6)
+    # each row's items: what its probes' points hold, counted independently from the per-item store
+    probes = pd.read_csv(ref_out / "table2_probes.csv")
+    assert set(probes.score_fn) == set(mine.score_fn)
+
+    # a run whose time is up after three batches: it stops between batches, and a rerun resumes
+    counted.clear()
+    real, calls = adaptive.StoreItems._evaluate, []
+
+    def timed(self, spec, ids):
+        calls.append(spec)
+        if len(calls) == 3:
+            self.deadline = -1.0  # the clock has passed the deadline: no further batch starts
+        return real(self, spec, ids)
+
+    monkeypatch.setattr(adaptive.StoreItems, "_evaluate", timed)
+    assert t2.main(argv(tiny_llama_2k, out, "--time-limit", "600")) == 0
+    assert len(calls) == 3
+    stopped = pd.read_csv(out / "table2_crossings.csv")
+    assert (stopped.status == "pending").any() or (stopped.status == "not started").any()
+    monkeypatch.setattr(adaptive.StoreItems, "_evaluate", real)
+    assert t2.main(argv(tiny_llama_2k, out)) == 0
+    assert sorted(counted) == sorted(one_go)  # stopped + resumed = one run, item for item
+    timing = ["eval_seconds", "eval_hours", "grid7_est_hours"]
+    a, b = (pd.read_csv(o / "table2_crossings.csv").drop(columns=timing) for o in (ref_out, out))
+    pd.testing.assert_frame_equal(a, b)
+    runs = pd.read_csv(out / "table2_runs.csv")
+    assert list(runs.stopped_at_time_limit) == [True, False] and runs.items_evaluated.sum() == len(one_go)
+
+    # nothing left to compute: every file again, byte for byte, and nothing evaluated
+    before = outputs(out)
+    counted.clear()
+    assert t2.main(argv(tiny_llama_2k, out)) == 0
+    assert counted == [] and outputs(out) == before
+    assert t2.main(argv(tiny_llama_2k, out, "--tabulate-only")) == 0
+    assert outputs(out) == before
+
+    # a fresh machine: only the files a commit takes (no per-item points or parts)
+    fresh = tmp_path / "fresh"
+    for p in t2.result_paths(out):
+        dest = fresh / p.relative_to(out)
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(p, dest)
+    assert not list(fresh.rglob("points")) and not list(fresh.rglob("parts"))
+    committed = sum(p.stat().st_size for p in fresh.rglob("*") if p.is_file())
+    assert committed < 200_000
+    for p in list(fresh.glob("table2_*")) + list(fresh.rglob("*.png")):
+        if p.name in t2.TABLES:  # the tables and figures go; the run log (table2_runs.csv) is a record, it stays
+            p.unlink()
+    for p in fresh.rglob("*.png"):
+        p.unlink()
+    assert t2.main(argv(tiny_llama_2k, fresh)) == 0
+    assert counted == [] and outputs(fresh) == outputs(out)
+
+
+def test_a_commit_takes_the_results_only(tiny_llama_2k, shared_data, tmp_path):
+    t2 = script("table2")
+    repo = tmp_path / "repo"
+    out = repo / "analyses" / "results" / "inactive_heads"
+    out.mkdir(parents=True)
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], check=True, capture_output=True, text=True)  # noqa: E731
+    git("init", "-q")
+    git("config", "user.email", "t@example.com")
+    git("config", "user.name", "t")
+    (repo / "other.txt").write_text("not a result\n")
+    git("add", "other.txt")  # staged, not the campaign's: it must stay out of the campaign's commit
+    (repo / "untracked.txt").write_text("x\n")
+    assert t2.main(argv(tiny_llama_2k, out, "--commit-every", "0.001", "--only", "smollm2-135m/piqa/zero/random")) == 0
+    log = git("log", "--name-only", "--format=").stdout
+    files = {line for line in log.splitlines() if line.strip()}
+    assert files and all(f.startswith("analyses/results/inactive_heads/") for f in files)
+    assert not any("/points/" in f or "/parts/" in f for f in files)
+    assert any(f.endswith("ledger_zero.json") for f in files) and any("/thresholds/" in f for f in files)
+    assert "other.txt" not in log and "untracked.txt" not in log
+    subjects = git("log", "--format=%s").stdout
+    assert "running" in subjects  # checkpoints between batches inside a curve, not only after it
+    assert "other.txt" in git("diff", "--cached", "--name-only").stdout  # still staged, untouched
+
+
+def test_a_scoring_pass_that_does_not_fit_the_time_left_waits(tiny_llama_2k, shared_data, tmp_path, counted,
+                                                             monkeypatch, capsys):
+    """With a time limit shorter than a group's scoring pass may take, the group is left for a
+    longer run (nothing loaded, nothing evaluated) and the tables say it is not started."""
+    from lens_heads import models
+
+    t2 = script("table2")
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    assert t2.main(argv(tiny_llama_2k, tmp_path, "--time-limit", "5", "--pass-minutes", "piqa=60")) == 0
+    assert "skipped for now" in capsys.readouterr().out and counted == []
+    cross = pd.read_csv(tmp_path / "table2_crossings.csv")
+    assert (cross.status == "not started").all()
+
+
+def test_the_dtype_check_runs_the_campaigns_probes_again_in_float32(tiny_llama_2k, shared_data, tmp_path):
+    """--check-dtype: every probe of the chosen curves again in float32 on the same questions;
+    the float32 side equals a search run in float32 on its own, capped at the same items."""
+    import lens_heads as lh
+    from lens_heads.sweep.adaptive import prepare_search, run_probe
+
+    t2 = script("table2")
+    base = [a for a in argv(tiny_llama_2k, tmp_path, "--only", "smollm2-135m/piqa/zero/ahon_ln") if a != "float32"]
+    base[base.index("--dtype") + 1] = "bfloat16"
+    base.append("--allow-emulated")  # a CPU without native bf16 runs it too, slowly
+    assert t2.main(base) == 0
+    assert t2.main([*base, "--check-dtype", "--check-dtype-curves", "ahon_ln", "--check-dtype-items", "16"]) == 0
+    check = pd.read_csv(tmp_path / "table2_dtype_check.csv")
+    probes = pd.read_csv(tmp_path / "table2_probes.csv")
+    ours = probes[(probes.score_fn == "ahon_ln") & (probes.ablation == "zero")]
+    assert len(check) == len(ours) and (check.n_items <= 16).all() and set(check.dtype) == {"bfloat16"}
+    assert set(check.decision_float32) <= {"within", "outside", "unresolved"}
+    assert ((check.unablated_correct_agreement >= 0) & (check.unablated_correct_agreement <= 1)).all()
+    # the float32 side, independently: a float32 search of the same config, its probes capped alike
+    args = t2.parse_args(base)
+    g = t2.Group("smollm2-135m", "piqa", "zero")
+    model32 = lh.load_model(str(tiny_llama_2k), dtype="float32")
+    run, curves = prepare_search(model32, t2.sweep_cfg(args, g), t2.search_settings(args), tmp_path / "alone",
+                                 progress=False)
+    curve = next(c for c in curves if c.name == "ahon_ln")
+    for r in check.itertuples():
+        index = run.grid.index(round(r.pct / 100, 9))
+        got = run_probe(run, curve, index, max_items=int(r.n_items))
+        assert got.decision == r.decision_float32
+        assert 100 * got.lo == pytest.approx(r.delta_lo_pts_float32) and 100 * got.hi == pytest.approx(
+            r.delta_hi_pts_float32)
+
+
+def test_mean_ablation_shares_the_pairs_baseline_and_thresholds(tiny_llama_2k, shared_data, tmp_path, counted):
+    t2 = script("table2")
+    assert t2.main(argv(tiny_llama_2k, tmp_path, "--only", "smollm2-135m/piqa/zero/random")) == 0
+    zero = list(counted)
+    counted.clear()
+    assert t2.main(argv(tiny_llama_2k, tmp_path, "--only", "smollm2-135m/piqa/mean_c4/random")) == 0
+    mean = list(counted)
+    assert mean and all(a != "none" for a, _ in mean)  # the unablated answers: from the zero group's
+    assert {d for _, d in mean} <= {d for _, d in zero}
+    store = tmp_path / "table2" / "store" / "smollm2-135m__piqa"
+    assert len(pd.read_csv(store / "passes.csv")) == 1  # one scoring pass for the pair
+    assert (store / "ledger_zero.json").is_file() and (store / "ledger_mean_c4.json").is_file()
+    cross = pd.read_csv(tmp_path / "table2_crossings.csv").set_index(["model", "ablation", "score_fn"])
+    assert cross.loc[("smollm2-135m", "mean_c4", "random"), "status"] in ("resolved", "lower bound")
+
+
+def test_a_killed_campaign_resumes_without_evaluating_an_item_twice(tiny_llama_2k, shared_data, tmp_path, counted,
+                                                                   monkeypatch):
+    from lens_heads.sweep import adaptive
+
+    t2 = script("table2")
+    only = ["--only", "smollm2-135m/piqa/zero/random,smollm2-135m/piqa/zero/awft"]
+    assert t2.main(argv(tiny_llama_2k, tmp_path / "ref", *only)) == 0
+    one_go = list(counted)
+    counted.clear()
+    real, calls = adaptive.StoreItems._evaluate, []
+
+    def dies(self, spec, ids):
+        if len(calls) == 5:
+            raise KeyboardInterrupt  # killed in the middle of a curve, between two stored batches
+        calls.append(spec)
+        return real(self, spec, ids)
+
+    monkeypatch.setattr(adaptive.StoreItems, "_evaluate", dies)
+    with pytest.raises(KeyboardInterrupt):
+        t2.main(argv(tiny_llama_2k, tmp_path / "run", *only))
+    monkeypatch.setattr(adaptive.StoreItems, "_evaluate", real)
+    assert t2.main(argv(tiny_llama_2k, tmp_path / "run", *only)) == 0
+    assert sorted(counted) == sorted(one_go)
+    drop = ["eval_seconds", "eval_hours", "grid7_est_hours"]
+    a, b = (pd.read_csv(tmp_path / o / "table2_crossings.csv").drop(columns=drop) for o in ("ref", "run"))
+    pd.testing.assert_frame_equal(a, b)
+
+
+def test_this_repository_ignores_the_per_item_store_and_not_what_the_campaign_commits():
+    root = Path(__file__).resolve().parents[1]
+    if subprocess.run(["git", "-C", str(root), "rev-parse"], capture_output=True).returncode != 0:
+        pytest.skip("not a git checkout")
+    pair = "analyses/results/inactive_heads/table2/store/smollm2-135m__piqa"
+    ignored = lambda p: subprocess.run(["git", "-C", str(root), "check-ignore", "-q", p]).returncode == 0  # noqa: E731
+    for p in (f"{pair}/ledger_zero.json", f"{pair}/ledger_mean_c4.json", f"{pair}/passes.csv",
+              f"{pair}/thresholds/x.json", f"{pair}/static_scores/x.json",
+              "analyses/results/inactive_heads/table2_crossings.csv", "analyses/results/inactive_heads/figures/table2_x.png"):
+        assert not ignored(p), p
+    for p in (f"{pair}/points/x.json", f"{pair}/parts/x.json", f"{pair}/score_shards/x.safetensors",
+              f"{pair}/parts/x.json.claim"):
+        assert ignored(p), p
