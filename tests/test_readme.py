@@ -136,7 +136,7 @@ NOT_RUN = {
     '.venv/bin/pip install -e ".[notebooks]"': "installs the notebook tools (the test command's [test] extra has them)",
     "examples/build.py": "reruns the three notebooks on SmolLM2 (tests/test_notebooks.py runs each source)",
     '.venv/bin/pip install -e ".[docs]"': "installs the site's tools (the test command's [test] extra has them)",
-    ".venv/bin/mkdocs serve": "a server that runs until stopped (tests/test_docs_site.py builds the same site, strictly)",
+    ".venv/bin/mkdocs build": "builds the site (tests/test_docs_site.py builds the same site, strictly, and reads it)",
     "lens-heads explore": "a server that runs until stopped, on files made elsewhere (tests/test_explore.py "
                           "serves the same app and drives the page in a browser)",
 }
