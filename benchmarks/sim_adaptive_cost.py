@@ -13,6 +13,8 @@ of analyses/results/README.md ("Table 2 at paper resolution"); the fixed 7-point
 
 from __future__ import annotations
 
+import argparse
+
 import numpy as np
 
 from lens_heads.sweep.adaptive import bisect_crossing, decide_probe, item_order, max_probes
@@ -34,12 +36,15 @@ def curve(rng, N: int, crossing: int, slope: float, churn: float = 0.25):
     return base, ablated
 
 
-def main() -> None:
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--orders", type=int, default=8, help="item orders per curve (default 8)")
+    args = ap.parse_args(argv)
     rng = np.random.default_rng(1)
     for N in (1838, 1267, 2000):
         for crossing, slope in ((1, 2.0), (8, 0.3), (15, 0.2), (30, 0.15)):
             read = []
-            for rep in range(8):
+            for rep in range(args.orders):
                 base, ablated = curve(rng, N, crossing, slope)
                 order = item_order(list(range(N)), rep)
 

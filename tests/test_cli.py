@@ -16,8 +16,9 @@ import pytest
 from lens_heads.cli import COMMANDS, main
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = sorted(p for folder in ("analyses", "benchmarks", "docs") for p in (ROOT / folder).glob("*.py")
-                 if p.name != "common.py")
+SCRIPTS = sorted(p for folder in ("analyses", "benchmarks", "docs", "examples") for p in (ROOT / folder).glob("*.py")
+                 if p.name not in ("common.py", "hooks.py")  # modules the scripts / mkdocs import
+                 and not p.name[:3].rstrip("_").isdigit())  # examples/NN_*.py: notebook sources
 
 
 def test_top_level_help_lists_every_command(capsys):
