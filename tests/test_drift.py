@@ -120,7 +120,9 @@ def test_frozen_heads_before_every_target_do_not_move_in_a_run(drift_run):
     target = heads[(heads["layer"] == L) & (heads["head"] == h)].set_index("point")
     assert (target["group"] == "target").all()
     assert target.loc["before", "tv"] == 0 and target.loc["p1-reinit", "tv"] > 0
-    # the moved flag and the counts follow the threshold
+    # the pattern distance bounds the BOS-mass change (docs/methods.md §7), and the moved flag and
+    # the counts follow the threshold
+    assert (heads["tv"] >= heads["d_bos_mass"].abs() - 1e-7).all() and (heads["tv"] > 0).any()
     assert (heads["moved"] == (heads["tv"] > MOVED_TV)).all()
     for row in curves.itertuples():
         sub = heads[heads["point"] == row.point]

@@ -3,14 +3,15 @@ heads (docs/methods.md §7, as edits on a plain HF model) and physical pruning.
 
     head_classes.py  the diagnosis classes, in order, with their display names
     diagnose.py    which class each head is in (and the band)
-    targets.py     which heads: classes / explicit list / band / score threshold
+    targets.py     which heads: classes / explicit list / band / score threshold; healthy heads too
     reinit.py      the plan of slice edits and the Xavier re-initialisation
     masks.py       freezing and 0/1 gradient masks
     train.py       masked AdamW training, held-out perplexity, early stopping, resume
-    checkpoint.py  safetensors + state checkpoints
+    checkpoint.py  safetensors + state checkpoints (every one kept on request)
     export.py      save_pretrained (+ tokenizer)
     repair.py      the two-pass protocol that ties them together
     report.py      its report.json: RepairReport / RepairPass
+    drift.py       after surgery: every head's drift per checkpoint, probes, its store and tables
     prune.py       physical head pruning: the plan, the pruned model, its export
 
 Floor 6 of docs/architecture.md. May import: the wings below it (the root modules, ``files``,
