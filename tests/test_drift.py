@@ -292,3 +292,55 @@ def test_cli_drift(drift_run, tiny_model_dir, tmp_path, capsys, monkeypatch):
         rc = main(["drift", *extra, "--model", src, "--quiet"])
         errors = [line for line in capsys.readouterr().err.splitlines() if ": error: " in line]
         assert rc == 2 and len(errors) == 1 and msg in errors[0], (extra, errors)
+
+
+def test_a_two_pass_run_replays_to_its_export(tiny_model, tmp_path):
+    """Pass 2 starts from pass 1's final weights (its best when early stopping restored them) and
+    re-initialises its own targets: the replay's last state is the exported model, bit for bit,
+    and the global steps run on across passes."""
+    from lens_heads.surgery import RepairConfig, TargetSelector, TrainConfig, repair
+
+    model = tiny_model("llama")
+    config = RepairConfig(passes=2, chunk_len=16, eval_len=32,
+                          train=TrainConfig(epochs=3, grad_accum=4, lr=5e-2, keep_checkpoints=True))
+    # the heads of lowest output norm; re-initialised (W_O zeroed) and briefly trained, they stay low
+    report = repair(model, TargetSelector(select="fhon_ln<1"), SAMPLE_TEXTS * 3, SAMPLE_TEXTS[:2],
+                    model.to_tokens(SAMPLE_TEXTS), tmp_path / "run", config, progress=False)
+    assert [p.trained for p in report.passes] == [True, True], report.passes
+    points = []
+    for point, hf in replay(model, tmp_path / "run", report):
+        points.append(point)
+        last = {n: p.detach().clone() for n, p in hf.named_parameters()}
+    exported = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "run").named_parameters())
+    assert all(torch.equal(last[n], exported[n].detach()) for n in exported)
+    assert [p.pass_index for p in points if p.kind == "reinit"] == [1, 2]
+    per_epoch = report.passes[0].steps // report.passes[0].epochs
+    assert [p.step for p in points if p.pass_index == 1 and p.kind == "step"] == \
+        [per_epoch * (e + 1) for e in range(report.passes[0].epochs)]
+    assert drift.global_steps(report) == {1: 0, 2: report.passes[0].steps}
+    for k in (1, 2):  # a final state exactly when training restored the best weights
+        restored = drift.best_restored(report.passes[k - 1], report.config)
+        assert any(p.pass_index == k and p.kind == "final" for p in points) == restored
+
+
+def test_restored_best_weights_are_a_state_of_their_own(tiny_model, tmp_path):
+    """Training on one repeated word worsens held-out perplexity after the second epoch, so early
+    stopping's keep_best restores epoch 2's weights: the replay adds a p1-final state after the
+    last checkpoint, and that state (not the last checkpoint) is the exported model."""
+    from lens_heads.surgery import RepairConfig, TargetSelector, TrainConfig, repair
+
+    model = tiny_model("llama")
+    config = RepairConfig(passes=1, chunk_len=16, eval_len=32,
+                          train=TrainConfig(epochs=3, grad_accum=4, lr=0.05, warmup=0, keep_checkpoints=True))
+    report = repair(model, TargetSelector(heads=((0, 1), (1, 2))), ["Paris Paris Paris Paris Paris Paris"] * 12,
+                    SAMPLE_TEXTS[:2], model.to_tokens(SAMPLE_TEXTS), tmp_path / "run", config, progress=False)
+    ppl = [h["ppl"] for h in report.passes[0].history[1:]]
+    assert ppl[-1] > min(ppl) and drift.best_restored(report.passes[0], report.config), ppl
+    states = []
+    for point, hf in replay(model, tmp_path / "run", report):
+        states.append((str(point), {n: p.detach().clone() for n, p in hf.named_parameters()}))
+    last_step = f"p1-step{report.passes[0].steps:06d}"
+    assert [name for name, _ in states][-2:] == [last_step, "p1-final"]
+    exported = dict(AutoModelForCausalLM.from_pretrained(tmp_path / "run").named_parameters())
+    assert all(torch.equal(states[-1][1][n], exported[n].detach()) for n in exported)
+    assert not all(torch.equal(states[-2][1][n], exported[n].detach()) for n in exported)

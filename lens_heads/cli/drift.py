@@ -55,7 +55,7 @@ def read_prompts(path: str | None) -> tuple[str, ...]:
         lines = Path(path).read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
         raise LensHeadsError(f"--prompts {path}: cannot read it ({exc})") from None
-    prompts = tuple(line.strip() for line in lines if line.strip())
+    prompts = tuple(dict.fromkeys(line.strip() for line in lines if line.strip()))  # each prompt once
     if not prompts:
         raise LensHeadsError(f"--prompts {path} holds no prompt (one per non-empty line)")
     return prompts

@@ -63,7 +63,8 @@ def delta_maps(heads: pd.DataFrame, points: list[str], column: str = "d_bos_mass
     sub = heads[heads["point"].isin(points)]
     bound = float(np.nanmax(np.abs(sub[column].to_numpy()))) if len(sub) else 0.0
     bound = bound if bound > 0 else 1e-6
-    fig = Figure(figsize=(3.1 * cols + 0.8, 0.25 * n_layers * rows + 1.2 * rows + 0.4), layout="constrained")
+    per_map = max(1.6, 0.13 * n_layers + 0.9)  # inches: 30 layers -> 4.8
+    fig = Figure(figsize=(3.1 * cols + 0.8, per_map * rows + 0.4), layout="constrained")
     axes = fig.subplots(rows, cols, squeeze=False)
     image = None
     for ax, point in zip(axes.ravel(), points):
