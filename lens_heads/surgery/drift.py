@@ -56,6 +56,7 @@ from lens_heads import scores as scoring
 from lens_heads.errors import LensHeadsError
 from lens_heads.files.atomic import atomic_write_csv, atomic_write_text
 from lens_heads.forward.activations import all_patterns
+from lens_heads.models.heads import Head, parse_heads
 from lens_heads.models.load import boot, model_digest
 from lens_heads.surgery.checkpoint import list_checkpoints
 from lens_heads.surgery.diagnose import pattern_stats
@@ -140,8 +141,9 @@ class StatePoint:
 
 def pattern_distance(a: Float[Tensor, "layer head q k"], b: Float[Tensor, "layer head q k"]
                      ) -> Float[Tensor, "layer head"]:
-    """Mean over query rows t >= 1 of the total-variation distance 1/2 sum_k |a[t,k] - b[t,k]|
-    (row 0 attends to one key in every model, so it is left out). In [0, 1]."""
+    """The pattern distance of docs/methods.md §7: mean over query rows t >= 1 of the
+    total-variation distance 1/2 sum_k |a[t,k] - b[t,k]| (row 0 attends to one key in every
+    model, so it is left out). In [0, 1]."""
     if a.shape != b.shape or a.shape[-1] < 2:
         raise LensHeadsError(f"pattern distance needs two patterns of one shape with >= 2 tokens, got "
                              f"{tuple(a.shape)} / {tuple(b.shape)}")
@@ -178,9 +180,10 @@ def probe_patterns(model: LoadedModel, probes: Sequence[Tensor]) -> list[Float[T
 def measure(model: LoadedModel, hf_model, probes: Sequence[Tensor], base: Sequence[Tensor] | None,
             prompts: Sequence[Tensor], max_new_tokens: int, pad_id: int, batch_size: int = 4
             ) -> tuple[StateMeasures, list[Tensor]]:
-    """Measures of ``model`` (booted on ``hf_model``) on ``probes``; ``base``: the patterns of the
-    model before surgery (None: this is it, its distance is 0). Returns the measures and the
-    patterns (the base of later states when this is the model before surgery)."""
+    """The drift measures of docs/methods.md §7 for ``model`` (booted on ``hf_model``) on
+    ``probes``; ``base``: the patterns of the model before surgery (None: this is it, its
+    distance is 0). Returns the measures and the patterns (the base of later states when this is
+    the model before surgery)."""
     pats = probe_patterns(model, probes)
     stats = [bos_and_entropy(p) for p in pats]
     bos = torch.stack([b for b, _ in stats]).mean(0)
@@ -234,7 +237,12 @@ class ProbeSet:
             digest.update(b"|")
         return {"version": STORE_VERSION, "probe_data": self.probe_data, "n_probes": len(self.probes),
                 "probe_len": self.probe_len, "prompts": list(self.prompts), "max_new_tokens": self.max_new_tokens,
-                "moved_tv": MOVED_TV, "tokens_sha256": digest.hexdigest()}
+                "tokens_sha256": digest.hexdigest()}
+
+
+def heads_of(names: Sequence[str] | None) -> list[Head]:
+    """report.json's ``"LAYER.HEAD"`` strings as heads (the one head parser; none -> [])."""
+    return parse_heads(",".join(names)) if names else []
 
 
 def pass_folder(run_dir: Path, k: int) -> Path:
@@ -278,8 +286,7 @@ def global_steps(report: RepairReport) -> dict[int, int]:
 def head_groups(report: RepairReport, k: int, n_layers: int, n_heads: int) -> list[list[str]]:
     """[layer][head] -> the head's group at a point of pass ``k`` (pass 1 for the state before)."""
     p = next(p for p in report.trained_passes if p.index == max(k, report.trained_passes[0].index))
-    targets = {tuple(int(x) for x in t.split(".")) for t in p.targets}
-    healthy = {tuple(int(x) for x in t.split(".")) for t in (p.healthy_targets or ())}
+    targets, healthy = set(heads_of(p.targets)), set(heads_of(p.healthy_targets))
     layers = {L for L, _ in targets}
     return [["target_healthy" if (L, h) in healthy else "target" if (L, h) in targets
              else "frozen_target_layer" if L in layers else "frozen_elsewhere" for h in range(n_heads)]
@@ -311,7 +318,7 @@ def replay(model: LoadedModel, run_dir: Path, report: RepairReport) -> Iterator[
     for point, tensors in points:
         if point.kind == "reinit":
             rp = next(p for p in report.trained_passes if p.index == point.pass_index)
-            plan = plan_surgery(g, [tuple(int(x) for x in t.split(".")) for t in rp.targets], policy)
+            plan = plan_surgery(g, heads_of(rp.targets), policy)
             reinitialise(hf, plan, init, seed=seed + point.pass_index)
         elif tensors is not None:
             _load_into(hf, load_file(tensors))
@@ -386,8 +393,7 @@ def check_model(model: LoadedModel, run_dir: Path, report: RepairReport) -> None
     """The model is the one the run repaired: its weights' digest is the checkpoints' (when they
     recorded one) and its geometry holds every target."""
     for p in report.trained_passes:
-        for t in p.targets:
-            L, h = (int(x) for x in t.split("."))
+        for L, h in heads_of(p.targets):
             model.geometry.check_head(L, h)
     latest = pass_folder(run_dir, report.trained_passes[0].index) / "LATEST" if report.trained_passes else None
     if latest is None or not latest.is_file():
