@@ -29,6 +29,8 @@ GROUP_LABELS = {"target": "target heads", "target_healthy": "healthy heads re-in
                 "frozen_target_layer": "frozen, in a target layer", "frozen_elsewhere": "frozen, elsewhere"}
 GROUP_STYLE = {"target": ("#d62728", "-"), "target_healthy": ("#9467bd", "-"),
                "frozen_target_layer": ("#ff7f0e", "--"), "frozen_elsewhere": ("#1f77b4", "--")}
+CHANGE_LABELS = {"d_bos_mass": "signed BOS-mass change", "d_entropy": "signed entropy change (nats)",
+                 "d_out_norm": "signed output-norm change", "tv": "pattern distance"}
 MAX_MAPS = 12  # states drawn as maps (evenly spaced; the first, re-initialisations and the last kept)
 
 
@@ -88,7 +90,7 @@ def delta_maps(heads: pd.DataFrame, points: list[str], column: str = "d_bos_mass
     for ax in axes.ravel()[n:]:
         ax.set_visible(False)
     if image is not None:
-        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label=f"signed {column.removeprefix('d_')} change")
+        fig.colorbar(image, ax=axes.ravel().tolist(), shrink=0.8, label=CHANGE_LABELS.get(column, column))
     return fig
 
 
@@ -153,7 +155,9 @@ def render_drift_report(tables: dict[str, pd.DataFrame], meta: dict[str, str]) -
     curve = ['<p class="note">Share of each group\'s heads moved, and perplexity on the held-out probes, '
              "against training steps. Moved frozen heads early in training with flat perplexity read as global "
              "redistribution; frozen heads moving late while perplexity rises read as local degradation.</p>",
-             figure_html(drift_curves(curves), "drift curves"), table_html(summary_table(curves))]
+             figure_html(drift_curves(curves), "drift curves"),
+             "<details><summary>Per state: perplexity, heads moved and mean pattern distance per group</summary>"
+             + table_html(summary_table(curves)) + "</details>"]
     probes = ["<style>table.generations td, table.generations th { text-align: left; white-space: pre-wrap; }"
               "</style>",
               '<p class="note">Greedy continuations of fixed prompts before surgery, after re-initialisation '
@@ -161,8 +165,8 @@ def render_drift_report(tables: dict[str, pd.DataFrame], meta: dict[str, str]) -
     moved = heads[heads["moved"].astype(bool) & heads["group"].str.startswith("frozen")]
     last = curves["point"].iloc[-1]
     rows = moved[moved["point"] == last][["layer", "head", "group", "d_bos_mass", "d_entropy", "d_out_norm", "tv"]]
-    detail = [f"<h3>Frozen heads moved at the last state ({html.escape(str(last))})</h3>",
-              table_html(rows) if len(rows) else '<p class="note">None.</p>']
+    detail = [f"<details><summary>Frozen heads moved at the last state ({html.escape(str(last))}): {len(rows)}"
+              "</summary>" + (table_html(rows) if len(rows) else '<p class="note">None.</p>') + "</details>"]
     sections = [Section("Heads moved and perplexity", "\n".join(curve + detail), "curves"),
                 Section("Signed BOS-mass change maps", "\n".join(maps), "maps"),
                 Section("Generation probes", "\n".join(probes), "probes")]
