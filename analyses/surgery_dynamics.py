@@ -20,7 +20,7 @@ per-epoch held-out perplexity, the next --n-probes for the drift probes (never t
 
 Stores (OUT/work/, git-ignored): ``repair/`` (the 'lens-heads repair' folder: report.json,
 every checkpoint, the exported model) and ``repair/drift/`` (the drift store). Outputs (OUT):
-heads.csv, curves.csv, generations.csv (``lens_heads.surgery.drift``), report.html (the page),
+heads.csv, curves.csv, generations.csv, epochs.csv (``lens_heads.surgery.drift``), report.html (the page),
 summary.md. Method: docs/methods.md §7, "Drift of the heads".
 """
 

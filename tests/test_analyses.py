@@ -583,7 +583,7 @@ def test_surgery_dynamics_resumes_and_rebuilds_its_tables_from_the_stores(tmp_pa
     assert [p.name for p in sorted((stopped / "work/repair/checkpoints/pass1").glob("step-*"))] == ["step-000001"]
     assert not (stopped / "work/repair/report.json").exists()
     assert mod.main([*argv, "--out", str(stopped)]) == 0
-    names = ("heads.csv", "curves.csv", "generations.csv")
+    names = ("heads.csv", "curves.csv", "generations.csv", "epochs.csv")
     for name in names:
         assert (whole / name).read_bytes() == (stopped / name).read_bytes(), name
 

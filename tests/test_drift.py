@@ -129,6 +129,9 @@ def test_frozen_heads_before_every_target_do_not_move_in_a_run(drift_run):
         frozen = sub[sub["group"].str.startswith("frozen")]
         assert row.moved_frozen == int((frozen["tv"] > MOVED_TV).sum()) and row.n_frozen == 7
         assert row.n_frozen_target_layer == 3 and row.n_target == 1
+    # the run's own per-epoch perplexity, as report.json has it
+    history = RepairReport.load(run_dir).passes[0].history
+    assert tables["epochs"][["step", "ppl"]].values.tolist() == [[h["step"], h["ppl"]] for h in history]
     # signed changes are differences to the state before surgery
     before = heads[heads["point"] == "before"].set_index(["layer", "head"])
     last = heads[heads["point"] == "p1-step000003"].set_index(["layer", "head"])

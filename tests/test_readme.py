@@ -196,7 +196,7 @@ def expected_outputs(argv: list[str]) -> list[str]:
         return [out]
     if sub == "drift":
         folder = out or f"{argv[1]}/drift"
-        return [f"{folder}/{f}" for f in ("heads.csv", "curves.csv", "generations.csv", "report.html")]
+        return [f"{folder}/{f}" for f in ("heads.csv", "curves.csv", "generations.csv", "epochs.csv", "report.html")]
     return [] if out is None else [out]
 
 

@@ -2,7 +2,7 @@
 
 Reads a finished ``lens-heads repair`` folder (report.json, checkpoints/), measures each state
 on held-out probe texts (``lens_heads.surgery.drift``) into RUN_DIR/drift/ (resumable), builds
-its tables (heads.csv, curves.csv, generations.csv) and the page report.html
+its tables (heads.csv, curves.csv, generations.csv, epochs.csv) and the page report.html
 (``lens_heads.viz.surgery``). Method: docs/methods.md §7, "Drift of the heads".
 """
 
@@ -109,5 +109,5 @@ def run(args) -> int:
     print(f"{len(tables['curves'])} states; at {last['point']}: {int(last['moved_frozen'])} of "
           f"{int(last['n_frozen'])} frozen heads moved, probe perplexity {last['ppl']:.3f} "
           f"({time.perf_counter() - t0:.0f} s)")
-    print(f"wrote {store} (heads.csv, curves.csv, generations.csv) and {page}")
+    print(f"wrote {store} (heads.csv, curves.csv, generations.csv, epochs.csv) and {page}")
     return 0

@@ -28,6 +28,8 @@ whether the states were just measured or read back::
     curves.csv       per point: step, held-out perplexity, per group the heads, the heads moved (count,
                      % of the group) and the mean pattern distance
     generations.csv  per point and prompt: the greedy continuation
+    epochs.csv       the run's own per-epoch held-out perplexity and training loss (report.json),
+                     on the same global steps
 
 Groups (per the point's pass): ``target`` (a target head the rule picked), ``target_healthy``
 (a healthy head re-initialised by extended surgery), ``frozen_target_layer`` (a frozen head in a
@@ -455,11 +457,14 @@ def drift_tables(store: str | Path, run_dir: str | Path) -> dict[str, pd.DataFra
                  for prompt, text in zip(json.loads((store / "probe.json").read_text())["prompts"], meta["generations"])]
     head_cols = ["point", "pass", "kind", "step", "layer", "head", "group", "bos_mass", "d_bos_mass", "entropy",
                  "d_entropy", "out_norm", "d_out_norm", "tv", "moved"]
+    epochs = [{"pass": p.index, "epoch": h["epoch"], "step": offsets[p.index] + int(h["step"]), "ppl": h["ppl"],
+               "train_loss": h.get("train_loss")} for p in report.trained_passes for h in (p.history or ())]
     return {"heads": pd.concat(heads, ignore_index=True)[head_cols], "curves": pd.DataFrame(curves),
-            "generations": pd.DataFrame(gens, columns=["point", "step", "prompt", "continuation"])}
+            "generations": pd.DataFrame(gens, columns=["point", "step", "prompt", "continuation"]),
+            "epochs": pd.DataFrame(epochs, columns=["pass", "epoch", "step", "ppl", "train_loss"])}
 
 
-TABLES = ("heads", "curves", "generations")
+TABLES = ("heads", "curves", "generations", "epochs")
 
 
 def write_tables(tables: dict[str, pd.DataFrame], folder: str | Path) -> list[Path]:

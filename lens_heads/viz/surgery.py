@@ -1,8 +1,8 @@
 """The surgery-drift page: what a repair did to every head, read from its drift tables.
 
 A view: ``render_drift_report(tables, meta)`` turns the tables ``lens_heads.surgery.drift``
-wrote (``heads``, ``curves``, ``generations``; docs/methods.md §7, "Drift of the heads") into one
-self-contained page -- the layer x head maps of signed BOS-mass change per state, the curves of
+wrote (``heads``, ``curves``, ``generations``, ``epochs``; docs/methods.md §7, "Drift of the
+heads") into one self-contained page -- the layer x head maps of signed BOS-mass change per state, the curves of
 frozen heads moved and held-out perplexity against training steps, and the greedy continuations
 of the probes -- and ``write_drift_report`` writes it atomically. It computes no measure: figures
 and tables show the columns as stored.
@@ -94,9 +94,10 @@ def delta_maps(heads: pd.DataFrame, points: list[str], column: str = "d_bos_mass
     return fig
 
 
-def drift_curves(curves: pd.DataFrame) -> Figure:
+def drift_curves(curves: pd.DataFrame, epochs: pd.DataFrame | None = None) -> Figure:
     """Heads moved per group (left axis, share of the group) and held-out perplexity (right
-    axis) against training steps; re-initialisations marked by vertical lines."""
+    axis: on the probes at every state; on the run's own held-out documents at each epoch end,
+    ``epochs``) against training steps; re-initialisations marked by vertical lines."""
     _need(curves, ["point", "kind", "step", "ppl"], "curves")
     fig = Figure(figsize=(9, 4.2), layout="constrained")
     ax = fig.subplots()
@@ -115,6 +116,10 @@ def drift_curves(curves: pd.DataFrame) -> Figure:
     right = ax.twinx()
     right.plot(curves["step"], curves["ppl"], "-", color="black", lw=1.6, marker="s", ms=3,
                label="held-out perplexity (probes)")
+    if epochs is not None and len(epochs):
+        _need(epochs, ["step", "ppl"], "epochs")
+        right.plot(epochs["step"], epochs["ppl"], ":", color="grey", marker="D", ms=4,
+                   label="held-out perplexity (the run's documents, per epoch)")
     before = curves[curves["kind"] == "before"]
     if len(before):
         right.axhline(float(before["ppl"].iloc[0]), color="black", lw=0.8, ls="--", label="perplexity before surgery")
@@ -155,7 +160,7 @@ def render_drift_report(tables: dict[str, pd.DataFrame], meta: dict[str, str]) -
     curve = ['<p class="note">Share of each group\'s heads moved, and perplexity on the held-out probes, '
              "against training steps. Moved frozen heads early in training with flat perplexity read as global "
              "redistribution; frozen heads moving late while perplexity rises read as local degradation.</p>",
-             figure_html(drift_curves(curves), "drift curves"),
+             figure_html(drift_curves(curves, tables.get("epochs")), "drift curves"),
              "<details><summary>Per state: perplexity, heads moved and mean pattern distance per group</summary>"
              + table_html(summary_table(curves)) + "</details>"]
     probes = ["<style>table.generations td, table.generations th { text-align: left; white-space: pre-wrap; }"
