@@ -28,6 +28,7 @@ from lens_heads.models.load import boot, model_digest
 from lens_heads.surgery.export import check_out_dir, export_model
 from lens_heads.surgery.reinit import plan_surgery, reinitialise
 from lens_heads.surgery.report import RepairPass, RepairReport
+from lens_heads.models.heads import Head
 from lens_heads.surgery.targets import HealthyPick, TargetSelector
 from lens_heads.surgery.train import TrainConfig, perplexity, train_surgery
 from lens_heads.files.hashing import sha256_token_groups
@@ -101,7 +102,7 @@ def repair(model: LoadedModel, selector: TargetSelector, train_texts: list[str],
     targets = selector.resolve(model, diag, diag_inputs)
     if not targets:
         raise LensHeadsError(f"no heads selected by {selector.describe()}: nothing to repair")
-    healthy_extra: list = []
+    healthy_extra: list[Head] = []
     if reinit_healthy is not None:
         reinit_healthy.check(g)
         healthy_extra = reinit_healthy.resolve(diag, exclude=targets)

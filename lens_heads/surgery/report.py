@@ -8,9 +8,9 @@ The file is ``json.dumps(report, indent=2, default=str)`` of the keys below, in 
 
 and per pass either ``pass, targets, n_targets, edits, ppl_after_reinit, history, ppl_final,
 steps, epochs, stopped_early, healthy_after, classes_after, band_after, train_wall_s``
-[``, healthy_targets``] (a trained pass) or ``pass, targets, note`` (nothing left to repair). ``load`` then ``save`` gives back the
-same bytes: keys this version does not know are kept in ``extra`` and every key keeps its place
-in the file. The method is docs/methods.md §7.
+[``, healthy_targets``] (a trained pass) or ``pass, targets, note`` (nothing left to repair).
+``load`` then ``save`` gives back the same bytes: keys this version does not know are kept in
+``extra`` and every key keeps its place in the file. The method is docs/methods.md §7.
 """
 
 from __future__ import annotations
