@@ -5,7 +5,7 @@ with greedy generation probes; optionally extended surgery (healthy heads re-ini
 and any training corpus.
 
     HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 nohup python analyses/surgery_dynamics.py \\
-        --model smollm2-135m --classes dead,bos_sink --train-data c4-train --n-train-docs 1000 \\
+        --models smollm2-135m --classes dead,bos_sink --train-data c4-train --n-train-docs 1000 \\
         --steps 600 --checkpoint-every 25 --max-wall-s 36000 \\
         --out analyses/results/surgery_dynamics > surgery_dynamics.log 2>&1 &
 
@@ -34,7 +34,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from common import Run, base_parser, check_positive, markdown_table, model_label, out_folder, script_main  # noqa: E402
+from common import Run, base_parser, check_positive, markdown_table, model_label, out_folder, script_main, \
+    split_list  # noqa: E402
 
 from lens_heads import models  # noqa: E402
 from lens_heads.data import load_texts, tokenize_texts  # noqa: E402
@@ -56,8 +57,7 @@ class WallClockStop(Exception):
 
 def parse_args(argv):
     p = base_parser(__doc__, "analyses/results/surgery_dynamics")
-    p.set_defaults(models=None, batch_size=4)
-    p.add_argument("--model", default="smollm2-135m")
+    p.set_defaults(models="smollm2-135m", batch_size=4)
     which = p.add_mutually_exclusive_group()
     which.add_argument("--classes", default=None, help="diagnosis classes to repair (default dead,bos_sink)")
     which.add_argument("--heads", default=None, help="explicit target heads LAYER.HEAD,...")
@@ -86,6 +86,10 @@ def parse_args(argv):
     p.add_argument("--from-store", action="store_true", help="no model, no measurement: tables from the stores")
     args = p.parse_args(argv)
     args.device = models.check_device(args.device)
+    names = split_list(args.models, "models")
+    if len(names) != 1:
+        raise LensHeadsError(f"--models: this study repairs one model, got {len(names)} ({', '.join(names)})")
+    args.model = names[0]
     check_positive(args, "n_train_docs", "diag_n", "diag_len", "n_eval", "eval_len", "n_probes", "probe_len",
                    "max_new_tokens", "steps", "checkpoint_every", "passes", "chunk_len", "grad_accum", "batch_size")
     if args.classes is None and args.heads is None:

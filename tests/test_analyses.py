@@ -572,7 +572,7 @@ def test_surgery_dynamics_resumes_and_rebuilds_its_tables_from_the_stores(tmp_pa
     (tmp_path / "val.txt").write_text("\n".join(val) + "\n")
     (tmp_path / "train.txt").write_text("\n".join(f"Train {i}: A B C D Answer: heads, Paris and Rome." for i in
                                                   range(30)) + "\n")
-    argv = ["--model", str(folder), "--heads", "1.2", "--reinit-healthy", "index:0", "--train-data",
+    argv = ["--models", str(folder), "--heads", "1.2", "--reinit-healthy", "index:0", "--train-data",
             str(tmp_path / "train.txt"), "--n-train-docs", "30", "--val-data", str(tmp_path / "val.txt"),
             "--diag-n", "3", "--diag-len", "32", "--n-eval", "3", "--eval-len", "32", "--n-probes", "3",
             "--probe-len", "32", "--max-new-tokens", "3", "--steps", "3", "--checkpoint-every", "1",
