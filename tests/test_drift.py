@@ -163,14 +163,21 @@ def test_replayed_states_are_the_runs_weights(drift_run, tiny_model_dir):
     model, run_dir, _store, _probes = drift_run
     report = RepairReport.load(run_dir)
     original = {n: p.detach().clone() for n, p in model.load_hf_model().named_parameters()}
-    seen = []
+    seen, states = [], {}
     for point, hf in replay(model, run_dir, report):
         seen.append(str(point))
         params = dict(hf.named_parameters())
         if point.kind == "before":
             assert all(torch.equal(params[n], original[n]) for n in original)
-        last = {n: p.detach().clone() for n, p in params.items()}
+        last = states[str(point)] = {n: p.detach().clone() for n, p in params.items()}
     assert seen[-1] == "p1-step000003"
+    # the rebuilt re-initialisation is the one training started from: Adam's first step (lr 1e-2,
+    # no warm-up at 3 steps, weight decay 0) moves no value by more than the learning rate, while
+    # the re-initialised query rows lie far from the original ones
+    reinit, step1 = states["p1-reinit"], states["p1-step000001"]
+    assert max(float((step1[n] - reinit[n]).abs().max()) for n in reinit) <= 1e-2 * (1 + 1e-5)
+    q = model.geometry.qkv_slices(*DRIFT_TARGET, "q")
+    assert float((reinit[q.name] - original[q.name]).index_select(q.dim, q.index).abs().max()) > 0.05
     exported = dict(AutoModelForCausalLM.from_pretrained(run_dir).named_parameters())
     assert all(torch.equal(last[n], exported[n].detach()) for n in exported)  # the last state is the export
 
