@@ -29,7 +29,8 @@ GROUPS = {
     "Ablations": ["parse_ablation", "StaticAblation"],
     "Evaluation": ["evaluate_task", "Protocol", "paper_protocol", "load_authors_thresholds", "LensHeadsLM"],
     "Sweeps": ["SweepConfig", "run_sweep", "SweepResult", "tabulate"],
-    "Diagnosis and surgery": ["diagnose", "repair", "TargetSelector", "RepairConfig", "TrainConfig", "RepairReport"],
+    "Diagnosis and surgery": ["diagnose", "repair", "TargetSelector", "HealthyPick", "RepairConfig", "TrainConfig",
+                              "RepairReport", "ProbeSet", "measure_run", "drift_tables"],
     "Views": ["head_patterns", "HeadPatterns", "attention_heads", "build_report", "ReportConfig", "ModelRef", "explore"],
     "Errors": ["LensHeadsError"],
 }

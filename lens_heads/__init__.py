@@ -24,7 +24,8 @@ from lens_heads.evaluation.protocol import Protocol, load_authors_thresholds, pa
 from lens_heads.evaluation.evaluate import evaluate_task  # noqa: E402
 from lens_heads.sweep import SweepConfig, SweepResult, run_sweep, tabulate  # noqa: E402
 from lens_heads.surgery.diagnose import diagnose  # noqa: E402
-from lens_heads.surgery import RepairConfig, RepairReport, TargetSelector, TrainConfig, repair  # noqa: E402
+from lens_heads.surgery import (HealthyPick, ProbeSet, RepairConfig, RepairReport, TargetSelector,  # noqa: E402
+                                TrainConfig, drift_tables, measure_run, repair)
 from lens_heads.viz.study import ModelRef, ReportConfig, attention_heads, build_report  # noqa: E402
 from lens_heads.forward.activations import HeadPatterns, head_patterns  # noqa: E402
 from lens_heads.explore import explore  # noqa: E402  (the function: lh.explore(model) starts the explorer)
@@ -43,6 +44,7 @@ def __getattr__(name):
 __all__ = ["ARCHITECTURES", "ZOO", "HeadGeometry", "LensHeadsError", "LoadedModel", "load_model",
            "SCORES", "HeadScores", "score_heads", "StaticAblation", "parse_ablation", "Protocol",
            "paper_protocol", "load_authors_thresholds", "evaluate_task",
-           "SweepConfig", "SweepResult", "run_sweep", "tabulate", "diagnose", "RepairConfig", "TargetSelector", "TrainConfig", "repair", "RepairReport", "ModelRef",
+           "SweepConfig", "SweepResult", "run_sweep", "tabulate", "diagnose", "RepairConfig", "TargetSelector", "TrainConfig", "repair", "RepairReport",
+           "HealthyPick", "ProbeSet", "measure_run", "drift_tables", "ModelRef",
            "ReportConfig", "build_report", "HeadPatterns", "head_patterns", "attention_heads", "LensHeadsLM",
            "explore"]

@@ -185,6 +185,33 @@ def tiny_llama_2k(tiny_model_dir, tmp_path_factory) -> Path:
     return folder
 
 
+DRIFT_TARGET = (1, 2)  # the tiny llama's repair target in ``drift_run``: every head of layer 0 lies before it
+DRIFT_PROBES = ["The capital of France is Paris, and the capital of Italy is Rome.",
+                "Attention heads that do nothing are called dormant heads.",
+                "Question: How do I boil an egg? Answer: put it in boiling water."]
+
+
+@pytest.fixture(scope="session")
+def drift_run(tiny_model, tmp_path_factory):
+    """A finished repair of the tiny llama (target 1.2, 3 steps, every checkpoint kept) and its
+    measured drift store: (model, run folder, store, probe set)."""
+    from lens_heads.surgery import RepairConfig, TargetSelector, TrainConfig, repair
+    from lens_heads.surgery.drift import ProbeSet, measure_run
+
+    model = tiny_model("llama")
+    run_dir = tmp_path_factory.mktemp("drift-run") / "run"
+    config = RepairConfig(passes=1, chunk_len=16, eval_len=32,
+                          train=TrainConfig(max_steps=3, grad_accum=1, lr=1e-2, checkpoint_every=1,
+                                            keep_checkpoints=True))
+    repair(model, TargetSelector(heads=(DRIFT_TARGET,)), SAMPLE_TEXTS * 8, SAMPLE_TEXTS[:2],
+           model.to_tokens(SAMPLE_TEXTS), run_dir, config, progress=False, train_data="sample texts x 8")
+    prompts = ("The capital of", "Heads that")
+    probes = ProbeSet(tuple(t[:32] for t in model.to_tokens(DRIFT_PROBES)), prompts, tuple(model.to_tokens(list(prompts))),
+                      4, "three probe texts", 32)
+    store = measure_run(model, run_dir, probes, progress=False)
+    return model, run_dir, store, probes
+
+
 @pytest.fixture
 def own_cache(tmp_path, monkeypatch):
     """A fresh ``LENS_HEADS_CACHE`` per test, so cached tables never leak between tests."""

@@ -554,3 +554,59 @@ def test_from_store_rewrites_the_committed_tables_byte_for_byte(tmp_path, monkey
     keep = lambda p: [x for x in p.read_text().splitlines() if not x.startswith(run_lines)]  # noqa: E731
     assert keep(out / "summary.md") == keep(committed / "summary.md")
     assert len(keep(committed / "summary.md")) < len((committed / "summary.md").read_text().splitlines()) - 5
+
+
+def test_surgery_dynamics_resumes_and_rebuilds_its_tables_from_the_stores(tmp_path, tiny_model_dir, tiny_model,
+                                                                          monkeypatch):
+    """A run stopped by --max-wall-s at its first checkpoint (exit 3) resumes to the tables of an
+    uninterrupted run, byte for byte; --from-store writes them again without a model; the probe
+    perplexity before surgery equals a naive loop over the probe documents (disjoint from the
+    diagnosis and perplexity documents)."""
+    import lens_heads.models as models
+    from lens_heads.data import tokenize_texts
+
+    mod = script("surgery_dynamics")
+    folder = tiny_model_dir("llama")
+    val = [f"Document {i}: the capital of France is Paris and the capital of Italy is Rome; question {i}."
+           for i in range(9)]
+    (tmp_path / "val.txt").write_text("\n".join(val) + "\n")
+    (tmp_path / "train.txt").write_text("\n".join(f"Train {i}: A B C D Answer: heads, Paris and Rome." for i in
+                                                  range(30)) + "\n")
+    argv = ["--models", str(folder), "--heads", "1.2", "--reinit-healthy", "index:0", "--train-data",
+            str(tmp_path / "train.txt"), "--n-train-docs", "30", "--val-data", str(tmp_path / "val.txt"),
+            "--diag-n", "3", "--diag-len", "32", "--n-eval", "3", "--eval-len", "32", "--n-probes", "3",
+            "--probe-len", "32", "--max-new-tokens", "3", "--steps", "3", "--checkpoint-every", "1",
+            "--chunk-len", "16", "--grad-accum", "1", "--lr", "1e-2", "--dtype", "float32"]
+    whole, stopped = tmp_path / "whole", tmp_path / "stopped"
+    assert mod.main([*argv, "--out", str(whole)]) == 0
+    assert mod.main([*argv, "--max-wall-s", "0.001", "--out", str(stopped)]) == mod.STOPPED
+    assert [p.name for p in sorted((stopped / "work/repair/checkpoints/pass1").glob("step-*"))] == ["step-000001"]
+    assert not (stopped / "work/repair/report.json").exists()
+    assert mod.main([*argv, "--out", str(stopped)]) == 0
+    names = ("heads.csv", "curves.csv", "generations.csv", "epochs.csv")
+    for name in names:
+        assert (whole / name).read_bytes() == (stopped / name).read_bytes(), name
+
+    curves = pd.read_csv(whole / "curves.csv")
+    assert list(curves["point"]) == ["before", "p1-reinit", "p1-step000001", "p1-step000002", "p1-step000003"]
+    heads = pd.read_csv(whole / "heads.csv")
+    assert set(heads.loc[heads["point"] == "before", "group"]) == {"target", "target_healthy", "frozen_target_layer"}
+    model = tiny_model("llama")
+    hf = model.load_hf_model().eval()
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for ids in tokenize_texts(model.tokenizer, val[6:9], 32):
+            logp = torch.log_softmax(hf(input_ids=ids[None]).logits[0, :-1].double(), -1)
+            nll -= float(logp.gather(1, ids[1:, None]).sum())
+            n += len(ids) - 1
+    assert curves.loc[0, "ppl"] == pytest.approx(math.exp(nll / n), rel=1e-5)
+
+    saved = {name: (whole / name).read_bytes() for name in names}
+    for name in names:
+        (whole / name).unlink()
+    for owner, attr in ((models, "load_model"), (models.load, "load_model")):
+        monkeypatch.setattr(owner, attr, lambda *a, **k: pytest.fail("a model was loaded"))
+    assert mod.main([*argv, "--from-store", "--out", str(whole)]) == 0
+    for name in names:
+        assert (whole / name).read_bytes() == saved[name], name
+    assert "Drift per state" in (whole / "summary.md").read_text() and (whole / "report.html").is_file()

@@ -410,6 +410,20 @@ def test_local_text_files(tmp_path):
         load_texts("not a corpus!")
 
 
+def test_wikitext2_train_reads_the_data_root_as_articles(tmp_path, monkeypatch):
+    """WikiText-2 train, a training corpus for repair: its local copy under LENS_HEADS_DATA, one
+    input per article, also reached as wikitext2 with split train; without a copy, the hub's train split."""
+    (tmp_path / "wikitext2").mkdir()
+    (tmp_path / "wikitext2/train_raw.txt").write_text(" = A = \n\n text a \n = = Sec = = \n more \n\n = B = \n b \n")
+    monkeypatch.setenv("LENS_HEADS_DATA", str(tmp_path))
+    want = ["= A =\ntext a\n= = Sec = =\nmore", "= B =\nb"]
+    assert load_texts("wikitext2-train") == want
+    assert load_texts("wikitext2", split="train") == want
+    monkeypatch.setenv("LENS_HEADS_DATA", str(tmp_path / "elsewhere"))
+    with pytest.raises(LensHeadsError, match="Salesforce/wikitext"):  # no local copy: the hub's, named
+        load_texts("wikitext2-train")
+
+
 def test_wikitext_articles_grouping():
     lines = [" = A = ", "", " text a ", " = = Sec = = ", " more ", "", " = B = ", " b "]
     assert wikitext_articles(lines) == ["= A =\ntext a\n= = Sec = =\nmore", "= B =\nb"]

@@ -149,7 +149,8 @@ SPEED = {
 # pytest -m slow: the demo as pasted (100 PIQA questions x 20 points; tests/test_report.py runs it
 # shrunk by default) and the paper's protocol (MMLU's 57 subjects, 16 sweep points)
 SLOW = {"demo", "The paper's protocol"}
-NEEDS_DATA = {"Make it smaller", "The paper's protocol", "Command line"}  # named corpora and tasks: $LENS_HEADS_DATA
+NEEDS_DATA = {"Make it smaller", "The paper's protocol", "Command line",
+              "After surgery: what the untouched heads did"}  # named corpora and tasks: $LENS_HEADS_DATA
 REQUIRES = {"--tasks my_mc.yaml": "cat > my_mc.yaml"}  # route 3 reads route 1's YAML
 
 
@@ -197,6 +198,9 @@ def expected_outputs(argv: list[str]) -> list[str]:
         return [f"{out}/results.json"]
     if sub == "report":
         return [out]
+    if sub == "drift":
+        folder = out or f"{argv[1]}/drift"
+        return [f"{folder}/{f}" for f in ("heads.csv", "curves.csv", "generations.csv", "epochs.csv", "report.html")]
     return [] if out is None else [out]
 
 

@@ -317,3 +317,39 @@ def test_wide_tables_fit_their_section(tmp_path):
     dom = run_chromium(tmp_path, path.resolve().as_uri(), "--dump-dom", "--window-size=1200,800")
     assert dom.returncode == 0, dom.stderr[-2000:]
     assert 'data-fits="true"' in dom.stdout, re.findall(r"<body[^>]*>", dom.stdout)
+
+
+@pytest.mark.browser
+def test_drift_report_renders_offline_in_chromium(drift_run, tmp_path):
+    """The surgery-drift page (maps, curves, generation probes) of a real tiny repair renders with
+    no console message, shows each of its sections and figures, and is not blank."""
+    from lens_heads.surgery.drift import drift_tables
+    from lens_heads.viz.surgery import write_drift_report
+
+    _model, run_dir, store, probes = drift_run
+    tables = drift_tables(store, run_dir)
+    path = write_drift_report(tables, {"title": "drift", "model": "tiny llama"}, tmp_path / "drift.html")
+    page = path.read_text(encoding="utf-8")
+    assert "http://" not in page and "https://" not in page  # nothing to fetch
+    probe = """<script>window.onload = () => {
+      const imgs = [...document.querySelectorAll("figure img")];
+      document.body.setAttribute("data-figures", String(imgs.filter(i => i.complete && i.naturalWidth > 0).length));
+      document.body.setAttribute("data-rows", String(document.querySelectorAll("table.generations tbody tr").length));
+    };</script>"""
+    (tmp_path / "probe.html").write_text(page.replace("</body>", probe + "</body>"))
+    dom = run_chromium(tmp_path, (tmp_path / "probe.html").resolve().as_uri(), "--dump-dom")
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert [line for line in dom.stderr.splitlines() if ":CONSOLE" in line] == []
+    assert 'data-figures="2"' in dom.stdout  # the curves and the maps, decoded
+    assert f'data-rows="{len(tables["curves"])}"' in dom.stdout  # one row of continuations per state
+    for anchor in ("curves", "maps", "probes"):
+        assert f'<section id="{anchor}">' in dom.stdout
+    shot = tmp_path / "drift.png"
+    res = run_chromium(tmp_path, path.resolve().as_uri(), f"--screenshot={shot}", "--window-size=1200,1600")
+    assert res.returncode == 0 and shot.is_file(), res.stderr[-2000:]
+    assert [line for line in res.stderr.splitlines() if ":CONSOLE" in line] == []
+    from PIL import Image
+
+    im = Image.open(shot).convert("RGB")
+    colours = im.getcolors(1 << 22)
+    assert len(colours) > 200 and max(n for n, _ in colours) < 0.8 * im.size[0] * im.size[1]

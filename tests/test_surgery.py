@@ -293,3 +293,61 @@ def test_select_by_score(tiny_model):
     got = TargetSelector(select=f"ahon_ln<{tau}").resolve(model, inputs=inputs)
     want = [(L, h) for L in range(values.shape[0]) for h in range(values.shape[1]) if values[L, h] < tau]
     assert got == want and 0 < len(got) < values.numel()
+
+
+def test_cli_extended_surgery_keeps_every_checkpoint_and_names_its_corpus(tiny_model_dir, tiny_model, tmp_path,
+                                                                          capsys, monkeypatch):
+    """--reinit-healthy index:0 re-initialises head 0 of every layer where the diagnosis calls it
+    healthy (beside the --heads target), trains it with the same masks, and says so in report.json;
+    --keep-checkpoints keeps every step's trainable tensors (the resume state only in the newest);
+    report.json names the corpora. A bad rule exits 2 before the model loads."""
+    from safetensors.torch import load_file
+
+    from lens_heads.data import tokenize_texts
+    from lens_heads.surgery.diagnose import diagnose
+
+    src = tiny_model_dir("llama")
+    data = tmp_path / "train.txt"
+    docs = [TEXT, "Dormant heads attend to the first token.", "Question: why? Answer: sinks."] * 12
+    data.write_text("\n".join(docs))
+    out = tmp_path / "repaired"
+    common = ["--data", str(data), "--n-eval", "3", "--eval-len", "32", "--diag-n", "3", "--diag-len", "32",
+              "--chunk-len", "16", "--grad-accum", "1", "--lr", "1e-2", "--passes", "1", "--quiet"]
+    rc = main(["repair", str(src), "--heads", "1.2", "--reinit-healthy", "index:0", "--keep-checkpoints",
+               "--checkpoint-every", "1", "--steps", "3", *common, "--out", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    report = RepairReport.load(out)
+    model = tiny_model("llama")
+    diag = diagnose(model, tokenize_texts(model.tokenizer, docs[-3:], 32))
+    healthy0 = [f"{L}.0" for L in range(model.geometry.n_layers) if diag.classes[L][0] == "healthy"]
+    assert healthy0 and list(report.passes[0].healthy_targets) == healthy0
+    assert list(report.passes[0].targets) == sorted(set(healthy0) | {"1.2"})
+    assert report.reinit_healthy == "index:0" and report.train_data == str(data)
+    assert report.eval_data == f"the last 3 documents of {data}"
+    assert RepairReport.load(out).to_json() == (out / "report.json").read_text()
+
+    steps = sorted((out / "checkpoints/pass1").glob("step-*"))
+    assert [p.name for p in steps] == ["step-000001", "step-000002", "step-000003"]
+    assert [sorted(f.name for f in p.iterdir()) for p in steps] == [
+        ["trainable.safetensors"], ["trainable.safetensors"], ["best.safetensors", "state.pt", "trainable.safetensors"]]
+    # each step's tensors differ from the last (training moved), only inside the plan's slices
+    orig = dict(AutoModelForCausalLM.from_pretrained(src).named_parameters())
+    plan = plan_surgery(model.geometry, [tuple(map(int, t.split("."))) for t in report.passes[0].targets], "q_only")
+    first, last = load_file(steps[0] / "trainable.safetensors"), load_file(steps[-1] / "trainable.safetensors")
+    for name, t in last.items():
+        mask = plan.mask(name, t)
+        assert torch.equal(t[mask == 0], orig[name].detach()[mask == 0]), name
+        assert not torch.equal(t, first[name]) or (mask == 0).all()
+    q0 = model.geometry.qkv_slices(0, 0, "q")
+    assert not torch.equal(last[q0.name].index_select(q0.dim, q0.index),
+                           orig[q0.name].detach().index_select(q0.dim, q0.index))  # head 0.0 re-initialised
+
+    import lens_heads.models as models
+
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("a model was loaded"))
+    for rule, msg in (("index:9", "4 heads per layer"), ("fraction:2", r"(0, 1]"), ("half", "bad --reinit-healthy")):
+        rc = main(["repair", str(src), "--heads", "1.2", "--reinit-healthy", rule, "--steps", "1", *common,
+                   "--out", str(tmp_path / "bad")])
+        err = capsys.readouterr().err
+        assert rc == 2 and msg in err, (rule, err)
+    assert not (tmp_path / "bad").exists()

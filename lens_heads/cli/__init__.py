@@ -17,7 +17,7 @@ import sys
 from lens_heads.cli.common import parse_batch_size, placement_from_args, resolve_default_data
 from lens_heads.errors import LensHeadsError
 
-COMMANDS = ["info", "score", "evaluate", "sweep", "diagnose", "repair", "prune", "report", "demo", "lm-eval", "explore"]
+COMMANDS = ["info", "score", "evaluate", "sweep", "diagnose", "repair", "drift", "prune", "report", "demo", "lm-eval", "explore"]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -9,6 +9,7 @@ from lens_heads.surgery.diagnose import check_classes
 from lens_heads.errors import LensHeadsError
 from lens_heads.surgery import RepairConfig, TargetSelector, TrainConfig, parse_heads, parse_select, repair
 from lens_heads.surgery.export import check_out_dir
+from lens_heads.surgery.targets import HealthyPick
 
 
 def register(sub) -> None:
@@ -19,7 +20,14 @@ def register(sub) -> None:
     which.add_argument("--heads", help="explicit heads LAYER.HEAD,LAYER.HEAD")
     which.add_argument("--band", action="store_true", help="every head index of the diagnosed band, all layers")
     which.add_argument("--select", help="score threshold on dataset-level scores, e.g. 'ahon_ln<0.6'")
-    p.add_argument("--data", required=True, help="training corpus (c4-train, c4, wikitext2 or a local file)")
+    p.add_argument("--reinit-healthy", default=None, metavar="RULE",
+                   help="extended surgery: re-initialise healthy heads too, with the same masked training: "
+                        "index:H (head H of every layer where it is healthy) or fraction:P@SEED (a seeded "
+                        "random share P of the healthy heads)")
+    p.add_argument("--data", required=True,
+                   help="training corpus: c4-train, wikitext2-train (WikiText-2 train, from LENS_HEADS_DATA or "
+                        "the hub), c4, wikitext2, a local .txt/.jsonl/.csv/.parquet file or a hub dataset id; "
+                        "report.json names it")
     p.add_argument("--n-train-docs", type=int, default=None, help="training documents to read (default all)")
     p.add_argument("--eval-data", default=None,
                    help="held-out corpus for perplexity (default: the last --n-eval documents of --data, "
@@ -44,6 +52,9 @@ def register(sub) -> None:
     p.add_argument("--grad-checkpointing", action="store_true")
     p.add_argument("--autocast-bf16", action="store_true", help="float32 weights, bf16 forward/backward")
     p.add_argument("--checkpoint-every", type=int, default=0, help="steps between checkpoints (0: each epoch)")
+    p.add_argument("--keep-checkpoints", action="store_true",
+                   help="keep every checkpoint's trained tensors (not only the newest), so that "
+                        "'lens-heads drift OUT' measures the heads at each of them")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--no-resume", action="store_true", help="ignore checkpoints already in --out")
     p.add_argument("--out", required=True, help="folder for the repaired model, checkpoints and report.json")
@@ -60,6 +71,7 @@ def run(args) -> int:
         check_classes(args.classes)
     if args.select is not None:
         parse_select(args.select)
+    extend = None if args.reinit_healthy is None else HealthyPick.parse(args.reinit_healthy)
     check_positive(args, "n_eval", "diag_n", "passes", "micro_batch", "grad_accum", "epochs", "steps", "patience")
     check_positive(args, "chunk_len", "eval_len", "diag_len", minimum=2)
     check_positive(args, "checkpoint_every", "warmup", "n_train_docs", minimum=0)
@@ -67,6 +79,8 @@ def run(args) -> int:
         raise LensHeadsError(f"--lr must be a positive number, got {args.lr}")
     if args.heads is not None:
         parse_heads(args.heads, config_geometry(args))  # syntax and ranges (from the config), before loading
+    if extend is not None and (geometry := config_geometry(args)) is not None:
+        extend.check(geometry)  # else repair checks it once the model is loaded
     check_output_dir(args.out)
     texts = load_texts(args.data, n=args.n_train_docs)  # data files are read before the model loads
     if args.eval_data is None and len(texts) <= args.n_eval:
@@ -101,11 +115,14 @@ def run(args) -> int:
     train = TrainConfig(lr=args.lr, micro_batch=args.micro_batch, grad_accum=args.grad_accum, epochs=args.epochs,
                         max_steps=args.steps, patience=args.patience, warmup=args.warmup,
                         gradient_checkpointing=args.grad_checkpointing, autocast_bf16=args.autocast_bf16,
-                        checkpoint_every=args.checkpoint_every, seed=args.seed)
+                        checkpoint_every=args.checkpoint_every, keep_checkpoints=args.keep_checkpoints,
+                        seed=args.seed)
     config = RepairConfig(passes=args.passes, init=args.init, gqa_policy=args.gqa_policy, chunk_len=args.chunk_len,
                           eval_len=args.eval_len, seed=args.seed, train=train)
     report = repair(model, selector, train_texts, eval_texts, diag_inputs, args.out, config,
-                    resume=not args.no_resume, progress=not args.quiet)
+                    resume=not args.no_resume, progress=not args.quiet, train_data=args.data,
+                    eval_data=args.eval_data or f"the last {args.n_eval} documents of {args.data}",
+                    reinit_healthy=extend)
     print(f"healthy heads: {report.healthy_before}"
           + "".join(f" -> {'-' if p.healthy_after is None else p.healthy_after} (pass {p.index})"
                     for p in report.passes))

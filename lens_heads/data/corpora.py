@@ -10,7 +10,8 @@ Three steps, each usable alone:
 ``load_texts(spec)`` accepts
 
 * a registered corpus name (see ``CORPORA``): ``c4`` (C4 en validation), ``c4-train``
-  (C4 en train), ``wikitext2`` (WikiText-2 raw test, one input per article),
+  (C4 en train), ``wikitext2`` (WikiText-2 raw test, one input per article), ``wikitext2-train``
+  (WikiText-2 raw train, articles; local as ``wikitext2/train_raw.txt`` under the data root),
   ``wikitext2-valid`` (WikiText-2 validation, see below). A local copy under the data root
   (``lens_heads.data.paths``) is used when present, else the same data from the hub.
   ``c4-sample``: the 48 C4 (en) validation texts shipped inside the package
@@ -87,6 +88,8 @@ CORPORA: Registry[CorpusSpec] = Registry("corpus", {
                    about="48 C4 en validation texts shipped with lens_heads, offline"),
         CorpusSpec("wikitext2", "wikitext2/test_raw.txt", "Salesforce/wikitext", "wikitext-2-raw-v1", "test",
                    unit="article", about="WikiText-2 raw test, one input per article"),
+        CorpusSpec("wikitext2-train", "wikitext2/train_raw.txt", "Salesforce/wikitext", "wikitext-2-raw-v1", "train",
+                   unit="article", about="WikiText-2 raw train, one input per article (a training corpus)"),
         CorpusSpec("wikitext2-valid", "wikitext2/valid.txt", "Salesforce/wikitext", "wikitext-2-v1", "validation",
                    unit="article", about="WikiText-2 (tokenised v1) validation, one input per article"),
     ]
@@ -100,6 +103,7 @@ _SPLIT_ALIASES = {
     ("wikitext2", "validation"): "wikitext2-valid",
     ("wikitext2", "valid"): "wikitext2-valid",
     ("wikitext2-valid", "test"): "wikitext2",
+    ("wikitext2", "train"): "wikitext2-train",
 }
 
 _FILE_SUFFIXES = {".txt", ".jsonl", ".json", ".parquet", ".csv"}

@@ -11,6 +11,11 @@ Only trainable tensors are stored: every other parameter is, by construction, id
 re-initialised base model, which is rebuilt deterministically before a resume. A step folder is
 written under a temporary name and renamed; LATEST is replaced atomically after that, so a
 crash leaves the previous checkpoint usable.
+
+Older step folders are removed once a newer one is complete, unless ``keep_history``: then each
+keeps its ``trainable.safetensors`` (what the model was at that step; its optimizer state and
+best tensors go), so the drift of the heads can be measured at every checkpoint afterwards
+(``surgery/drift.py``, docs/methods.md §7). ``list_checkpoints`` names them in step order.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from lens_heads.files.atomic import atomic_write_text
 
 
 def save_checkpoint(folder: Path, step: int, trainable: dict[str, torch.Tensor],
-                    best: dict[str, torch.Tensor] | None, state: dict) -> Path:
+                    best: dict[str, torch.Tensor] | None, state: dict, keep_history: bool = False) -> Path:
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
     name = f"step-{step:06d}"
@@ -48,9 +53,29 @@ def save_checkpoint(folder: Path, step: int, trainable: dict[str, torch.Tensor],
         raise
     atomic_write_text(folder / "LATEST", name)
     for old in folder.glob("step-*"):
-        if old.name != name:
+        if old.name == name:
+            continue
+        if not keep_history:
             shutil.rmtree(old, ignore_errors=True)
+            continue
+        for heavy in ("state.pt", "best.safetensors"):  # what only a resume reads
+            (old / heavy).unlink(missing_ok=True)
     return final
+
+
+STEP_PREFIX = "step-"
+
+
+def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """(step, its trainable.safetensors) of every complete step folder in ``folder``, in step order:
+    the newest always, earlier ones when they were kept (``keep_history``)."""
+    out = []
+    for d in Path(folder).glob(f"{STEP_PREFIX}*"):
+        f = d / "trainable.safetensors"
+        digits = d.name[len(STEP_PREFIX):]
+        if digits.isdigit() and f.is_file():
+            out.append((int(digits), f))
+    return sorted(out)
 
 
 def load_checkpoint(folder: Path) -> tuple[dict, dict | None, dict] | None:

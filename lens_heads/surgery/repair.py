@@ -12,7 +12,7 @@ for BLOOM the bridge computes Q/K/V from its own split copies).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import copy
 import json
@@ -28,7 +28,8 @@ from lens_heads.models.load import boot, model_digest
 from lens_heads.surgery.export import check_out_dir, export_model
 from lens_heads.surgery.reinit import plan_surgery, reinitialise
 from lens_heads.surgery.report import RepairPass, RepairReport
-from lens_heads.surgery.targets import TargetSelector
+from lens_heads.models.heads import Head
+from lens_heads.surgery.targets import HealthyPick, TargetSelector
 from lens_heads.surgery.train import TrainConfig, perplexity, train_surgery
 from lens_heads.files.hashing import sha256_token_groups
 
@@ -76,8 +77,15 @@ def prepare_data(tokenizer, train_texts, eval_texts, config: RepairConfig):
 
 def repair(model: LoadedModel, selector: TargetSelector, train_texts: list[str], eval_texts: list[str], diag_inputs,
            out_dir, config: RepairConfig = RepairConfig(), resume: bool = True,
-           progress: bool = True) -> RepairReport:
-    """Run the protocol on ``model`` (a LoadedModel; left unchanged); return the report it saved."""
+           progress: bool = True, *, train_data: str | None = None, eval_data: str | None = None,
+           reinit_healthy: HealthyPick | None = None,
+           on_step: Callable[[int, int, float], None] | None = None) -> RepairReport:
+    """Run the protocol on ``model`` (a LoadedModel; left unchanged); return the report it saved.
+
+    ``train_data`` / ``eval_data`` name the corpora in the report. ``reinit_healthy`` re-initialises
+    the healthy heads it picks beside pass 1's targets (extended surgery, docs/methods.md §7).
+    ``on_step(pass, step, loss)`` runs after every optimisation step (after its checkpoint, so
+    a callback that raises to stop the run loses nothing checkpointed)."""
     t0 = time.perf_counter()
     if model.sharded:
         raise LensHeadsError("repair trains a full copy of the model on one device: load it without a device map "
@@ -94,6 +102,11 @@ def repair(model: LoadedModel, selector: TargetSelector, train_texts: list[str],
     targets = selector.resolve(model, diag, diag_inputs)
     if not targets:
         raise LensHeadsError(f"no heads selected by {selector.describe()}: nothing to repair")
+    healthy_extra: list[Head] = []
+    if reinit_healthy is not None:
+        reinit_healthy.check(g)
+        healthy_extra = reinit_healthy.resolve(diag, exclude=targets)
+        targets = sorted(set(targets) | set(healthy_extra))
     plan_surgery(g, targets, config.gqa_policy)
 
     hf = model.load_hf_model()
@@ -102,6 +115,9 @@ def repair(model: LoadedModel, selector: TargetSelector, train_texts: list[str],
                 "eval_len": config.eval_len, "repair_seed": config.seed,
                 "model_digest": model_digest(model), "data_sha256": _tokens_digest(chunks, eval_inputs)}
     config_json = json.loads(json.dumps(asdict(config), default=str))  # as report.json keeps it (lists, not tuples)
+    names = {k: v for k, v in (("train_data", train_data), ("eval_data", eval_data),
+                               ("reinit_healthy", None if reinit_healthy is None else str(reinit_healthy)))
+             if v is not None}
     before = dict(model=model.name, selector=selector.describe(), config=config_json,
                   n_train_chunks=len(chunks), n_eval_docs=len(eval_inputs),
                   n_eval_tokens=int(sum(len(t) - 1 for t in eval_inputs)),
@@ -122,8 +138,9 @@ def repair(model: LoadedModel, selector: TargetSelector, train_texts: list[str],
         if progress:
             print(f"pass {k}: {len(targets)} target heads, {plan.gqa_policy}", flush=True)
         tcfg = replace(config.train, seed=config.train.seed + k)
+        step_hook = None if on_step is None else (lambda step, loss, k=k: on_step(k, step, loss))
         result = train_surgery(hf, plan, chunks, eval_inputs, tcfg, out / "checkpoints" / f"pass{k}",
-                               resume=resume, pad_id=pad, progress=progress, identity=identity)
+                               resume=resume, pad_id=pad, progress=progress, identity=identity, on_step=step_hook)
         current = boot(copy.deepcopy(hf), tok, model.source, model.dtype, model.device)
         diag = diagnose(current, diag_inputs, config.thresholds)
         passes.append(RepairPass(
@@ -132,10 +149,12 @@ def repair(model: LoadedModel, selector: TargetSelector, train_texts: list[str],
             history=result.history, ppl_final=perplexity(hf, eval_inputs, config.train.eval_batch_size, pad),
             steps=result.steps, epochs=result.epochs_run, stopped_early=result.stopped_early,
             healthy_after=diag.healthy_count, classes_after=diag.counts(), band_after=diag.band(),
-            train_wall_s=round(result.wall_s, 2)))
+            train_wall_s=round(result.wall_s, 2),
+            healthy_targets=(tuple(f"{L}.{h}" for L, h in healthy_extra)
+                             if reinit_healthy is not None and k == 1 else None)))
         if progress:
             print(f"after pass {k}: {diag.summary()}; held-out perplexity {passes[-1].ppl_final:.3f}", flush=True)
     export_model(hf, tok, out)
-    report = RepairReport(**before, passes=tuple(passes), wall_s=round(time.perf_counter() - t0, 2))
+    report = RepairReport(**before, passes=tuple(passes), wall_s=round(time.perf_counter() - t0, 2), **names)
     report.save(out / "report.json")
     return report

@@ -4,12 +4,13 @@ The file is ``json.dumps(report, indent=2, default=str)`` of the keys below, in 
 
     model, selector, config, n_train_chunks, n_eval_docs, n_eval_tokens, n_diag_inputs,
     healthy_before, classes_before, band_before, ppl_before, passes, wall_s
+    [, train_data, eval_data, reinit_healthy]   (when known: the corpora named, extended surgery)
 
 and per pass either ``pass, targets, n_targets, edits, ppl_after_reinit, history, ppl_final,
-steps, epochs, stopped_early, healthy_after, classes_after, band_after, train_wall_s`` (a trained
-pass) or ``pass, targets, note`` (nothing left to repair). ``load`` then ``save`` gives back the
-same bytes: keys this version does not know are kept in ``extra`` and every key keeps its place
-in the file. The method is docs/methods.md §7.
+steps, epochs, stopped_early, healthy_after, classes_after, band_after, train_wall_s``
+[``, healthy_targets``] (a trained pass) or ``pass, targets, note`` (nothing left to repair).
+``load`` then ``save`` gives back the same bytes: keys this version does not know are kept in
+``extra`` and every key keeps its place in the file. The method is docs/methods.md §7.
 """
 
 from __future__ import annotations
@@ -91,13 +92,14 @@ class RepairPass:
     band_after: tuple[int, ...] | None = None
     train_wall_s: float | None = None
     note: str | None = None
+    healthy_targets: tuple[str, ...] | None = None  # the healthy heads among targets (extended surgery)
     extra: dict[str, Any] = field(default_factory=dict)  # keys of the file this version does not know
     _key_order: tuple[str, ...] = field(default=(), repr=False, compare=False)
 
     _RENAMED = {"index": "pass"}
 
     def __post_init__(self) -> None:
-        for name in ("targets", "edits", "history", "band_after"):
+        for name in ("targets", "edits", "history", "band_after", "healthy_targets"):
             object.__setattr__(self, name, _tuple(getattr(self, name)))
 
     @property
@@ -130,6 +132,9 @@ class RepairReport:
     ppl_before: float
     passes: tuple[RepairPass, ...]
     wall_s: float
+    train_data: str | None = None  # the training corpus as given (c4-train, wikitext2-train, a file, ...)
+    eval_data: str | None = None  # the held-out corpus as given, or "last N documents of <train_data>"
+    reinit_healthy: str | None = None  # HealthyPick printed: healthy heads re-initialised too
     extra: dict[str, Any] = field(default_factory=dict)  # keys of the file this version does not know
     _key_order: tuple[str, ...] = field(default=(), repr=False, compare=False)
 

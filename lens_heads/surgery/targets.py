@@ -2,14 +2,18 @@
 
 A ``TargetSelector`` holds one rule and resolves it against a model (and its diagnosis).
 Re-applied after a pass it gives the heads "still or newly" selected (see ``reselect``).
+A ``HealthyPick`` adds healthy heads to the first pass (extended surgery, docs/methods.md §7).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import math
 import re
 from dataclasses import dataclass
+
+import torch
 
 from lens_heads.surgery.diagnose import Diagnosis, check_classes, diagnose
 from lens_heads.errors import LensHeadsError
@@ -112,3 +116,67 @@ class TargetSelector:
             return self.resolve(model, diagnosis, inputs)
         sick = set(diagnosis.heads())
         return [hd for hd in previous if hd in sick]
+
+
+_EXTEND = re.compile(r"^\s*(index|fraction)\s*:\s*([-+0-9.eE]+)\s*(?:@\s*([0-9]+))?\s*$")
+
+
+@dataclass(frozen=True)
+class HealthyPick:
+    """Healthy heads re-initialised beside the targets ("extended surgery", docs/methods.md §7).
+
+    ``index:H``         head index H in every layer where it is healthy (the paper's choice);
+    ``fraction:P@SEED`` a seeded random share P (0 < P <= 1) of all healthy heads, rounded up.
+
+    ``parse`` is its one parser and ``str`` its one printer (``parse(str(x)) == x``). Heads the
+    target rule already picked are never picked twice.
+    """
+
+    kind: str  # "index" | "fraction"
+    value: float
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.kind == "index":
+            if float(self.value) != int(self.value) or self.value < 0:
+                raise LensHeadsError(f"extended surgery index:{self.value}: a head index is a whole number >= 0")
+            object.__setattr__(self, "value", int(self.value))
+        elif self.kind == "fraction":
+            if not (0.0 < float(self.value) <= 1.0):
+                raise LensHeadsError(f"extended surgery fraction:{self.value}: the share must lie in (0, 1]")
+            object.__setattr__(self, "value", float(self.value))
+        else:
+            raise LensHeadsError(f"unknown extended-surgery rule {self.kind!r}: write index:H or fraction:P@SEED")
+
+    @classmethod
+    def parse(cls, spec: str) -> "HealthyPick":
+        """``"index:3"`` / ``"fraction:0.1@0"`` -> a HealthyPick (syntax and ranges checked)."""
+        m = _EXTEND.match(str(spec))
+        if not m:
+            raise LensHeadsError(f"bad --reinit-healthy {spec!r}: write index:H (head H of every layer) or "
+                                 "fraction:P@SEED (a seeded random share P of the healthy heads), e.g. fraction:0.1@0")
+        try:
+            value = float(m.group(2))
+        except ValueError:
+            raise LensHeadsError(f"bad number in --reinit-healthy {spec!r}") from None
+        if m.group(1) == "index" and m.group(3) is not None:
+            raise LensHeadsError(f"bad --reinit-healthy {spec!r}: index:H takes no seed")
+        return cls(m.group(1), value, int(m.group(3) or 0))
+
+    def __str__(self) -> str:
+        return f"index:{self.value}" if self.kind == "index" else f"fraction:{self.value:g}@{self.seed}"
+
+    def check(self, geometry) -> None:
+        """The head index exists in ``geometry`` (a fraction fits any model)."""
+        if self.kind == "index" and self.value >= geometry.n_heads:
+            raise LensHeadsError(f"--reinit-healthy {self}: the model has {geometry.n_heads} heads per layer")
+
+    def resolve(self, diagnosis: Diagnosis, exclude=()) -> list[Head]:
+        """The healthy heads this rule picks on ``diagnosis``, leaving out ``exclude``, sorted."""
+        taken = set(exclude)
+        healthy = [hd for hd in diagnosis.heads(("healthy",)) if hd not in taken]
+        if self.kind == "index":
+            return sorted(hd for hd in healthy if hd[1] == self.value)
+        k = math.ceil(self.value * len(healthy) - 1e-9)
+        order = torch.randperm(len(healthy), generator=torch.Generator().manual_seed(self.seed)).tolist()
+        return sorted(healthy[i] for i in order[:k])

@@ -51,6 +51,7 @@ class TrainConfig:
     gradient_checkpointing: bool = False
     autocast_bf16: bool = False
     checkpoint_every: int = 0  # steps between checkpoints (0: only at epoch ends)
+    keep_checkpoints: bool = False  # keep every checkpoint's trainable tensors (for drift), not only the newest
     keep_best: bool = True
     eval_batch_size: int = 4
     seed: int = 0
@@ -195,7 +196,7 @@ def train_surgery(
                      step=step, epoch=epoch, history=history, best_ppl=best_ppl, bad=bad, stopped=stopped,
                      rng=torch.get_rng_state(), losses=losses, config=asdict(config), identity=identity or {},
                      wall_s=wall_before + time.perf_counter() - t0)
-        save_checkpoint(Path(checkpoint_dir), step, snapshot(), best, state)
+        save_checkpoint(Path(checkpoint_dir), step, snapshot(), best, state, keep_history=config.keep_checkpoints)
 
     hf_model.train()
     try:
@@ -257,6 +258,7 @@ def train_surgery(
 
 def _resume_settings(config: dict) -> dict:
     """The training settings a resumed run must share with its checkpoint: all but how often
-    checkpoints are written and the evaluation batch size, which change no trained value."""
+    checkpoints are written, whether old ones are kept and the evaluation batch size, which change
+    no trained value."""
     return {k: (list(v) if isinstance(v, tuple) else v) for k, v in config.items()
-            if k not in ("checkpoint_every", "eval_batch_size")}
+            if k not in ("checkpoint_every", "keep_checkpoints", "eval_batch_size")}

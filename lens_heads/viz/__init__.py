@@ -1,12 +1,13 @@
 """What a person reads: circuitsvis attention patterns (``patterns``), matplotlib figures
-(``figures``) and the HTML report (``report``). These views only read results: the patterns they
-show are captured by ``lens_heads.forward.activations``. ``study`` is the wing's one
+(``figures``), the HTML report (``report``) and the surgery-drift page (``surgery``). These
+views only read results: the patterns they show are captured by
+``lens_heads.forward.activations``. ``study`` is the wing's one
 orchestrator: ``build_report`` reads or computes what the report shows, ``attention_heads``
 captures patterns and wraps them in a view, ``ModelRef`` loads a model only when needed.
 
 Floor 9 of docs/architecture.md. May import: the wings below it (up to ``sweep``); the views
-(``figures``, ``patterns``, ``report``) only what computes nothing: ``files``, the ablation specs
-(``interventions.specs``), the score registry and the head classes. Imported by: ``explore``,
+(``figures``, ``patterns``, ``report``, ``surgery``) only what computes nothing: ``files``, the
+ablation specs (``interventions.specs``), the score registry and the head classes. Imported by: ``explore``,
 ``cli`` and the public API.
 """
 
