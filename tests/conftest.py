@@ -241,3 +241,20 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Every question the evaluation runs, by (ablation, doc_id)."""
+    from lens_heads.evaluation import evaluate as evaluation
+
+    seen: list[tuple[str, int]] = []
+    real = evaluation.evaluate_task
+
+    def wrapped(model, task, *a, doc_ids=None, ablation=None, **k):
+        res = real(model, task, *a, doc_ids=doc_ids, ablation=ablation, **k)
+        seen.extend((ablation.name if ablation is not None else "none", q.doc_id) for q in res.questions)
+        return res
+
+    monkeypatch.setattr(evaluation, "evaluate_task", wrapped)
+    return seen

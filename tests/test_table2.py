@@ -34,23 +34,6 @@ def script(name: str):
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-@pytest.fixture
-def counted(monkeypatch):
-    """Every (ablation, doc_id) the evaluation runs."""
-    from lens_heads.evaluation import evaluate as evaluation
-
-    seen: list[tuple[str, int]] = []
-    real = evaluation.evaluate_task
-
-    def wrapped(model, task, *a, doc_ids=None, ablation=None, **k):
-        res = real(model, task, *a, doc_ids=doc_ids, ablation=ablation, **k)
-        seen.extend((ablation.name if ablation is not None else "none", q.doc_id) for q in res.questions)
-        return res
-
-    monkeypatch.setattr(evaluation, "evaluate_task", wrapped)
-    return seen
-
-
 def argv(model: Path, out: Path, *extra: str) -> list[str]:
     m = str(model)
     return ["--out", str(out), "--models", f"smollm2-135m={m},gemma-3-270m={m},qwen2.5-coder-0.5b={m}",
