@@ -58,18 +58,14 @@ for i, choice in enumerate(record.choices):
 #
 # An ablation is a typed value with one text form (`lh.parse_ablation`):
 # - `score:ahon_ln@TAU` zeroes, **per input**, every head whose AHON(LN) on that input falls below
-#   `TAU` (the paper's method). `calibrated_spec` finds the `TAU` that zeroes 30 % of (input, head)
-#   pairs over the unablated inputs of the questions below (`docs/methods.md` §3), which is what
-#   `score:ahon_ln@30%` means on the command line;
+#   `TAU` (the paper's method). `score:ahon_ln@30%` leaves `TAU` open: `evaluate_task` sets it to
+#   zero 30 % of (input, head) pairs over the unablated inputs of the questions it evaluates
+#   (`docs/methods.md` §3), as `lens-heads evaluate --ablate score:ahon_ln@30%` does;
 # - `static:L.H,...` zeroes the same heads on every input;
 # - `random:0.3@0` zeroes 30 % of heads at random (seed 0), per input: the baseline any score must beat.
 
 # %%
-from lens_heads.forward.task_requests import task_inputs
-from lens_heads.interventions.thresholds import calibrated_spec
-
-spec, tau = calibrated_spec(model, task_inputs(model, piqa, limit=100), "ahon_ln", 0.3, progress=False)
-per_input = lh.parse_ablation(spec, model.geometry)
+per_input = lh.parse_ablation("score:ahon_ln@30%", model.geometry)  # its threshold is set when evaluated
 quiet = lh.score_heads(model, tokenize_texts(model.tokenizer, load_texts("c4-sample", n=32), max_len=128),
                        scores="ahon_ln", progress=False).least_active("ahon_ln", k=27)  # 10 % of 270 heads
 static = lh.StaticAblation(quiet, model.geometry)
@@ -86,6 +82,7 @@ print(per_input, "|", static, "|", random_heads, sep="\n")
 runs = {"none": None, "per-input AHON(LN) 30 %": per_input, "static AHON(LN) 27 heads": static,
         "random 30 %": random_heads}
 results = {name: lh.evaluate_task(model, piqa, limit=100, ablation=abl, progress=False) for name, abl in runs.items()}
+print(f"{per_input} on these questions: {per_input.calibrated}")
 pd.DataFrame([{"ablation": name, "accuracy %": round(100 * r.metrics["acc"], 1),
                "heads zeroed %": None if r.zeroed_fraction is None else round(100 * r.zeroed_fraction, 1)}
               for name, r in results.items()])

@@ -419,6 +419,46 @@ def test_task_inputs_are_the_model_inputs(tiny_model, shared_data):
     assert len(inputs) < 16  # choices sharing an input are run once
 
 
+@pytest.mark.parametrize("protocol", [None, "paper"])
+def test_a_percentage_ablation_calibrates_on_the_questions_it_evaluates(tiny_model, shared_data, protocol):
+    """score:ID@P% through evaluate_task == the explicit threshold that zeroes P % of the pooled
+    unablated scores of exactly those questions' inputs (calibrated here by hand, independently)."""
+    from lens_heads.evaluation.protocol import paper_protocol
+    from lens_heads.interventions.ablation import parse_ablation
+    from lens_heads.interventions.specs import ScoreThreshold
+    from lens_heads.scores import SCORES, score_heads
+
+    model = tiny_model("gemma3")
+    proto = paper_protocol(model) if protocol else None
+    strict = proto is not None and proto.strict
+    abl = parse_ablation("score:ahon_ln@30%", model.geometry)
+    got = evaluate_task(model, "piqa", limit=6, seed=2, ablation=abl, progress=False, protocol=proto)
+
+    pooled = score_heads(model, task_inputs(model, "piqa", limit=6, seed=2, protocol=proto), scores=["ahon_ln"],
+                         batch_size=8, keep_per_input=True, progress=False).per_input["ahon_ln"].flatten()
+    assert SCORES["ahon_ln"].inactive_when == "low"
+    if strict:  # the authors' CDF rule: zero strictly below the threshold
+        assert abl.calibrated == ScoreThreshold("ahon_ln", abl.threshold, True)
+        assert 0.25 <= float((pooled < abl.threshold).float().mean()) <= 0.31
+    else:  # the order statistic: the smallest 30 % of the pooled scores, the threshold inclusive
+        k = math.ceil(0.3 * pooled.numel() - 1e-9)
+        assert abl.threshold == pytest.approx(float(pooled.sort().values[k - 1]))
+        assert abl.calibrated == ScoreThreshold("ahon_ln", abl.threshold, False)
+    fixed = evaluate_task(model, "piqa", limit=6, seed=2, ablation=parse_ablation(str(abl.calibrated), model.geometry),
+                          progress=False, protocol=proto)
+    assert [q.lls for q in got.questions] == [q.lls for q in fixed.questions]
+    assert got.zeroed_fraction == pytest.approx(fixed.zeroed_fraction) and got.zeroed_fraction > 0.05
+    assert got.config["ablation"] == "score:ahon_ln@30%" and got.config["calibrated"] == str(abl.calibrated)
+
+    other = evaluate_task(model, "piqa", limit=3, seed=5, ablation=abl, progress=False, protocol=proto)
+    assert abl._calibrated_on[2] == tuple(q.doc_id for q in other.questions)  # calibrated again on the new ones
+    none = parse_ablation("score:ahon_ln@0%", model.geometry)
+    plain = evaluate_task(model, "piqa", limit=3, seed=5, progress=False, protocol=proto)
+    at0 = evaluate_task(model, "piqa", limit=3, seed=5, ablation=none, progress=False, protocol=proto)
+    assert none.threshold is None and at0.zeroed_fraction == 0.0
+    assert [q.lls for q in at0.questions] == [q.lls for q in plain.questions]
+
+
 def test_perplexity_matches_naive(tiny_model, hf_copies):
     model, hf = tiny_model("llama"), hf_copies("llama")
     texts = ["The capital of France is Paris.", "Dormant heads attend to the first token a lot.",

@@ -315,6 +315,8 @@ def test_a_percentage_spec_is_calibrated_on_the_shipped_sample(served):
     inputs = tokenize_texts(model.tokenizer, load_texts("c4-sample", n=48), 128)
     want = calibrated_spec(model, inputs, "ahon_ln", 0.25, progress=False)[0]
     assert r["next"]["ablation"] == want and want.startswith("score:ahon_ln@")
+    q = post(url, "api/run", {"task": "piqa", "index": 2, "ablation": "score:ahon_ln@25%"}).json()
+    assert f"--ablate '{want}'" in q["code"]["cli"] and f"parse_ablation({want!r}" in q["code"]["python"]  # its τ
 
 
 # --- who may call it (docs/methods.md §11, threat model) ----------------------------------------

@@ -10,6 +10,7 @@ import random
 from pathlib import Path
 
 import pytest
+import torch
 
 from lens_heads import LensHeadsError
 from lens_heads.interventions.ablation import bind
@@ -106,5 +107,7 @@ def test_bind_builds_the_runtime_ablation(tiny_model):
     assert bind(parse_spec("static:1.0,0.3"), g).name == "static:0.3,1.0"
     assert bind(parse_spec("score:awft@0.5:strict"), g).strict
     assert math.isclose(bind(parse_spec("random:0.25@3"), g).p, 0.25)
-    with pytest.raises(LensHeadsError, match="calibrated on inputs"):
-        bind(parse_spec("score:awft@10%"), g)
+    pct = bind(parse_spec("score:awft@10%"), g)  # calibrated by evaluate_task (test_evaluate), runs nowhere else
+    assert pct.needs_task and pct.threshold is None and pct.name == "score:awft@10%"
+    with pytest.raises(LensHeadsError, match="not calibrated yet"):
+        pct.hooks(tiny_model("llama"), torch.ones(1, 3), [0])

@@ -449,6 +449,8 @@ def test_sweep_config_holds_typed_values_parsed_once():
     assert isinstance(again.replacement, Replacement) and again.first == cfg.first  # typed values pass through
     with pytest.raises(LensHeadsError, match="unknown ablation kind"):
         SweepConfig(task="piqa", score_ids=[], extra_ablations=["nonsense:1"])
+    with pytest.raises(LensHeadsError, match="--scores awft --fractions 0.1"):  # its curves are its percentages
+        SweepConfig(task="piqa", score_ids=[], extra_ablations=["score:awft@10%"])
     with pytest.raises(dataclasses.FrozenInstanceError):
         cfg.limit = 5  # type: ignore[misc]
 

@@ -137,6 +137,7 @@ def evaluate_task(
               "doc_ids": None if doc_ids is None else "given",
               "n_questions": len(questions), "n_requests": len(reqs),
               "ablation": ablation.name if ablation is not None else "none",
+              **({"calibrated": str(ablation.calibrated)} if getattr(ablation, "calibrated", None) else {}),
               **({"protocol": protocol.prompt_key()} if protocol is not None and protocol.prompt_key() else {}),
               "zeroed_units": counts, "batch_size": batch_size, "seconds": round(time.perf_counter() - t0, 3)}
     return TaskResult(task.name, k, metrics, questions, zf, config)

@@ -138,6 +138,10 @@ class LensHeadsLM(LM):
         super().__init__()
 
         probe = parse_ablation(ablation, None) if isinstance(ablation, str) else ablation
+        if getattr(getattr(probe, "spec", None), "needs_calibration", False):
+            raise LensHeadsError(f"ablation {probe.name}: a percentage needs a threshold calibrated on the "
+                                 f"questions; give score:ID@THRESHOLD (evaluate_task with this ablation, or "
+                                 f"'lens-heads evaluate --ablate {probe.name}', sets and prints it)")
         if getattr(probe, "needs_task", False):
             raise LensHeadsError(f"ablation {probe.name}: {NEEDS_TASK}")
         if isinstance(pretrained, (str, os.PathLike)):

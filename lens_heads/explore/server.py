@@ -105,7 +105,7 @@ class Explorer:
                 out["question"]["choices"] = list(rec.choices)
             else:
                 out["next"] = session.next_token(self.model, ids, abl, base=known["base"])
-            out["code"] = _code(self.model, req)
+            out["code"] = _code(self.model, req, abl)
             return out
 
     def _calibrated(self, score_id: str, fraction: float) -> str:
@@ -178,13 +178,16 @@ def _json_value(v):
     return v.item() if hasattr(v, "item") else v
 
 
-def _code(model: LoadedModel, req: RunRequest) -> dict:
-    """The command line and the Python call that reproduce a view."""
+def _code(model: LoadedModel, req: RunRequest, abl=None) -> dict:
+    """The command line and the Python call that reproduce a view (``abl``: the view's ablation,
+    a percentage already calibrated as the explorer does, so a task question's lines use its
+    threshold instead of calibrating on other questions)."""
     spec = (req.ablation or "").strip()
     rep = (req.replacement or "").strip()
     full = spec if not rep or rep == "zero" or not spec else f"{spec}|{rep}"
     task = req.input.task
     if task is not None:
+        full = abl.name if full and abl is not None else full
         cli = f"lens-heads evaluate {model.name} --task {task}" + (f" --ablate '{full}'" if full else "")
         py = (f"lh.evaluate_task(model, {task!r}, doc_ids=[DOC_ID]"
               + (f", ablation=lh.parse_ablation({full!r}, model.geometry)" if full else "") + ")")

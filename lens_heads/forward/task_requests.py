@@ -90,8 +90,14 @@ def task_inputs(model: LoadedModel, task: Task | str, n_shot: int | None = None,
                 seed: int = DEFAULT_SEED, protocol: Protocol | None = None) -> list[Tensor]:
     """The distinct token sequences the model reads for these questions (for score thresholds)."""
     task = resolve_task(task)
+    return record_inputs(model, task, select_records(task, limit, seed), n_shot, seed, protocol)
+
+
+def record_inputs(model: LoadedModel, task: Task, records: Sequence[MCRecord], n_shot: int | None = None,
+                  seed: int = DEFAULT_SEED, protocol: Protocol | None = None) -> list[Tensor]:
+    """``task_inputs`` of the given ``records`` (as ``evaluate_task`` selected them)."""
     k = task.spec.n_shot if n_shot is None else n_shot
-    reqs, keys, _ = task_requests(task, select_records(task, limit, seed), k, seed, chat_format(model, protocol))
+    reqs, keys, _ = task_requests(task, records, k, seed, chat_format(model, protocol))
     add_bos = None if protocol is None else protocol.add_bos_token
     rows = build_rows(model, [encode_pair(model.tokenizer, c, x, add_bos=add_bos) for c, x in reqs], keys)
     return [torch.tensor(r.ids, dtype=torch.long) for r in rows]

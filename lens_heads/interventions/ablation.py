@@ -21,6 +21,8 @@ Kinds (spec strings):
                         ``"low"``; a NaN score never crosses.
 * ``score:ID@TAU:strict``  the same with the authors' strict comparison (``>`` / ``<``), which
                         goes with their CDF thresholds (``thresholds``, rule ``"cdf"``).
+* ``score:ID@P%``       the same, its threshold set by ``evaluate_task`` to zero P % of the pooled
+                        unablated scores of the questions evaluated (``CalibratedAblation``).
 * ``random:P@SEED``     each head on each input is zeroed independently with probability P. The
                         draw depends only on (SEED, row key, layer, head), so results do not depend
                         on batching or order (row keys are stable request ids).
@@ -41,10 +43,13 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from lens_heads.forward.engine import RowKey, row_generator
+from lens_heads.forward.task_requests import record_inputs
 from lens_heads.errors import LensHeadsError
 from lens_heads.models.hooks import HookFn, hook_name
 from lens_heads.interventions.specs import (ABLATION_FORMS, AblationSpec, Head, NoHeads, RandomHeads,  # noqa: F401
-                                      Replaced, ScoreFraction, ScoreThreshold, StaticHeads, parse_heads, parse_spec)
+                                      Replaced, ScoreFraction, ScoreThreshold, StaticHeads, parse_heads, parse_spec,
+                                      with_replacement)
+from lens_heads.interventions.thresholds import DEFAULT_RULE, calibrated_spec
 from lens_heads.scores import SCORES, ScoreCollector
 
 if TYPE_CHECKING:
@@ -349,6 +354,68 @@ class TaskScoreAblation(ScoreAblation):
         return [(hook_name("z", L), make(L)) for L in range(g.n_layers)]
 
 
+class CalibratedAblation(Ablation):
+    """``score:ID@P%``: the per-input score ablation whose threshold zeroes P % of the pooled
+    unablated (input, layer, head) scores of ID on the questions it is evaluated on -- what
+    ``lens-heads evaluate --ablate score:ID@P%`` does (docs/methods.md §3)::
+
+        abl = parse_ablation("score:ahon_ln@30%", model.geometry)
+        evaluate_task(model, "piqa", limit=100, ablation=abl)   # calibrates, then evaluates
+        abl.threshold, abl.calibrated                           # 0.41..., ScoreThreshold(...)
+
+    ``evaluate_task`` calibrates it (``prepare_task``: one unablated scoring pass over the
+    questions' sequences, batched as a sweep's, under the protocol's threshold rule) and
+    calibrates again when it is evaluated on other questions, another task or another model
+    object (weights changed in place are not noticed: parse it again). Until then it has no
+    threshold and runs nowhere else (``needs_task``: not on lm-eval's requests, not in a sweep,
+    whose percentages are its curves). At 0 % it is ``none``, prefix cache and counts included."""
+
+    needs_task = True
+
+    @property
+    def reuses_prefix(self) -> bool:  # read by the engine after prepare_task
+        return self._inner is not None and self._inner.reuses_prefix
+
+    @property
+    def _counts_type(self):  # counting() opens after prepare_task: the calibrated ablation's counts
+        return Counts if self._inner is None else self._inner._counts_type
+
+    def __init__(self, spec: ScoreFraction, geometry):
+        if spec.score_id not in SCORES or SCORES[spec.score_id].level != "input":
+            raise LensHeadsError(f"ablation {spec}: a percentage needs an input-level score, not {spec.score_id!r}")
+        self.spec, self.geometry = spec, geometry
+        self.score_id, self.fraction = spec.score_id, spec.fraction
+        self.threshold: float | None = None  # set by prepare_task
+        self.calibrated: AblationSpec | None = None  # the threshold spec it resolved to
+        self._inner: Ablation | None = None
+        self._calibrated_on: tuple | None = None  # (doc ids, n_shot, seed, protocol) of the calibration
+
+    def replaced_by(self, spec: Replaced) -> "Ablation":
+        self.spec = spec  # the calibrated ablation is bound with the same replacement
+        return self
+
+    def prepare_task(self, model: LoadedModel, task, records, n_shot: int, seed: int, protocol=None) -> None:
+        on = (id(model), task.name, tuple(r.doc_id for r in records), n_shot, seed,
+              None if protocol is None else protocol.key())
+        if on == self._calibrated_on:
+            return
+        rule = DEFAULT_RULE if protocol is None else protocol.threshold_rule
+        spec, self.threshold = calibrated_spec(model, record_inputs(model, task, records, n_shot, seed, protocol),
+                                               self.score_id, self.fraction, progress=False, rule=rule)
+        replaced = getattr(self.spec, "replacement", None)  # score:ID@P%|REPLACEMENT
+        self.calibrated = with_replacement(parse_spec(spec), replaced) if replaced is not None else parse_spec(spec)
+        self._inner = bind(self.calibrated, self.geometry)
+        self._calibrated_on = on
+
+    def hooks(self, model: LoadedModel, attention_mask, row_keys) -> Hooks:
+        if self._inner is None:
+            raise LensHeadsError(f"ablation {self.name}: not calibrated yet; evaluate it on multiple-choice "
+                                 f"questions with evaluate_task (or 'lens-heads evaluate'), which sets its "
+                                 f"threshold on them first, or give score:ID@THRESHOLD")
+        self._inner._counts = self.counts  # the calibrated ablation counts into this block's counts
+        return self._inner.hooks(model, attention_mask, row_keys)
+
+
 # -----------------------------------------------------------------------------
 # Parsing: the one grammar lives in lens_heads.interventions.specs
 
@@ -357,6 +424,7 @@ BINDERS: dict[type[AblationSpec], Callable[[AblationSpec, object], Ablation]] = 
     NoHeads: lambda s, g: NoAblation(),
     StaticHeads: lambda s, g: StaticAblation(s.heads, g),
     RandomHeads: lambda s, g: RandomAblation(s.p, s.seed, g),
+    ScoreFraction: lambda s, g: CalibratedAblation(s, g),
     ScoreThreshold: lambda s, g: (ScoreAblation if SCORES[s.score_id].level == "input" else TaskScoreAblation)(
         s.score_id, s.threshold, g, s.strict),
 }
@@ -368,10 +436,6 @@ def bind(spec: AblationSpec, geometry) -> Ablation:
     ``BINDERS``."""
     if isinstance(spec, Replaced):
         return bind(spec.spec, geometry).replaced_by(spec)
-    if isinstance(spec, ScoreFraction):
-        raise LensHeadsError(f"ablation {spec}: a percentage needs a threshold calibrated on inputs "
-                             f"first: 'lens-heads evaluate --ablate {spec}' does that; a sweep takes "
-                             f"--scores {spec.score_id} --fractions {spec.fraction:g}")
     binder = BINDERS.get(type(spec))
     if binder is None:
         raise LensHeadsError(f"ablation {spec}: no runtime for kind {type(spec).__name__} (add it to BINDERS)")

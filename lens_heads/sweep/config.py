@@ -116,6 +116,11 @@ class SweepConfig:
         self._set("static_ids", list(dict.fromkeys(self.static_ids)))
         self._set("extra_ablations", tuple(dict.fromkeys(
             e if isinstance(e, AblationSpec) else parse_spec(e) for e in self.extra_ablations)))
+        for e in self.extra_ablations:  # each part of a sweep would calibrate on its own questions
+            if e.needs_calibration:
+                inner = getattr(e, "spec", e)
+                raise LensHeadsError(f"extra ablation {e}: a sweep's percentages are its curves: give --scores "
+                                     f"{inner.score_id} --fractions {inner.fraction:g}")
         self._check_static_ids()
         if self.limit is not None and self.limit < 1:
             raise LensHeadsError(f"limit must be >= 1, got {self.limit}")
