@@ -18,15 +18,22 @@ Data: training on --train-data (c4-train, wikitext2-train, a local file, ...); -
 documents split in order, disjoint: the first --diag-n for diagnosis, the next --n-eval for the
 per-epoch held-out perplexity, the next --n-probes for the drift probes (never trained on).
 
+--measure-on measures every state again on other texts, each into its own store and tables
+(OUT/on-NAME/): another held-out corpus (``wikitext2``: WikiText-2 raw test articles, never
+trained on), or ``train``: the first --n-probes documents of the training corpus itself (the
+training perplexity of every state, against the model before surgery).
+
 Stores (OUT/work/, git-ignored): ``repair/`` (the 'lens-heads repair' folder: report.json,
-every checkpoint, the exported model) and ``repair/drift/`` (the drift store). Outputs (OUT):
-heads.csv, curves.csv, generations.csv, epochs.csv (``lens_heads.surgery.drift``), report.html (the page),
+every checkpoint, the exported model), ``repair/drift/`` (the drift store) and
+``repair/drift-NAME/`` per --measure-on. Outputs (OUT): heads.csv, curves.csv, generations.csv,
+epochs.csv (``lens_heads.surgery.drift``), the same under on-NAME/, report.html (the page),
 summary.md. Method: docs/methods.md §7, "Drift of the heads".
 """
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 import time
 from dataclasses import asdict
@@ -40,6 +47,7 @@ from common import Run, base_parser, check_positive, markdown_table, model_label
 from lens_heads import models  # noqa: E402
 from lens_heads.data import load_texts, tokenize_texts  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
+from lens_heads.files.atomic import atomic_write_text  # noqa: E402
 from lens_heads.surgery import RepairConfig, RepairReport, TargetSelector, TrainConfig, parse_heads, repair  # noqa: E402
 from lens_heads.surgery.checkpoint import list_checkpoints  # noqa: E402
 from lens_heads.surgery.diagnose import check_classes  # noqa: E402
@@ -70,6 +78,8 @@ def parse_args(argv):
     p.add_argument("--n-eval", type=int, default=32)
     p.add_argument("--eval-len", type=int, default=512)
     p.add_argument("--n-probes", type=int, default=8)
+    p.add_argument("--measure-on", default=None,
+                   help="more probe texts, each measured into its own store: held-out corpora, or 'train'")
     p.add_argument("--probe-len", type=int, default=128)
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--steps", type=int, default=600, help="optimisation steps per pass")
@@ -101,7 +111,20 @@ def parse_args(argv):
     args.extend = None if args.reinit_healthy is None else HealthyPick.parse(args.reinit_healthy)
     if args.max_wall_s is not None and args.max_wall_s <= 0:
         raise LensHeadsError(f"--max-wall-s must be > 0, got {args.max_wall_s}")
+    args.measure_on = [] if args.measure_on is None else split_list(args.measure_on, "--measure-on corpora")
+    for name in args.measure_on:
+        if name in (args.val_data, args.train_data):
+            raise LensHeadsError(f"--measure-on {name}: " + ("the --val-data probes are measured anyway" if
+                                 name == args.val_data else "that is the training corpus: say 'train'"))
+    slugs = [on_name(n) for n in args.measure_on]
+    if len(set(slugs)) < len(slugs):
+        raise LensHeadsError(f"--measure-on {','.join(args.measure_on)}: two of them share a folder name")
     return args
+
+
+def on_name(corpus: str) -> str:
+    """The folder name of a --measure-on corpus (its name, or a local file's stem)."""
+    return re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(corpus).stem if Path(corpus).suffix else corpus)
 
 
 def selector(args) -> TargetSelector:
@@ -178,15 +201,36 @@ def main(argv=None) -> int:
         probe_set = ProbeSet(probes, DEFAULT_PROMPTS, tuple(model.to_tokens(list(DEFAULT_PROMPTS))),
                              args.max_new_tokens, f"{args.val_data} documents {args.diag_n + args.n_eval}.."
                              f"{args.diag_n + args.n_eval + args.n_probes - 1}", args.probe_len)
-        print(f"drift of every head ({run.elapsed():.0f} s)", flush=True)
-        measure_run(model, folder, probe_set, store, batch_size=args.batch_size,
-                    should_stop=None if deadline is None else (lambda: time.time() > deadline))
+        sets = [(store, probe_set)]
+        for name in args.measure_on:  # the same states, on other texts
+            texts = load_texts(args.train_data if name == "train" else name, n=args.n_probes)
+            what = (f"{args.train_data} documents 0..{len(texts) - 1} (trained on)" if name == "train" else
+                    f"{name} documents 0..{len(texts) - 1}")
+            sets.append((folder / f"drift-{on_name(name)}", ProbeSet(
+                tuple(t for t in tokenize_texts(model.tokenizer, texts, args.probe_len) if len(t) > 1),
+                probe_set.prompts, probe_set.prompt_ids, args.max_new_tokens, what, args.probe_len)))
+        for where, probes_of in sets:
+            if deadline is not None and time.time() > deadline:
+                break
+            print(f"drift of every head on {probes_of.probe_data} ({run.elapsed():.0f} s)", flush=True)
+            measure_run(model, folder, probes_of, where, batch_size=args.batch_size,
+                        should_stop=None if deadline is None else (lambda: time.time() > deadline))
     report = RepairReport.load(folder)
     tables = drift_tables(store, folder)
     write_tables(tables, out)
+    others = {}  # every other store of the run (--measure-on now or earlier) that holds the state before surgery
+    for other_store in sorted(folder.glob("drift-*")):
+        try:
+            others[other_store.name[len("drift-"):]] = drift_tables(other_store, folder)
+        except LensHeadsError:  # stopped before its first state: measured when resumed
+            continue
+    for name, other in others.items():
+        write_tables(other, out / f"on-{name}")
     curves = tables["curves"]
     points = run_points(folder, report)
-    complete = len(curves) == len(points)
+    listed = [on_name(n) for n in args.measure_on]
+    complete = set(listed) <= set(others) and all(
+        len(t["curves"]) == len(points) for t in (tables, *(others[n] for n in listed)))
     meta = {"title": f"Drift of the heads after surgery: {model_label(args.model)}", "model": report.model,
             "targets": report.selector + (f" + healthy {report.reinit_healthy}" if report.reinit_healthy else ""),
             "training corpus": str(report.train_data), "probes": json.loads((store / "probe.json").read_text())[
@@ -194,16 +238,32 @@ def main(argv=None) -> int:
             "states": f"{len(curves)} of {len(points)}"}
     write_drift_report(tables, meta, out / "report.html")
     cols = ["point", "step", "ppl", "moved_target", "moved_frozen", "n_frozen"]
+    cfg, train = report.config, report.config["train"]  # the run's own settings (--from-store takes no others)
+    probe_len = json.loads((store / "probe.json").read_text())["probe_len"]
     text = (f"Targets: {meta['targets']}; training on {report.train_data} ({report.n_train_chunks} chunks of "
-            f"{args.chunk_len} tokens), {sum(p.steps or 0 for p in report.trained_passes)} steps in "
-            f"{len(report.trained_passes)} pass(es), a checkpoint every {args.checkpoint_every} steps. Probes: "
-            f"{meta['probes']} (<= {args.probe_len} tokens), held out from training. A head is moved when its "
+            f"{cfg['chunk_len']} tokens, {train['grad_accum']} a step, lr {train['lr']:g}), "
+            f"{sum(p.steps or 0 for p in report.trained_passes)} steps in {len(report.trained_passes)} pass(es), "
+            f"a checkpoint every {train['checkpoint_every']} steps. Probes: "
+            f"{meta['probes']} (<= {probe_len} tokens), held out from training. A head is moved when its "
             f"pattern distance to the model before surgery exceeds {MOVED_TV:g} (docs/methods.md §7). "
             + ("" if complete else f"**Incomplete: {len(curves)} of {len(points)} states measured; rerun to "
                                    "resume.** ")
             + "Per-head values: heads.csv; the maps, curves and generation probes: report.html.\n\n"
             + markdown_table(curves, 4, cols))
-    run.write_summary("After surgery: what happens to the heads we did not touch", [("Drift per state", text)])
+    sections = [("Drift per state", text)]
+    measured_on = {".": meta["probes"]}
+    for name, other in others.items():
+        probe_of = json.loads((folder / f"drift-{name}" / "probe.json").read_text())["probe_data"]
+        measured_on[f"on-{name}"] = probe_of
+        sections.append((f"On {probe_of}", f"The same states measured on {probe_of} (<= {probe_len} tokens); "
+                         f"tables in on-{name}/.\n\n" + markdown_table(other["curves"], 4, cols)))
+    atomic_write_text(out / "run.json", json.dumps({  # what analyses/surgery_findings.py reads beside the tables
+        "model": report.model, "targets": report.selector, "reinit_healthy": report.reinit_healthy,
+        "train_data": report.train_data, "n_train_chunks": report.n_train_chunks, "chunk_len": cfg["chunk_len"],
+        "grad_accum": train["grad_accum"], "lr": train["lr"], "steps": sum(p.steps or 0 for p in report.trained_passes),
+        "checkpoint_every": train["checkpoint_every"], "probe_len": probe_len, "measured_on": measured_on,
+        "complete": complete}, indent=1) + "\n")
+    run.write_summary("After surgery: what happens to the heads we did not touch", sections)
     print(f"wrote {out} in {run.elapsed():.0f} s", flush=True)
     return 0 if complete or args.from_store else STOPPED
 

@@ -564,6 +564,7 @@ def test_surgery_dynamics_resumes_and_rebuilds_its_tables_from_the_stores(tmp_pa
     diagnosis and perplexity documents)."""
     import lens_heads.models as models
     from lens_heads.data import tokenize_texts
+    from lens_heads.errors import LensHeadsError
 
     mod = script("surgery_dynamics")
     folder = tiny_model_dir("llama")
@@ -576,14 +577,18 @@ def test_surgery_dynamics_resumes_and_rebuilds_its_tables_from_the_stores(tmp_pa
             str(tmp_path / "train.txt"), "--n-train-docs", "30", "--val-data", str(tmp_path / "val.txt"),
             "--diag-n", "3", "--diag-len", "32", "--n-eval", "3", "--eval-len", "32", "--n-probes", "3",
             "--probe-len", "32", "--max-new-tokens", "3", "--steps", "3", "--checkpoint-every", "1",
-            "--chunk-len", "16", "--grad-accum", "1", "--lr", "1e-2", "--dtype", "float32"]
+            "--chunk-len", "16", "--grad-accum", "1", "--lr", "1e-2", "--dtype", "float32",
+            "--measure-on", f"train,{tmp_path / 'other.txt'}"]
+    (tmp_path / "other.txt").write_text("\n".join(f"Elsewhere {i}: rivers, hills and a town by the sea." for i in
+                                                  range(3)) + "\n")
     whole, stopped = tmp_path / "whole", tmp_path / "stopped"
     assert mod.main([*argv, "--out", str(whole)]) == 0
     assert mod.main([*argv, "--max-wall-s", "0.001", "--out", str(stopped)]) == mod.STOPPED
     assert [p.name for p in sorted((stopped / "work/repair/checkpoints/pass1").glob("step-*"))] == ["step-000001"]
     assert not (stopped / "work/repair/report.json").exists()
     assert mod.main([*argv, "--out", str(stopped)]) == 0
-    names = ("heads.csv", "curves.csv", "generations.csv", "epochs.csv")
+    names = tuple(f"{d}{t}.csv" for d in ("", "on-train/", "on-other/") for t in ("heads", "curves", "generations",
+                                                                                  "epochs"))
     for name in names:
         assert (whole / name).read_bytes() == (stopped / name).read_bytes(), name
 
@@ -601,6 +606,26 @@ def test_surgery_dynamics_resumes_and_rebuilds_its_tables_from_the_stores(tmp_pa
             n += len(ids) - 1
     assert curves.loc[0, "ppl"] == pytest.approx(math.exp(nll / n), rel=1e-5)
 
+    def naive_ppl(texts):
+        nll, n = 0.0, 0
+        with torch.no_grad():
+            for ids in tokenize_texts(model.tokenizer, texts, 32):
+                logp = torch.log_softmax(hf(input_ids=ids[None]).logits[0, :-1].double(), -1)
+                nll -= float(logp.gather(1, ids[1:, None]).sum())
+                n += len(ids) - 1
+        return math.exp(nll / n)
+
+    train_texts = (tmp_path / "train.txt").read_text().splitlines()[:3]  # the first --n-probes training documents
+    other_texts = (tmp_path / "other.txt").read_text().splitlines()
+    on_train, on_other = (pd.read_csv(whole / f"on-{d}/curves.csv") for d in ("train", "other"))
+    assert list(on_train["point"]) == list(curves["point"]) == list(on_other["point"])
+    assert on_train.loc[0, "ppl"] == pytest.approx(naive_ppl(train_texts), rel=1e-5)
+    assert on_other.loc[0, "ppl"] == pytest.approx(naive_ppl(other_texts), rel=1e-5)
+    assert on_train["ppl"].iloc[-1] < on_train["ppl"].iloc[1]  # trained on: lower than right after re-init
+    assert "On " in (whole / "summary.md").read_text()
+    with pytest.raises(LensHeadsError, match="say 'train'"):
+        mod.parse_args([*argv[:-2], "--measure-on", str(tmp_path / "train.txt"), "--out", str(tmp_path / "x")])
+
     saved = {name: (whole / name).read_bytes() for name in names}
     for name in names:
         (whole / name).unlink()
@@ -610,3 +635,30 @@ def test_surgery_dynamics_resumes_and_rebuilds_its_tables_from_the_stores(tmp_pa
     for name in names:
         assert (whole / name).read_bytes() == saved[name], name
     assert "Drift per state" in (whole / "summary.md").read_text() and (whole / "report.html").is_file()
+
+
+    # the findings across runs: a view of the runs' committed tables
+    find = script("surgery_findings")
+    runs = f"a={whole},b={stopped}"
+    assert find.main(["--runs", runs, "--out", str(tmp_path / "findings")]) == 0
+    table = pd.read_csv(tmp_path / "findings" / "findings.csv")
+    assert len(table) == 6 and set(table["probe_set"]) == {".", "on-train", "on-other"}
+    row = table[(table["run"] == "a") & (table["probe_set"] == "on-train")].iloc[0]
+    assert row["ppl_before"] == pytest.approx(on_train.loc[0, "ppl"]) and row["ppl_end"] == pytest.approx(
+        on_train["ppl"].iloc[-1])
+    assert row["ppl_best"] == pytest.approx(on_train["ppl"].iloc[2:].min()) and row["steps"] == 3
+    main_row = table[(table["run"] == "a") & (table["probe_set"] == ".")].iloc[0]
+    assert main_row["moved_frozen_reinit"] == curves.loc[1, "moved_frozen"]
+    assert main_row["moved_frozen_end"] == curves["moved_frozen"].iloc[-1]
+    assert main_row["late_moved_pct"] == pytest.approx(
+        100 * (curves["moved_frozen"].iloc[-1] - curves.loc[2, "moved_frozen"]) / curves.loc[0, "n_frozen"])  # step 1 <= 1.5
+    assert (table[table["run"] == "a"].drop(columns="run").to_numpy() ==
+            table[table["run"] == "b"].drop(columns="run").to_numpy()).all()  # the same run, stopped and resumed
+    first = {n: (tmp_path / "findings" / n).read_bytes() for n in ("findings.csv", "findings.md")}
+    assert find.main(["--runs", runs, "--out", str(tmp_path / "findings")]) == 0
+    assert first == {n: (tmp_path / "findings" / n).read_bytes() for n in ("findings.csv", "findings.md")}
+    assert "Re-optimisation" in first["findings.md"].decode() and (tmp_path / "findings" / "findings.png").is_file()
+    for bad, msg in ((f"a={tmp_path}", "holds no surgery_dynamics"), (f"a={whole},a={stopped}", "given twice"),
+                     (str(whole), "LABEL=FOLDER")):
+        with pytest.raises(LensHeadsError, match=msg):
+            find.parse_args(["--runs", bad, "--out", str(tmp_path / "f2")])
