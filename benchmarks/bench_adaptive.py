@@ -27,7 +27,6 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 
 import lens_heads as lh
 from lens_heads.data.task_routes import load_task
@@ -66,16 +65,21 @@ class Counter:
         return res
 
 
-def grid_crossings(summary) -> dict[str, float]:
-    """Per curve: the last grid fraction whose accuracy is within 1 point of the baseline (the
-    grid's reading before it interpolates; random: the mean over seeds)."""
+def grid_crossings(summary) -> dict[str, dict]:
+    """Per curve, the grid's two readings before it interpolates (random: the mean over seeds):
+    ``first``, the last grid fraction before the first one beyond 1 point (what a bisection on a
+    monotone curve finds), and ``last``, the largest fraction within 1 point; ``monotone``: no
+    fraction within after one beyond (the readings then agree)."""
     base = float(summary.loc[summary.spec == "none", "accuracy"].iloc[0])
     out = {}
     for name, rows in summary.groupby("score_fn"):
         acc = rows.groupby("fraction")["accuracy"].mean().sort_index()
-        ok = [f for f, a in acc.items() if a >= base - 0.01 - 1e-12]
-        out[name] = 100 * max(ok)
-        out[name + "_monotone"] = bool((np.diff(acc.to_numpy()) <= 1e-12).all())
+        within = [(f, a >= base - 0.01 - 1e-12) for f, a in acc.items()]
+        beyond = [f for f, ok in within if not ok]
+        first = max(f for f, ok in within if ok and (not beyond or f < beyond[0]))
+        out[name] = {"first": 100 * first, "last": 100 * max(f for f, ok in within if ok),
+                     "monotone": not beyond or all(not ok for f, ok in within if f > beyond[0]),
+                     "deltas": ", ".join(f"{100 * f:g}%: {100 * (a - base):+.2f}" for f, a in acc.items() if f > 0)}
     return out
 
 
@@ -87,19 +91,29 @@ def write(report: dict, args) -> None:
              f"{', '.join(SCORES)} and random heads (3 seeds), 0-30 %, margin 1 point, alpha 0.05. "
              f"dtype {report['dtype']}, CPU: {report['cpu']}, 2 cores; `python benchmarks/bench_adaptive.py`. "
              "Item evaluations: (question, ablation) pairs evaluated, unablated included; wall time includes "
-             "each run's thresholds scoring pass. All stages ran in this one process.", "",
-             "| stage | item evaluations | wall time | vs grid: items / time |", "|---|---|---|---|"]
+             "each run's thresholds scoring pass. " + (
+                 "All stages ran in this one process." if len({st.get("process") for st in report["stages"].values()})
+                 == 1 else "The stages ran in more than one process (column `process`: its start), each alone on "
+                 "the machine, all on this CPU and dtype (a stage from another CPU is not kept)."), "",
+             "| stage | item evaluations | wall time | vs grid: items / time | process |", "|---|---|---|---|---|"]
     grid = report["stages"].get("grid")
     for name, st in report["stages"].items():
         ratio = (f"{grid['items'] / st['items']:.2f}x / {grid['seconds'] / st['seconds']:.2f}x fewer"
                  if grid and st.get("items") and name != "grid" else "")
-        lines.append(f"| {name} | {st['items']:,} | {st['seconds']:.0f} s | {ratio} |")
+        lines.append(f"| {name} | {st['items']:,} | {st['seconds']:.0f} s | {ratio} | {st.get('process', '')} |")
     if "crossings" in report:
-        lines += ["", "| curve | grid: last point within 1 pt (monotone?) | adaptive 5 % | adaptive 1 % |",
-                  "|---|---|---|---|"]
+        lines += ["", "Crossings. The grid's readings before it interpolates: *first*, the last grid point before "
+                  "the first one beyond 1 point (what bisection finds on a monotone curve), and *last*, the largest "
+                  "within; they differ only where a point within follows one beyond (*monotone*: no).", "",
+                  "| curve | grid: first | grid: last | monotone | adaptive 5 % | adaptive 1 % | grid: Δ accuracy "
+                  "(points) |", "|---|---|---|---|---|---|---|"]
         for name, row in report["crossings"].items():
-            lines.append(f"| {name} | {row.get('grid', '')} % ({row.get('grid_monotone', '')}) | "
-                         f"{row.get('adaptive5', '')} | {row.get('adaptive1', '')} |")
+            g = row.get("grid", {})
+            lines.append(f"| {name} | {g.get('first', '')} % | {g.get('last', '')} % | "
+                         f"{'yes' if g.get('monotone') else 'no' if g else ''} | {row.get('adaptive5', '')} | "
+                         f"{row.get('adaptive1', '')} | {g.get('deltas', '')} |")
+    for note in report.get("notes", []):  # what a person read off the numbers above (kept across reruns)
+        lines += ["", note]
     for stage in ("adaptive5", "adaptive1"):
         if stage in report.get("probes", {}):
             lines += ["", f"Probes of `{stage}` (fraction: decision @ questions used):", ""]
@@ -129,16 +143,14 @@ def main(argv=None) -> int:
     if old.is_file():  # a stopped run's stages are kept; rerunning a stage measures it again
         prev = json.loads(old.read_text())
         if prev.get("n") == n and prev.get("dtype") == report["dtype"] and prev.get("cpu") == report["cpu"]:
-            report.update({k: prev[k] for k in ("stages", "crossings", "probes") if k in prev})
+            report.update({k: prev[k] for k in ("stages", "crossings", "probes", "notes") if k in prev})
+    process = time.strftime("%Y-%m-%d %H:%M")
     for stage in args.stages.split(","):
         before, t0 = counter.n, time.perf_counter()
         if stage == "grid":
             res = run_sweep(model, cfg, work / "grid", progress=False)
             for name, v in grid_crossings(res.summary).items():
-                if name.endswith("_monotone"):
-                    report["crossings"].setdefault(name.removesuffix("_monotone"), {})["grid_monotone"] = v
-                else:
-                    report["crossings"].setdefault(name, {})["grid"] = v
+                report["crossings"].setdefault(name, {})["grid"] = v
         else:
             resolution = 0.01 if stage == "adaptive1" else 0.05
             folder = work / ("grid" if stage == "reuse" else stage)
@@ -150,7 +162,7 @@ def main(argv=None) -> int:
                             f", not monotone: {row.monotone_violation}" if isinstance(row.monotone_violation, str)
                             and row.monotone_violation else ""))
                 report["probes"][stage] = {row.score_fn: row.probes for row in found.within.itertuples()}
-        report["stages"][stage] = {"items": counter.n - before, "seconds": time.perf_counter() - t0}
+        report["stages"][stage] = {"items": counter.n - before, "seconds": time.perf_counter() - t0, "process": process}
         print(f"{stage}: {counter.n - before} item evaluations, {time.perf_counter() - t0:.0f} s", flush=True)
         write(report, args)
     return 0
