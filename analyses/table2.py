@@ -475,8 +475,12 @@ def paper_claims(cross: pd.DataFrame) -> pd.DataFrame:
                     len(norm) == len([fn for fn in OUTPUT_NORM if fn in g.index]):
                 verdict, why = "refuted", f"every output-norm curve lies below AWFT {_bracket(a)} %"
             else:
+                below = all(float(n["bracket_high_pct"]) <= float(a["bracket_low_pct"]) for n in norm.values())
+                waiting = [fn for fn in OUTPUT_NORM if fn in g.index and fn not in norm]
                 verdict, why = "not resolved at this size", (
-                    f"AWFT {_bracket(a)} %, best output-norm {best} {_bracket(b)} %: the brackets touch or cross")
+                    f"AWFT {_bracket(a)} %, best output-norm {best} {_bracket(b)} %: " + (
+                        f"every decided output-norm curve lies below AWFT; not decided yet: {', '.join(waiting)}"
+                        if below and waiting else "the brackets touch or cross"))
             rows.append({**row, "verdict": verdict, "reason": why})
         # (2) random heads only 0.5-1.9 %
         row = {"claim": f"random heads stay within 1 pt only up to {PAPER_RANDOM[0]}-{PAPER_RANDOM[1]} %",
