@@ -36,6 +36,19 @@ def mc_task_file(tmp_path: Path, n: int = 6) -> str:
     return f"file:{path}?question=goal&choices=sol1,sol2&answer=label&prompt=Question: {{goal}}\\nAnswer:"
 
 
+def naive_perplexity(hf, tokenizer, texts, max_len: int) -> float:
+    """Token-weighted perplexity of ``texts`` (each cut to ``max_len`` tokens), one plain HF
+    forward per text, in float64: the independent reference for the scripts' perplexities."""
+    from lens_heads.data import tokenize_texts
+
+    nll, n = 0.0, 0
+    with torch.no_grad():
+        for ids in tokenize_texts(tokenizer, texts, max_len):
+            logp = torch.log_softmax(hf(input_ids=ids[None]).logits[0, :-1].double(), -1)
+            nll -= float(logp.gather(1, ids[1:, None]).sum())
+            n += len(ids) - 1
+    return math.exp(nll / n)
+
 def test_inactive_heads_tables(tmp_path, tiny_model_dir, tiny_model):
     from lens_heads.interventions.ablation import StaticAblation
     from lens_heads.data import load_task
@@ -320,14 +333,8 @@ def test_collapse_repair_tables(tmp_path, tiny_model_dir, tiny_model, shared_dat
     mean = score_heads(model, diag_inputs, ["ahon_ln"], progress=False).mean["ahon_ln"]
     assert rep.loc["low_output", "n_targets_pass1"] == int((mean < 1.0).sum())
     # perplexity before = a naive loop over the held-out documents (not the diagnosis ones)
-    hf = model.load_hf_model()
-    nll, n = 0.0, 0
-    with torch.no_grad():
-        for ids in tokenize_texts(model.tokenizer, docs[4:7], 32):
-            logp = torch.log_softmax(hf(input_ids=ids[None]).logits[0, :-1].float(), -1)
-            nll -= float(logp.gather(1, ids[1:, None]).sum())
-            n += len(ids) - 1
-    assert rep.loc["low_output", "ppl_before"] == pytest.approx(math.exp(nll / n), rel=1e-4)
+    assert rep.loc["low_output", "ppl_before"] == pytest.approx(
+        naive_perplexity(model.load_hf_model(), model.tokenizer, docs[4:7], 32), rel=1e-4)
     assert rep.loc["low_output", "steps"] == 2 and rep.loc["low_output", "healthy_after"] <= 8
 
     # BLOOM: one row per head, ALiBi slopes 2^(-8(h+1)/H), classes follow the BOS-mass rule
@@ -563,7 +570,6 @@ def test_surgery_dynamics_resumes_and_rebuilds_its_tables_from_the_stores(tmp_pa
     perplexity before surgery equals a naive loop over the probe documents (disjoint from the
     diagnosis and perplexity documents)."""
     import lens_heads.models as models
-    from lens_heads.data import tokenize_texts
     from lens_heads.errors import LensHeadsError
 
     mod = script("surgery_dynamics")
@@ -598,22 +604,11 @@ def test_surgery_dynamics_resumes_and_rebuilds_its_tables_from_the_stores(tmp_pa
     assert set(heads.loc[heads["point"] == "before", "group"]) == {"target", "target_healthy", "frozen_target_layer"}
     model = tiny_model("llama")
     hf = model.load_hf_model().eval()
-    nll, n = 0.0, 0
-    with torch.no_grad():
-        for ids in tokenize_texts(model.tokenizer, val[6:9], 32):
-            logp = torch.log_softmax(hf(input_ids=ids[None]).logits[0, :-1].double(), -1)
-            nll -= float(logp.gather(1, ids[1:, None]).sum())
-            n += len(ids) - 1
-    assert curves.loc[0, "ppl"] == pytest.approx(math.exp(nll / n), rel=1e-5)
 
     def naive_ppl(texts):
-        nll, n = 0.0, 0
-        with torch.no_grad():
-            for ids in tokenize_texts(model.tokenizer, texts, 32):
-                logp = torch.log_softmax(hf(input_ids=ids[None]).logits[0, :-1].double(), -1)
-                nll -= float(logp.gather(1, ids[1:, None]).sum())
-                n += len(ids) - 1
-        return math.exp(nll / n)
+        return naive_perplexity(hf, model.tokenizer, texts, 32)
+
+    assert curves.loc[0, "ppl"] == pytest.approx(naive_ppl(val[6:9]), rel=1e-5)
 
     train_texts = (tmp_path / "train.txt").read_text().splitlines()[:3]  # the first --n-probes training documents
     other_texts = (tmp_path / "other.txt").read_text().splitlines()
