@@ -105,13 +105,13 @@ def write(report: dict, args) -> None:
         lines += ["", "Crossings. The grid's readings before it interpolates: *first*, the last grid point before "
                   "the first one beyond 1 point (what bisection finds on a monotone curve), and *last*, the largest "
                   "within; they differ only where a point within follows one beyond (*monotone*: no).", "",
-                  "| curve | grid: first | grid: last | monotone | adaptive 5 % | adaptive 1 % | grid: Δ accuracy "
-                  "(points) |", "|---|---|---|---|---|---|---|"]
+                  "| curve | grid: first | grid: last | monotone | adaptive 5 % | adaptive 5 % on the grid's folder "
+                  "(`reuse`) | adaptive 1 % | grid: Δ accuracy (points) |", "|---|---|---|---|---|---|---|---|"]
         for name, row in report["crossings"].items():
             g = row.get("grid", {})
             lines.append(f"| {name} | {g.get('first', '')} % | {g.get('last', '')} % | "
                          f"{'yes' if g.get('monotone') else 'no' if g else ''} | {row.get('adaptive5', '')} | "
-                         f"{row.get('adaptive1', '')} | {g.get('deltas', '')} |")
+                         f"{row.get('reuse', '')} | {row.get('adaptive1', '')} | {g.get('deltas', '')} |")
     for note in report.get("notes", []):  # what a person read off the numbers above (kept across reruns)
         lines += ["", note]
     for stage in ("adaptive5", "adaptive1"):
@@ -155,12 +155,12 @@ def main(argv=None) -> int:
             resolution = 0.01 if stage == "adaptive1" else 0.05
             folder = work / ("grid" if stage == "reuse" else stage)
             found = run_search(model, cfg, SearchConfig(resolution=resolution), folder, progress=False)
+            for row in found.within.itertuples():
+                report["crossings"].setdefault(row.score_fn, {})[stage] = (
+                    f"{row.crossing_pct:g} % ({row.crossing_status})" + (
+                        f", not monotone: {row.monotone_violation}" if isinstance(row.monotone_violation, str)
+                        and row.monotone_violation else ""))
             if stage != "reuse":
-                for row in found.within.itertuples():
-                    report["crossings"].setdefault(row.score_fn, {})[stage] = (
-                        f"{row.crossing_pct:g} % ({row.crossing_status})" + (
-                            f", not monotone: {row.monotone_violation}" if isinstance(row.monotone_violation, str)
-                            and row.monotone_violation else ""))
                 report["probes"][stage] = {row.score_fn: row.probes for row in found.within.itertuples()}
         report["stages"][stage] = {"items": counter.n - before, "seconds": time.perf_counter() - t0, "process": process}
         print(f"{stage}: {counter.n - before} item evaluations, {time.perf_counter() - t0:.0f} s", flush=True)

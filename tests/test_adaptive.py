@@ -123,6 +123,9 @@ def test_a_curve_that_rises_is_reported():
                                                ProbeOutcome(5, OUTSIDE, 0.01, 0.02, 100)])
     assert out.violations(0.01) == [(2, 5)]  # up by 5 points for certain
     assert out.violations(0.06) == []  # by less than a 6-point margin: noise at that scale
+    # a point the store holds whole, within after the outside probe: the curve came back
+    out.stored = [ProbeOutcome(7, WITHIN, -0.005, -0.005, 100), ProbeOutcome(4, OUTSIDE, -0.02, -0.02, 100)]
+    assert out.violations(0.06) == [(4, 7), (5, 7)]
 
 
 @pytest.mark.parametrize("kwargs", [{"alpha": 0}, {"alpha": 1.5}, {"margin": -0.01}, {"resolution": 0},
@@ -183,6 +186,17 @@ def test_on_a_grid_sweeps_store_nothing_is_evaluated_and_the_crossing_is_the_gri
         # and whatever the curve: the crossing is within, the next grid point (if any) is not
         i = list(rows.index).index(got / 100)
         assert delta[i] >= -0.02 - 1e-12 and (i + 1 == len(delta) or delta[i + 1] < -0.02 - 1e-12)
+        # the grid points the bisection did not probe are read from the store, with their exact Δ ...
+        probed = set(found.probes[found.probes.score_fn == name].fraction)
+        within = delta >= -0.02 - 1e-12
+        expect = [f"{100 * f:g}%:{'within' if within[k] else 'outside'}({100 * delta[k]:+.2f})"
+                  for k, f in enumerate(rows.index) if k > 0 and f not in probed]
+        text = lambda v: v if isinstance(v, str) else ""  # noqa: E731 (an empty cell: "" in memory, NaN from a csv)
+        assert [p for p in text(row["stored_points"]).split("; ") if p] == expect
+        # ... so a curve that comes back (a point within after one outside) is reported whatever was probed
+        comes_back = any((not within[a] and within[b]) or delta[b] > delta[a] + 0.02 + 1e-12
+                         for a in range(1, len(delta)) for b in range(a + 1, len(delta)))
+        assert bool(text(row["monotone_violation"])) == comes_back, name
     # the grid's table is there with the search's columns beside it
     table = pd.read_csv(tmp_path / "within_1pt.csv")
     assert {"max_pct_zeroed_within_1pt", "crossing_pct", "probes", "alpha"} <= set(table.columns)

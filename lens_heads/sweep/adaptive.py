@@ -138,15 +138,20 @@ class CurveOutcome:
     status: str
     bracket: tuple[int, int]
     probes: list[ProbeOutcome] = field(default_factory=list)
+    stored: list[ProbeOutcome] = field(default_factory=list)  # grid points not probed but stored whole: exact Δ
 
     def violations(self, margin: float) -> list[tuple[int, int]]:
-        """Probe pairs (a, b), a < b on the grid, whose intervals say Δ(b) > Δ(a) + margin for
-        certain: the curve visibly rises, by more than the margin it is read at, where the search
-        assumed it does not (a rise of a question or two is noise at that scale)."""
+        """Pairs (a, b), a < b on the grid, of probes and stored points that contradict a
+        non-increasing Δ: point b decided within after point a decided outside (the curve comes
+        back: the bisection's crossing is then *a* crossing, not necessarily the largest within),
+        or intervals saying Δ(b) > Δ(a) + margin for certain (a rise by more than the margin the
+        curve is read at; a rise of a question or two is noise at that scale)."""
+        seen = sorted(self.probes + self.stored, key=lambda p: p.index)
         out = []
-        for pa in self.probes:
-            for pb in self.probes:
-                if pa.index < pb.index and pb.lo > pa.hi + margin + _EXACT:
+        for pa in seen:
+            for pb in seen:
+                if pa.index < pb.index and ((pa.decision == OUTSIDE and pb.decision == WITHIN)
+                                            or pb.lo > pa.hi + margin + _EXACT):
                     out.append((pa.index, pb.index))
         return out
 
@@ -299,6 +304,11 @@ class StoreItems:
         self._load(key)
         items, ms = self._cost.get(key.digest, [0.0, 0.0])
         return float(items), float(ms) / 1000
+
+    def known_whole(self, spec: str) -> bool:
+        """Whether every item of the plan is known under ``spec`` (stored, or in the ledger)."""
+        known = self._load(self.plan.point_key(spec))
+        return all(d in known for d in self.plan.doc_ids)
 
     def correct(self, spec: str, doc_ids: Sequence[int]) -> np.ndarray:
         """0/1 correctness of ``spec`` on ``doc_ids`` (evaluating, and storing, the missing ones)."""
@@ -472,11 +482,34 @@ def run_probe(run: SearchRun, curve: Curve, index: int, pending: bool = False,
     return got
 
 
+def stored_points(run: SearchRun, curve: Curve, skip: Iterable[int] = ()) -> list[ProbeOutcome]:
+    """The grid points of ``curve`` (index 0 and ``skip`` left out) whose every item is already
+    known, with and without the ablation: each with its exact Δ and decision, evaluating nothing.
+    What a grid sweep (or an earlier search at another resolution) measured that the bisection
+    did not probe: the evidence ``CurveOutcome.violations`` checks the monotone assumption on."""
+    items, ids, skip = run.items, run.plan.doc_ids, set(skip)
+    if not items.known_whole("none"):
+        return []
+    out = []
+    for index in range(1, len(run.grid)):
+        specs = curve.specs[index]
+        if index in skip or not all(items.known_whole(s) for s in specs):
+            continue
+        delta = float(np.mean(np.mean([items.correct(s, ids) for s in specs], axis=0) - items.correct("none", ids)))
+        decision = WITHIN if delta >= -run.search.margin - _EXACT else OUTSIDE
+        out.append(ProbeOutcome(index, decision, delta, delta, len(ids),
+                                float(np.mean([items.pct_zeroed(s) for s in specs]))))
+    return out
+
+
 def search_curve(run: SearchRun, curve: Curve, pending: bool = False) -> CurveOutcome:
-    """Bisect ``curve`` on the run's grid, each probe decided sequentially on the store's items.
+    """Bisect ``curve`` on the run's grid, each probe decided sequentially on the store's items,
+    then read the points the store holds whole that were not probed (``stored_points``).
     ``pending`` (a replay with no model): the first probe whose items are not all stored ends the
     curve as ``pending``, with its interval so far, instead of raising ``ItemsMissing``."""
-    return bisect_crossing(len(run.grid), lambda index: run_probe(run, curve, index, pending))
+    out = bisect_crossing(len(run.grid), lambda index: run_probe(run, curve, index, pending))
+    out.stored = stored_points(run, curve, (p.index for p in out.probes))
+    return out
 
 
 # -----------------------------------------------------------------------------
@@ -514,6 +547,7 @@ def crossing_row(curve: Curve, outcome: CurveOutcome, grid: Sequence[float], sea
             "item_evaluations": sum(p.n * len(curve.specs[p.index]) for p in outcome.probes),
             "probes": "; ".join(f"{100 * grid[p.index]:g}%:{p.decision}@{p.n}" for p in outcome.probes),
             "monotone_violation": "; ".join(f"{100 * grid[a]:g}%<{100 * grid[b]:g}%" for a, b in violations),
+            "stored_points": "; ".join(f"{100 * grid[p.index]:g}%:{p.decision}({100 * p.lo:+.2f})" for p in outcome.stored),
             **({} if cost is None else {"eval_items": round(cost[0]), "eval_seconds": round(cost[1], 3)})}
 
 
@@ -702,6 +736,6 @@ def tabulate_search(out_dir, identity: RunIdentity, gcfg: SweepConfig, plan: Swe
 
 
 __all__ = ["ItemsMissing", "SearchStopped", "PENDING", "curve_cost", "SearchConfig", "ProbeOutcome", "CurveOutcome", "Curve", "SearchRun", "SearchResult", "StoreItems",
-           "bisect_crossing", "decide_probe", "item_order", "max_probes", "curves_of", "prepare_search",
+           "bisect_crossing", "decide_probe", "stored_points", "item_order", "max_probes", "curves_of", "prepare_search",
            "run_curve_unit", "run_probe", "run_search", "search_config", "search_curve", "search_tables", "tabulate_search", "WITHIN", "OUTSIDE",
            "UNRESOLVED"]

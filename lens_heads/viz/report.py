@@ -244,7 +244,8 @@ def scores_section(data: ReportData) -> Section:
 
 
 SEARCH_COLUMNS = ("score_fn", "crossing_pct", "crossing_status", "bracket_low_pct", "bracket_high_pct",
-                  "resolution_pct", "alpha", "n_probes", "item_evaluations", "probes", "monotone_violation")
+                  "resolution_pct", "alpha", "n_probes", "item_evaluations", "probes", "monotone_violation",
+                  "stored_points")
 
 
 def search_html(data: ReportData) -> list[str]:
