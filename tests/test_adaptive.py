@@ -288,23 +288,39 @@ def test_the_command_line(tiny_llama_2k, shared_data, tmp_path, capsys, monkeypa
     assert "--alpha goes with --search crossing" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.slow)])  # ray: ~4 min here
-def test_executors_run_the_curves_as_units(executor, tiny_llama_2k, model2k, shared_data, tmp_path):
-    """Local worker processes and a local Ray cluster run one unit per curve (the model loaded in
-    the workers, none here) and write the tables an in-process search writes."""
-    from lens_heads.sweep.adaptive import search_config
-    from lens_heads.sweep.executors import LocalConfig, RayConfig, job_for, launch
+@pytest.mark.parametrize("executor", ["local", pytest.param("ray", marks=pytest.mark.slow),  # ray: ~4 min here
+                                      pytest.param("slurm", marks=pytest.mark.slurm)])
+def test_executors_run_the_curves_as_units(executor, tiny_llama_2k, model2k, shared_data, tmp_path, monkeypatch):
+    """Local worker processes, a local Ray cluster and a single-node Slurm (its array tasks) run
+    one unit per curve (the model loaded in the workers, none here) and write the tables an
+    in-process search writes."""
+    import contextlib
 
+    from lens_heads.sweep.adaptive import search_config
+    from lens_heads.sweep.executors import LocalConfig, RayConfig, SlurmConfig, job_for, launch
+
+    cluster = contextlib.nullcontext({})
     if executor == "ray":
         pytest.importorskip("ray")
+    if executor == "slurm":
+        pytest.importorskip("submitit")
+        import slurm_cluster
+
+        if slurm_cluster.missing():
+            pytest.skip(f"Slurm's programs are missing: {', '.join(slurm_cluster.missing())} (apt install slurm-wlm)")
+        cluster = slurm_cluster.single_node_slurm(tmp_path / "cluster")
     cfg = SweepConfig(**{**CFG, "limit": 32, "random_seeds": [0]})
     search = SearchConfig(margin=0.05, resolution=0.25, batch=16, alpha=0.2)
     run_search(model2k, cfg, search, tmp_path / "here", progress=False)
     job = job_for(str(tiny_llama_2k), "float32", "cpu", search_config(cfg, search)[0], tmp_path / executor,
                   n_shards=2, search=search)
-    config = LocalConfig(processes=2) if executor == "local" else RayConfig(workers=2)
+    config = {"local": lambda: LocalConfig(processes=2), "ray": lambda: RayConfig(workers=2),
+              "slurm": lambda: SlurmConfig(tasks=2, time_min=10)}[executor]()
     try:
-        out = launch(job, executor, config, progress=False)
+        with cluster as env:
+            if "SLURM_CONF" in env:
+                monkeypatch.setenv("SLURM_CONF", env["SLURM_CONF"])
+            out = launch(job, executor, config, progress=False)
     finally:
         if executor == "ray":
             import ray
@@ -312,6 +328,8 @@ def test_executors_run_the_curves_as_units(executor, tiny_llama_2k, model2k, sha
             if ray.is_initialized():
                 ray.shutdown()
     assert out.n_units == 3  # ahon_ln, awft, random
+    if executor == "slurm":  # the curves ran as Slurm array tasks
+        assert out.session.jobs and all("_" in j.job_id for j in out.session.jobs)
     for name in ("within_1pt.csv", "probes.csv"):
         pd.testing.assert_frame_equal(pd.read_csv(tmp_path / "here" / name), pd.read_csv(tmp_path / executor / name))
 
