@@ -447,6 +447,19 @@ class SearchRun:
         return item_order(self.plan.doc_ids, self.search.order_seed)
 
 
+def curve_differences(items: StoreItems, specs: Sequence[str], ids: Sequence[int]) -> np.ndarray:
+    """Per item of ``ids``, Δ of a curve's point: its specs' mean correctness (one, or one per
+    random seed) minus the unablated correctness (read, or evaluated, first: a run stopped between
+    the two keeps the unablated batch every curve shares)."""
+    base = items.correct("none", ids)
+    return np.mean([items.correct(s, ids) for s in specs], axis=0) - base
+
+
+def curve_pct_zeroed(items: StoreItems, specs: Sequence[str]) -> float:
+    """% of units a curve's point zeroed over its stored items (the mean over its specs)."""
+    return float(np.mean([items.pct_zeroed(s) for s in specs]))
+
+
 def run_probe(run: SearchRun, curve: Curve, index: int, pending: bool = False,
               max_items: int | None = None) -> ProbeOutcome:
     """One probe of ``curve`` at grid ``index``: its questions in the run's order, batch by
@@ -460,9 +473,7 @@ def run_probe(run: SearchRun, curve: Curve, index: int, pending: bool = False,
     bar = progress_bar(N, label, enabled=run.progress, unit="item", leave=False)
 
     def differences(ids: Sequence[int]) -> np.ndarray:
-        base = items.correct("none", ids)
-        ablated = np.mean([items.correct(s, ids) for s in specs], axis=0)
-        return ablated - base
+        return curve_differences(items, specs, ids)
 
     def shown(n: int, lo: float, hi: float) -> None:
         bar.n = n
@@ -475,7 +486,7 @@ def run_probe(run: SearchRun, curve: Curve, index: int, pending: bool = False,
     finally:
         bar.close()
     got.index = index
-    got.pct_zeroed = float(np.mean([items.pct_zeroed(s) for s in specs]))
+    got.pct_zeroed = curve_pct_zeroed(items, specs)
     if got.n == N and got.decision != PENDING:
         for s in specs:
             items.complete_point(s)  # a probe run to exhaustion is a whole point: a grid sweep reads it
@@ -495,10 +506,9 @@ def stored_points(run: SearchRun, curve: Curve, skip: Iterable[int] = ()) -> lis
         specs = curve.specs[index]
         if index in skip or not all(items.known_whole(s) for s in specs):
             continue
-        delta = float(np.mean(np.mean([items.correct(s, ids) for s in specs], axis=0) - items.correct("none", ids)))
-        decision = WITHIN if delta >= -run.search.margin - _EXACT else OUTSIDE
-        out.append(ProbeOutcome(index, decision, delta, delta, len(ids),
-                                float(np.mean([items.pct_zeroed(s) for s in specs]))))
+        delta = float(np.mean(curve_differences(items, specs, ids)))  # exact: every item
+        out.append(ProbeOutcome(index, decide(delta, delta, run.search.margin + _EXACT), delta, delta, len(ids),
+                                curve_pct_zeroed(items, specs)))
     return out
 
 
