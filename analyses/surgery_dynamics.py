@@ -237,7 +237,8 @@ def main(argv=None) -> int:
                 "probe_data"], "moved when": f"pattern distance > {MOVED_TV:g}",
             "states": f"{len(curves)} of {len(points)}"}
     write_drift_report(tables, meta, out / "report.html")
-    cols = ["point", "step", "ppl", "moved_target", "moved_frozen", "n_frozen"]
+    cols = ["point", "step", "ppl", "moved_target", "moved_frozen", "moved_frozen_since_reinit",
+            "mean_tv_reinit_frozen", "n_frozen"]
     cfg, train = report.config, report.config["train"]  # the run's own settings (--from-store takes no others)
     probe_len = json.loads((store / "probe.json").read_text())["probe_len"]
     text = (f"Targets: {meta['targets']}; training on {report.train_data} ({report.n_train_chunks} chunks of "
@@ -245,7 +246,8 @@ def main(argv=None) -> int:
             f"{sum(p.steps or 0 for p in report.trained_passes)} steps in {len(report.trained_passes)} pass(es), "
             f"a checkpoint every {train['checkpoint_every']} steps. Probes: "
             f"{meta['probes']} (<= {probe_len} tokens), held out from training. A head is moved when its "
-            f"pattern distance to the model before surgery exceeds {MOVED_TV:g} (docs/methods.md §7). "
+            f"pattern distance to the model before surgery exceeds {MOVED_TV:g}; moved since re-initialisation "
+            "when its distance to the state its pass started training from does (docs/methods.md §7). "
             + ("" if complete else f"**Incomplete: {len(curves)} of {len(points)} states measured; rerun to "
                                    "resume.** ")
             + "Per-head values: heads.csv; the maps, curves and generation probes: report.html.\n\n"

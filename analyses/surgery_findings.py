@@ -7,16 +7,19 @@ read off several finished ``surgery_dynamics.py`` runs side by side (docs/method
         --out analyses/results/surgery_dynamics
 
 A view: it loads no model and computes nothing but the comparisons below from each run's committed
-tables (``run.json``, ``curves.csv`` and ``on-NAME/curves.csv``), so it writes the same tables byte
-for byte whenever the runs are the same. Per run and per probe set:
+tables (``run.json``, ``curves.csv``, ``epochs.csv`` and ``on-NAME/curves.csv``), so it writes the
+same tables byte for byte whenever the runs are the same. Per run and per probe set:
 
-1. **early redistribution**: frozen heads moved (pattern distance > 0.05 against the model before
-   surgery) right after re-initialisation and at the first checkpoint, most of all in the first
-   tenth of the steps;
-2. **late degradation**: frozen heads moved at the end minus at half the steps, and how far the
-   held-out perplexity ends above its best;
+1. **early redistribution**: frozen heads moved (pattern distance > 0.05) against the model before
+   surgery right after re-initialisation, and -- what training itself moved -- against the
+   re-initialised state at the first checkpoint and within the first tenth of the steps, with
+   the share of the frozen heads' final mean distance to the re-initialised state reached by then;
+2. **late degradation**: frozen heads moved since re-initialisation at the end minus at half the
+   steps, the growth of their mean distance over the second half, and how far the probe
+   perplexity ends above its best;
 3. **re-optimisation**: the perplexity at the end against the model before surgery, on held-out
-   text and on the training text itself (``--measure-on train``).
+   text (the probes, and the run's own held-out documents) and on the training text itself
+   (``--measure-on train``).
 
 Outputs (OUT): findings.csv (one row per run and probe set), findings.png (frozen heads moved and
 perplexity against steps, every run on one figure), findings.md (the table and, per finding, what
@@ -37,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import markdown_table, out_folder, script_main, split_list, write_csv, write_figure  # noqa: E402
 
 from lens_heads.errors import LensHeadsError  # noqa: E402
-from lens_heads.files.atomic import atomic_write_text  # noqa: E402
+from lens_heads.files.atomic import atomic_write_text, read_csv_exact  # noqa: E402
 
 EARLY = 0.1  # the first tenth of the steps is "early"
 LATE_MOVED_PCT = 1.0  # late degradation: >= 1 % of the frozen heads moved in the second half ...
@@ -73,10 +76,11 @@ def at_step(curves: pd.DataFrame, step: float) -> pd.Series:
     return trained[trained["step"] <= step].iloc[-1]
 
 
-def probe_set_row(label: str, meta: dict, where: str, curves: pd.DataFrame) -> dict | None:
+def probe_set_row(label: str, meta: dict, where: str, curves: pd.DataFrame, epochs: pd.DataFrame) -> dict | None:
     """One row of findings.csv: a run measured on one probe set (None before it has a trained
     state). The late window ends at the last checkpoint ("end"), not at restored best weights;
-    re-optimisation reads the last state, the model the run exports."""
+    re-optimisation reads the last state, the model the run exports. ``epochs``: the run's own
+    held-out perplexity (before surgery, then per epoch), the same for every probe set."""
     before = curves[curves["kind"] == "before"].iloc[0]
     trained = curves[curves["kind"] != "before"]
     checkpoints = trained[trained["kind"] == "step"]
@@ -86,12 +90,19 @@ def probe_set_row(label: str, meta: dict, where: str, curves: pd.DataFrame) -> d
     steps = int(end["step"])
     first = checkpoints.iloc[0]
     early = trained[trained["step"] <= max(EARLY * steps, float(first["step"]))]
+    early_end = early.iloc[-1]
     half = at_step(checkpoints, steps / 2) if (checkpoints["step"] <= steps / 2).any() else reinit
     best = checkpoints.loc[checkpoints["ppl"].idxmin()]
     n = int(before["n_frozen"])
+    tv_end = float(end["mean_tv_reinit_frozen"])
 
     def pct(k) -> float:
         return 100.0 * float(k) / n if n else math.nan
+
+    def share(x) -> float:  # of the frozen heads' mean distance to the re-initialised state at the end
+        return 100.0 * float(x) / tv_end if tv_end > 0 else math.nan
+
+    held = epochs[epochs["pass"] > 0]
 
     return {"run": label, "probes": meta["measured_on"][where], "probe_set": where,
             "targets": meta["targets"] + (f" + healthy {meta['reinit_healthy']}" if meta["reinit_healthy"] else ""),
@@ -99,12 +110,22 @@ def probe_set_row(label: str, meta: dict, where: str, curves: pd.DataFrame) -> d
             "moved_frozen_reinit": int(reinit["moved_frozen"]), "moved_frozen_first": int(first["moved_frozen"]),
             "first_step": int(first["step"]), "moved_frozen_early_max": int(early["moved_frozen"].max()),
             "moved_frozen_half": int(half["moved_frozen"]), "moved_frozen_end": int(end["moved_frozen"]),
-            "late_moved_pct": pct(int(end["moved_frozen"]) - int(half["moved_frozen"])),
+            "since_reinit_first": int(first["moved_frozen_since_reinit"]),
+            "since_reinit_early_max": int(early["moved_frozen_since_reinit"].max()),
+            "since_reinit_half": int(half["moved_frozen_since_reinit"]),
+            "since_reinit_end": int(end["moved_frozen_since_reinit"]),
+            "tv_reinit_first": float(first["mean_tv_reinit_frozen"]), "tv_reinit_half": float(half["mean_tv_reinit_frozen"]),
+            "tv_reinit_end": tv_end, "early_share_pct": share(early_end["mean_tv_reinit_frozen"]),
+            "late_share_pct": share(tv_end - float(half["mean_tv_reinit_frozen"])),
+            "late_moved_pct": pct(int(end["moved_frozen_since_reinit"]) - int(half["moved_frozen_since_reinit"])),
             "ppl_before": float(before["ppl"]), "ppl_reinit": float(reinit["ppl"]), "ppl_best": float(best["ppl"]),
             "best_step": int(best["step"]), "ppl_end": float(end["ppl"]),
             "end_above_best_pct": 100.0 * (float(end["ppl"]) / float(best["ppl"]) - 1),
             "ppl_exported": float(last["ppl"]), "exported": str(last["point"]),
             "exported_vs_before_pct": 100.0 * (float(last["ppl"]) / float(before["ppl"]) - 1),
+            "heldout_ppl_before": float(epochs.loc[epochs["pass"] == 0, "ppl"].iloc[0]),
+            "heldout_ppl_reinit": float(held["ppl"].iloc[0]), "heldout_ppl_end": float(held["ppl"].iloc[-1]),
+            "heldout_step_end": int(held["step"].iloc[-1]),
             "complete": bool(meta["complete"])}
 
 
@@ -112,10 +133,10 @@ def findings(runs: dict[str, Path]) -> tuple[pd.DataFrame, dict[str, dict[str, p
     rows, curves = [], {}
     for label, folder in runs.items():
         meta = json.loads((folder / "run.json").read_text())
+        epochs = read_csv_exact(folder / "epochs.csv")
         curves[label] = {}
         for where in meta["measured_on"]:
-            c = pd.read_csv(folder / where / "curves.csv", float_precision="round_trip")
-            row = probe_set_row(label, meta, where, c)
+            row = probe_set_row(label, meta, where, c := read_csv_exact(folder / where / "curves.csv"), epochs)
             if row is not None:  # a stopped run: that probe set has no trained state yet
                 curves[label][where] = c
                 rows.append(row)
@@ -128,21 +149,30 @@ def verdicts(table: pd.DataFrame) -> list[str]:
     """Per finding, what the runs show (the rules: docs/methods.md §7)."""
     held = table[~table["probes"].str.contains("trained on", regex=False)]
     main = table[table["probe_set"] == "."]
-    out = ["**Early redistribution** (frozen heads moved in the first tenth of the steps, on the held-out "
-           "probes of each run):"]
+    out = ["**Early redistribution** (re-initialisation zeroes the targets' output, which moves heads after "
+           "them at once; what training then moves is counted against the re-initialised state, on the "
+           "held-out probes of each run):"]
     out += [f"- {r.run}: {r.moved_frozen_reinit} of {r.n_frozen} frozen heads moved right after "
-            f"re-initialisation, {r.moved_frozen_first} at step {r.first_step}, at most {r.moved_frozen_early_max} "
-            f"early." for r in main.itertuples()]
-    out += ["", f"**Late degradation** (from half the steps to the end: frozen heads moved by >= {LATE_MOVED_PCT:g} % "
-            f"more of them, or held-out perplexity ending >= {LATE_PPL_PCT:g} % above its best):"]
+            f"re-initialisation; since then {r.since_reinit_first} by step {r.first_step} and at most "
+            f"{r.since_reinit_early_max} within the first tenth of the steps, {r.since_reinit_end} at the end; the "
+            f"frozen heads' mean distance to the re-initialised state reached {r.early_share_pct:.0f} % of its "
+            f"final value ({r.tv_reinit_end:.4f}) within the first tenth." for r in main.itertuples()]
+    out += ["", f"**Late degradation** (from half the steps to the end: frozen heads moved since re-initialisation "
+            f"by >= {LATE_MOVED_PCT:g} % more of them, or probe perplexity ending >= {LATE_PPL_PCT:g} % above its "
+            "best):"]
     for r in held.itertuples():
         seen = r.late_moved_pct >= LATE_MOVED_PCT or r.end_above_best_pct >= LATE_PPL_PCT
         out.append(f"- {r.run} (trained on {r.train_data}), on {r.probes}: {'yes' if seen else 'no'} -- moved "
-                   f"{r.moved_frozen_half} -> {r.moved_frozen_end} ({r.late_moved_pct:+.1f} % of frozen heads), "
-                   f"perplexity {r.ppl_best:.2f} at its best (step {r.best_step}) -> {r.ppl_end:.2f} at the end "
-                   f"({r.end_above_best_pct:+.2f} %).")
+                   f"since re-initialisation {r.since_reinit_half} -> {r.since_reinit_end} "
+                   f"({r.late_moved_pct:+.1f} % of frozen heads; {r.late_share_pct:.0f} % of their final mean "
+                   f"distance added in the second half), perplexity {r.ppl_best:.2f} at its best (step "
+                   f"{r.best_step}) -> {r.ppl_end:.2f} at the end ({r.end_above_best_pct:+.2f} %).")
     out += ["", "**Re-optimisation** (perplexity at the end against the model before surgery; the paper: "
             "training perplexity 25 % below the original after extended surgery, C4 validation 29.30 vs 32.42):"]
+    out += [f"- {r.run}, held-out documents of the run (trained on {r.train_data}): {r.heldout_ppl_before:.2f} "
+            f"before, {r.heldout_ppl_reinit:.2f} after re-initialisation, {r.heldout_ppl_end:.2f} at step "
+            f"{r.heldout_step_end} ({100 * (r.heldout_ppl_end / r.heldout_ppl_before - 1):+.1f} %)."
+            for r in main.itertuples()]
     out += [f"- {r.run}, on {r.probes}: {r.ppl_before:.2f} before, {r.ppl_reinit:.2f} after re-initialisation, "
             f"{r.ppl_exported:.2f} in the exported model ({r.exported}; {r.exported_vs_before_pct:+.1f} %)."
             for r in table.itertuples()]
@@ -150,29 +180,35 @@ def verdicts(table: pd.DataFrame) -> list[str]:
 
 
 def figure(curves: dict[str, dict[str, pd.DataFrame]], table: pd.DataFrame):
+    """Frozen heads moved since re-initialisation and their mean distance to that state (held-out
+    probes), then perplexity per probe set, against steps; every run one colour."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     sets = list(dict.fromkeys(table["probes"]))
-    fig, axes = plt.subplots(1, 1 + len(sets), figsize=(4.2 * (1 + len(sets)), 3.6))
+    fig, axes = plt.subplots(1, 2 + len(sets), figsize=(4.2 * (2 + len(sets)), 3.6))
     for label, by_set in curves.items():
         if "." not in by_set:
             continue
         c = by_set["."][lambda d: d["kind"] != "before"]
-        (line,) = axes[0].plot(c["step"], 100 * c["moved_frozen"] / c["n_frozen"], marker=".", label=label)
+        (line,) = axes[0].plot(c["step"], 100 * c["moved_frozen_since_reinit"] / c["n_frozen"], marker=".",
+                               label=label)
+        axes[1].plot(c["step"], c["mean_tv_reinit_frozen"], marker=".", color=line.get_color(), label=label)
         for r in table[table["run"] == label].itertuples():
-            ax = axes[1 + sets.index(r.probes)]
+            ax = axes[2 + sets.index(r.probes)]
             d = by_set[r.probe_set]
             t = d[d["kind"] != "before"]
             ax.plot(t["step"], t["ppl"], marker=".", color=line.get_color(), label=label)
             ax.axhline(float(d["ppl"].iloc[0]), color=line.get_color(), lw=0.8, ls=":")
-    axes[0].set(title="frozen heads moved (held-out probes)", xlabel="step", ylabel="% of frozen heads")
-    for ax, name in zip(axes[1:], sets):
+    axes[0].set(title="frozen heads moved since re-init", xlabel="step", ylabel="% of frozen heads")
+    axes[1].set(title="frozen heads: mean distance to re-init", xlabel="step", ylabel="mean pattern distance")
+    for ax, name in zip(axes[2:], sets):
         ax.set(title=f"perplexity: {name}"[:60], xlabel="step", yscale="log")
     axes[0].legend(fontsize=7)
-    fig.suptitle("After surgery: frozen heads and perplexity (dotted: before surgery)", fontsize=10)
+    fig.suptitle("After surgery: what training moved in the frozen heads, and perplexity (dotted: before surgery)",
+                 fontsize=10)
     fig.tight_layout()
     return fig
 
@@ -183,9 +219,9 @@ def main(argv=None) -> int:
     table, curves = findings(args.runs)
     write_csv(table, out / "findings.csv")
     write_figure(figure(curves, table), out / "findings.png")
-    cols = ["run", "probes", "steps", "moved_frozen_reinit", "moved_frozen_early_max", "moved_frozen_half",
-            "moved_frozen_end", "ppl_before", "ppl_reinit", "ppl_best", "ppl_end", "ppl_exported",
-            "exported_vs_before_pct"]
+    cols = ["run", "probes", "steps", "moved_frozen_reinit", "since_reinit_first", "since_reinit_half",
+            "since_reinit_end", "tv_reinit_end", "early_share_pct", "late_share_pct", "ppl_before", "ppl_reinit",
+            "ppl_best", "ppl_end", "exported_vs_before_pct"]
     text = ["# After surgery: the paper's three findings on these runs", "",
             "_Written by `analyses/surgery_findings.py` from the runs' tables; do not edit by hand._", "",
             "Runs: " + ", ".join(f"{k} = `{v.as_posix()}`" for k, v in args.runs.items()), "",

@@ -645,8 +645,17 @@ def test_surgery_dynamics_resumes_and_rebuilds_its_tables_from_the_stores(tmp_pa
     main_row = table[(table["run"] == "a") & (table["probe_set"] == ".")].iloc[0]
     assert main_row["moved_frozen_reinit"] == curves.loc[1, "moved_frozen"]
     assert main_row["moved_frozen_end"] == curves["moved_frozen"].iloc[-1]
+    since = curves["moved_frozen_since_reinit"]
     assert main_row["late_moved_pct"] == pytest.approx(
-        100 * (curves["moved_frozen"].iloc[-1] - curves.loc[2, "moved_frozen"]) / curves.loc[0, "n_frozen"])  # step 1 <= 1.5
+        100 * (since.iloc[-1] - since.loc[2]) / curves.loc[0, "n_frozen"])  # step 1 <= 1.5
+    assert main_row["since_reinit_end"] == since.iloc[-1] and main_row["since_reinit_first"] == since.loc[2]
+    assert main_row["tv_reinit_end"] == pytest.approx(curves["mean_tv_reinit_frozen"].iloc[-1])
+    assert main_row["tv_reinit_end"] > 0 and curves.loc[1, "mean_tv_reinit_frozen"] == 0  # re-init: 0 from itself
+    # the run's own held-out perplexity: before surgery on its --n-eval documents (a naive loop), then per epoch
+    epochs = pd.read_csv(whole / "epochs.csv")
+    assert list(epochs["pass"]) == [0, 1, 1] and list(epochs["step"]) == [0, 0, 3]
+    assert main_row["heldout_ppl_before"] == pytest.approx(naive_ppl(val[3:6]), rel=1e-5)
+    assert main_row["heldout_ppl_end"] == pytest.approx(epochs["ppl"].iloc[-1])
     assert (table[table["run"] == "a"].drop(columns="run").to_numpy() ==
             table[table["run"] == "b"].drop(columns="run").to_numpy()).all()  # the same run, stopped and resumed
     first = {n: (tmp_path / "findings" / n).read_bytes() for n in ("findings.csv", "findings.md")}

@@ -129,13 +129,53 @@ def test_frozen_heads_before_every_target_do_not_move_in_a_run(drift_run):
         frozen = sub[sub["group"].str.startswith("frozen")]
         assert row.moved_frozen == int((frozen["tv"] > MOVED_TV).sum()) and row.n_frozen == 7
         assert row.n_frozen_target_layer == 3 and row.n_target == 1
-    # the run's own per-epoch perplexity, as report.json has it
-    history = RepairReport.load(run_dir).passes[0].history
-    assert tables["epochs"][["step", "ppl"]].values.tolist() == [[h["step"], h["ppl"]] for h in history]
+    # the run's own held-out perplexity, as report.json has it: before surgery, then per epoch
+    report = RepairReport.load(run_dir)
+    history = report.passes[0].history
+    assert tables["epochs"][["pass", "step", "ppl"]].values.tolist() == (
+        [[0, 0, report.ppl_before]] + [[1, h["step"], h["ppl"]] for h in history])
     # signed changes are differences to the state before surgery
     before = heads[heads["point"] == "before"].set_index(["layer", "head"])
     last = heads[heads["point"] == "p1-step000003"].set_index(["layer", "head"])
     assert ((last["bos_mass"] - before["bos_mass"]) == last["d_bos_mass"]).all()
+
+
+def test_distance_since_reinitialisation_is_exact_and_matches_a_naive_loop(drift_run):
+    """tv_reinit: the distance of each state to the state its pass started training from. Layer 0
+    (before every target) never moves by it; the re-initialised state is at 0 from itself; the
+    last state's distances equal a naive loop over the replayed models' patterns."""
+    model, run_dir, store, probes = drift_run
+    tables = drift_tables(store, run_dir)
+    heads, curves = tables["heads"], tables["curves"]
+    assert heads.loc[heads["point"] == "before", "tv_reinit"].isna().all()
+    assert not heads.loc[heads["point"] == "before", "moved_since_reinit"].any()
+    assert (heads.loc[heads["point"] == "p1-reinit", "tv_reinit"] == 0).all()
+    trained = heads[heads["point"] != "before"]
+    assert (trained.loc[trained["layer"] == 0, "tv_reinit"] == 0).all()
+    L, h = DRIFT_TARGET
+    target = trained[(trained["layer"] == L) & (trained["head"] == h)].set_index("point")
+    assert target.loc["p1-step000003", "tv_reinit"] > 1e-3  # training moved the target itself
+    assert (trained["moved_since_reinit"] == (trained["tv_reinit"] > MOVED_TV)).all()
+    for row in curves.itertuples():
+        sub = heads[heads["point"] == row.point]
+        frozen = sub[sub["group"].str.startswith("frozen")]
+        assert row.moved_frozen_since_reinit == int((frozen["tv_reinit"] > MOVED_TV).sum())
+    # against a naive loop: the patterns of the re-initialised and of the last state, head by head
+    report = RepairReport.load(run_dir)
+    pats = {}
+    for point, hf in replay(model, run_dir, report):
+        if str(point) in ("p1-reinit", "p1-step000003"):
+            booted = boot(copy.deepcopy(hf), model.tokenizer, model.source, model.dtype, model.device)
+            pats[str(point)] = naive_measures(booted, DRIFT_PROBES, 32)[1]
+    last = trained[trained["point"] == "p1-step000003"].set_index(["layer", "head"])["tv_reinit"]
+    for (Li, hi), got in last.items():
+        want = []
+        for i in range(len(DRIFT_PROBES)):
+            a, b = pats["p1-step000003"][(Li, hi, i)], pats["p1-reinit"][(Li, hi, i)]
+            T = a.shape[0]
+            want.append(sum(0.5 * sum(abs(float(a[t, k] - b[t, k])) for k in range(T)) for t in range(1, T))
+                        / (T - 1))
+        assert got == pytest.approx(sum(want) / len(want), abs=1e-6)
 
 
 def test_probe_perplexity_and_generations_match_naive_loops(drift_run):
@@ -205,6 +245,14 @@ def test_tables_come_from_the_store_byte_for_byte_and_a_run_resumes(drift_run, t
     lost.unlink()
     measure_run(model, run_dir, probes, copy_store, progress=False)
     assert len(calls) == 2 and lost.read_bytes() == before_bytes
+    # a store written before tv_reinit existed gets only that column, to the same bytes, measuring nothing
+    stored = sorted((copy_store / "points").glob("*.csv"))
+    whole = {f: f.read_bytes() for f in stored}
+    for f in stored:
+        pd.read_csv(f).drop(columns=["tv_reinit"]).to_csv(f, index=False)
+    assert "tv_reinit" not in drift_tables(copy_store, run_dir)["heads"].dropna(axis=1, how="all").columns
+    measure_run(model, run_dir, probes, copy_store, progress=False)
+    assert len(calls) == 2 and {f: f.read_bytes() for f in stored} == whole
     # other probes do not mix into a store
     other = drift.ProbeSet(probes.probes, probes.prompts, probes.prompt_ids, probes.max_new_tokens + 1,
                            probes.probe_data, probes.probe_len)

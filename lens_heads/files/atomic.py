@@ -172,6 +172,15 @@ def atomic_write_csv(frame, path: str | os.PathLike, make_parents: bool = False,
     return atomic_write_text(path, frame.to_csv(index=False, lineterminator="\n", **to_csv), make_parents)
 
 
+def read_csv_exact(path: str | os.PathLike):
+    """A CSV ``atomic_write_csv`` wrote, every float read back to the bits it was written from
+    (pandas 3 parses round-trip by default and deprecates asking; pandas 2 must be asked)."""
+    import pandas as pd
+
+    exact = {} if int(pd.__version__.split(".")[0]) >= 3 else {"float_precision": "round_trip"}
+    return pd.read_csv(path, **exact)
+
+
 # -----------------------------------------------------------------------------
 # Checks before the work: can the outputs be written at all?
 

@@ -13,23 +13,28 @@ Every state is the model before surgery with the trained tensors of the earlier 
 states and of its own checkpoint written over it (a checkpoint holds whole trainable tensors).
 On fixed probe texts held out from training, each state is measured per head (``measure``):
 BOS mass and entropy (the diagnosis' definitions, ``pattern_stats``), output norm (the head
-score ``fhon``) and the pattern distance to the model before surgery (``pattern_distance``:
-mean total-variation distance over query rows t >= 1); plus held-out perplexity on the probes
-and greedy continuations of fixed prompts.
+score ``fhon``), the pattern distance to the model before surgery (``pattern_distance``:
+mean total-variation distance over query rows t >= 1) and to the state its pass started training
+from (``tv_reinit``: the distance to ``pK-reinit``, what training itself moved, apart from what
+re-initialisation did at once); plus held-out perplexity on the probes and greedy continuations
+of fixed prompts.
 
 The store (``DRIFT_DIR`` = RUN/drift by default) holds one ``points/<point>.csv`` (per head) and
 ``points/<point>.json`` (perplexity, continuations) per state, written atomically as each is
-measured, so a stopped measurement resumes; ``probe.json`` fixes what was measured. Tables
+measured, so a stopped measurement resumes; ``probe.json`` fixes what was measured. A state
+stored before ``tv_reinit`` existed gets that column added (its patterns only, nothing else
+measured again). Tables
 (``drift_tables``) are built from the store only, so they come out byte for byte the same
 whether the states were just measured or read back::
 
     heads.csv        point, pass, kind, step, layer, head, group, the measures and their signed
-                     changes (d_bos_mass, d_entropy, d_out_norm), tv, moved
+                     changes (d_bos_mass, d_entropy, d_out_norm), tv, moved, tv_reinit,
+                     moved_since_reinit (empty / False for the state before surgery)
     curves.csv       per point: step, held-out perplexity, per group the heads, the heads moved (count,
-                     % of the group) and the mean pattern distance
+                     % of the group) and the mean pattern distance, the same since re-initialisation
     generations.csv  per point and prompt: the greedy continuation
-    epochs.csv       the run's own per-epoch held-out perplexity and training loss (report.json),
-                     on the same global steps
+    epochs.csv       the run's own held-out perplexity (report.json): before surgery (pass 0, step 0),
+                     then per epoch with the training loss, on the same global steps
 
 Groups (per the point's pass): ``target`` (a target head the rule picked), ``target_healthy``
 (a healthy head re-initialised by extended surgery), ``frozen_target_layer`` (a frozen head in a
@@ -56,7 +61,7 @@ from torch import Tensor
 
 from lens_heads import scores as scoring
 from lens_heads.errors import LensHeadsError
-from lens_heads.files.atomic import atomic_write_csv, atomic_write_text
+from lens_heads.files.atomic import atomic_write_csv, atomic_write_text, read_csv_exact
 from lens_heads.forward.activations import all_patterns
 from lens_heads.models.heads import Head, parse_heads
 from lens_heads.models.load import boot, model_digest
@@ -77,6 +82,7 @@ DEFAULT_PROMPTS = ("The capital of France is", "Once upon a time, there was a",
                    "The most important thing to remember about science is", "def add(a, b):")
 DRIFT_DIR = "drift"
 STORE_VERSION = 1
+POINT_COLUMNS = ("layer", "head", "bos_mass", "entropy", "out_norm", "tv", "tv_reinit")  # a stored state's csv
 
 
 # -----------------------------------------------------------------------------
@@ -153,6 +159,11 @@ def pattern_distance(a: Float[Tensor, "layer head q k"], b: Float[Tensor, "layer
     return rows[..., 1:].mean(-1).float()
 
 
+def mean_distance(pats: Sequence[Tensor], ref: Sequence[Tensor]) -> Float[Tensor, "layer head"]:
+    """``pattern_distance`` per probe, averaged over the probes."""
+    return torch.stack([pattern_distance(p, r) for p, r in zip(pats, ref)]).mean(0)
+
+
 def bos_and_entropy(pattern: Float[Tensor, "layer head q k"]) -> tuple[Float[Tensor, "layer head"],
                                                                       Float[Tensor, "layer head"]]:
     """BOS mass and entropy of every head on one unpadded input (``pattern_stats``: the diagnosis'
@@ -190,8 +201,7 @@ def measure(model: LoadedModel, hf_model, probes: Sequence[Tensor], base: Sequen
     stats = [bos_and_entropy(p) for p in pats]
     bos = torch.stack([b for b, _ in stats]).mean(0)
     ent = torch.stack([e for _, e in stats]).mean(0)
-    tv = (torch.zeros_like(bos) if base is None
-          else torch.stack([pattern_distance(p, b) for p, b in zip(pats, base)]).mean(0))
+    tv = torch.zeros_like(bos) if base is None else mean_distance(pats, base)
     hs = scoring.score_heads(model, list(probes), scores=["fhon"], keep_per_input=True, progress=False,
                              batch_size=batch_size)
     out_norm = hs.per_input["fhon"].double().mean(0).float()
@@ -359,36 +369,75 @@ def measure_run(model: LoadedModel, run_dir: str | Path, probes: ProbeSet, store
     check_store(store, identity)
     check_model(model, run_dir, report)
     pad = model.tokenizer.pad_token_id or 0
-    missing = {p for p, _ in run_points(run_dir, report) if not all(f.is_file() for f in _point_files(store, p))}
+    todo = {p: need for p, _ in run_points(run_dir, report) if (need := _stored_need(store, p)) is not None}
+    measuring = "measure" in todo.values()
     base: list[Tensor] | None = None  # the patterns before surgery: measured again whenever a state is missing
-    for point, hf in ([] if not missing else replay(model, run_dir, report)):
-        if point.kind != "before":
-            if point not in missing:
-                continue
-            if should_stop is not None and should_stop():
-                break
+    start: list[Tensor] | None = None  # the patterns of the current pass right after re-initialisation
+    g = model.geometry
+    for point, hf in ([] if not todo else replay(model, run_dir, report)):
+        need = todo.get(point)
+        csv_file, json_file = _point_files(store, point)
+        if point.kind == "before" and not measuring:  # its patterns are not needed: no state is measured
+            if need == "top_up":
+                _add_tv_reinit(csv_file, torch.full((g.n_layers, g.n_heads), math.nan))
+            continue
+        if need is None and point.kind in ("step", "final"):
+            continue  # whole, and no later state's reference
+        if need is not None and point.kind != "before" and should_stop is not None and should_stop():
+            break
         booted = boot(copy.deepcopy(hf), model.tokenizer, model.source, model.dtype, model.device)
-        m, pats = measure(booted, hf, probes.probes, base, probes.prompt_ids, probes.max_new_tokens, pad, batch_size)
+        if need == "measure" or point.kind == "before":
+            m, pats = measure(booted, hf, probes.probes, base, probes.prompt_ids, probes.max_new_tokens, pad,
+                              batch_size)
+        else:  # the pass' starting patterns, or a stored state that lacks only tv_reinit
+            m, pats = None, probe_patterns(booted, probes.probes)
         del booted
         if point.kind == "before":
             base = pats
-        if point not in missing:
+        elif point.kind == "reinit":
+            start = pats
+        tv_reinit = (torch.full((g.n_layers, g.n_heads), math.nan) if point.kind == "before"
+                     else mean_distance(pats, start))
+        if need == "top_up":
+            _add_tv_reinit(csv_file, tv_reinit)
+            if progress:
+                print(f"  {point}: distance to the re-initialised state added ({csv_file.name})", flush=True)
+            continue
+        if need is None:
             continue
         atomic_write_text(store / "probe.json", json.dumps(identity, indent=1), make_parents=True)
-        g = model.geometry
         frame = pd.DataFrame({"layer": [L for L in range(g.n_layers) for _ in range(g.n_heads)],
                               "head": [h for _ in range(g.n_layers) for h in range(g.n_heads)],
                               "bos_mass": m.bos_mass.reshape(-1).double().numpy(),
                               "entropy": m.entropy.reshape(-1).double().numpy(),
                               "out_norm": m.out_norm.reshape(-1).double().numpy(),
-                              "tv": m.tv.reshape(-1).double().numpy()})
-        atomic_write_csv(frame, csv_file := _point_files(store, point)[0], make_parents=True)
-        atomic_write_text(_point_files(store, point)[1], json.dumps(
+                              "tv": m.tv.reshape(-1).double().numpy(),
+                              "tv_reinit": tv_reinit.reshape(-1).double().numpy()})
+        atomic_write_csv(frame, csv_file, make_parents=True)
+        atomic_write_text(json_file, json.dumps(
             {"point": str(point), "step": point.step, "ppl": m.ppl, "generations": m.generations}, indent=1))
         if progress:
             print(f"  {point}: probe perplexity {m.ppl:.3f}, {int((m.tv > MOVED_TV).sum())} heads moved "
                   f"({csv_file.name})", flush=True)
     return store
+
+
+def _stored_need(store: Path, point: StatePoint) -> str | None:
+    """What a state still needs in the store: ``"measure"`` (not there), ``"top_up"`` (stored
+    before ``tv_reinit`` existed: only that column to add) or None (whole)."""
+    csv_file, json_file = _point_files(store, point)
+    if not (csv_file.is_file() and json_file.is_file()):
+        return "measure"
+    with csv_file.open(encoding="utf-8") as f:
+        header = f.readline().strip().split(",")
+    return None if "tv_reinit" in header else "top_up"
+
+
+def _add_tv_reinit(csv_file: Path, tv_reinit: Float[Tensor, "layer head"]) -> None:
+    """Add the ``tv_reinit`` column to a state stored before it existed (its other values as stored)."""
+    frame = read_csv_exact(csv_file)
+    frame["tv_reinit"] = tv_reinit.reshape(-1).double().numpy()
+    atomic_write_csv(frame[list(POINT_COLUMNS)], csv_file)
 
 
 def check_model(model: LoadedModel, run_dir: Path, report: RepairReport) -> None:
@@ -409,7 +458,7 @@ def check_model(model: LoadedModel, run_dir: Path, report: RepairReport) -> None
 
 def read_point(store: Path, point: StatePoint) -> tuple[pd.DataFrame, dict]:
     csv_file, json_file = _point_files(store, point)
-    return pd.read_csv(csv_file, float_precision="round_trip"), json.loads(json_file.read_text(encoding="utf-8"))
+    return read_csv_exact(csv_file), json.loads(json_file.read_text(encoding="utf-8"))
 
 
 def stored_points(store: Path, report: RepairReport, run_dir: Path) -> list[StatePoint]:
@@ -429,6 +478,8 @@ def drift_tables(store: str | Path, run_dir: str | Path) -> dict[str, pd.DataFra
     heads, curves, gens = [], [], []
     for point in points:
         frame, meta = read_point(store, point)
+        if "tv_reinit" not in frame.columns:  # stored before the column existed: measure_run adds it
+            frame["tv_reinit"] = math.nan
         n_layers, n_heads = int(frame["layer"].max()) + 1, int(frame["head"].max()) + 1
         groups = head_groups(report, point.pass_index, n_layers, n_heads)
         step = offsets.get(point.pass_index, 0) + point.step
@@ -441,6 +492,7 @@ def drift_tables(store: str | Path, run_dir: str | Path) -> dict[str, pd.DataFra
         for m in MEASURES:
             f[f"d_{m}"] = frame[m] - base[m]
         f["moved"] = frame["tv"] > MOVED_TV
+        f["moved_since_reinit"] = frame["tv_reinit"] > MOVED_TV  # NaN (before surgery) -> False
         heads.append(f)
         row = {"point": str(point), "pass": point.pass_index, "kind": point.kind, "step": step, "ppl": meta["ppl"]}
         for grp in GROUPS:
@@ -452,12 +504,21 @@ def drift_tables(store: str | Path, run_dir: str | Path) -> dict[str, pd.DataFra
         frozen = f[f["group"].isin(FROZEN)]
         row["moved_frozen"] = int(frozen["moved"].sum())
         row["n_frozen"] = len(frozen)
+        for grp in GROUPS:  # the same, against the state the pass started training from
+            sel = f[f["group"] == grp]
+            row[f"moved_since_reinit_{grp}"] = int(sel["moved_since_reinit"].sum())
+            row[f"pct_moved_since_reinit_{grp}"] = (100 * row[f"moved_since_reinit_{grp}"] / len(sel) if len(sel)
+                                                    else math.nan)
+            row[f"mean_tv_reinit_{grp}"] = float(sel["tv_reinit"].mean()) if len(sel) else math.nan
+        row["moved_frozen_since_reinit"] = int(frozen["moved_since_reinit"].sum())
+        row["mean_tv_reinit_frozen"] = float(frozen["tv_reinit"].mean()) if len(frozen) else math.nan
         curves.append(row)
         gens += [{"point": str(point), "step": step, "prompt": prompt, "continuation": text}
                  for prompt, text in zip(json.loads((store / "probe.json").read_text())["prompts"], meta["generations"])]
     head_cols = ["point", "pass", "kind", "step", "layer", "head", "group", "bos_mass", "d_bos_mass", "entropy",
-                 "d_entropy", "out_norm", "d_out_norm", "tv", "moved"]
-    epochs = [{"pass": p.index, "epoch": h["epoch"], "step": offsets[p.index] + int(h["step"]), "ppl": h["ppl"],
+                 "d_entropy", "out_norm", "d_out_norm", "tv", "moved", "tv_reinit", "moved_since_reinit"]
+    epochs = [{"pass": 0, "epoch": 0, "step": 0, "ppl": report.ppl_before, "train_loss": None}]  # before surgery
+    epochs += [{"pass": p.index, "epoch": h["epoch"], "step": offsets[p.index] + int(h["step"]), "ppl": h["ppl"],
                "train_loss": h.get("train_loss")} for p in report.trained_passes for h in (p.history or ())]
     return {"heads": pd.concat(heads, ignore_index=True)[head_cols], "curves": pd.DataFrame(curves),
             "generations": pd.DataFrame(gens, columns=["point", "step", "prompt", "continuation"]),

@@ -3,8 +3,8 @@
 A view: ``render_drift_report(tables, meta)`` turns the tables ``lens_heads.surgery.drift``
 wrote (``heads``, ``curves``, ``generations``, ``epochs``; docs/methods.md §7, "Drift of the
 heads") into one self-contained page -- the layer x head maps of signed BOS-mass change per state, the curves of
-frozen heads moved and held-out perplexity against training steps, and the greedy continuations
-of the probes -- and ``write_drift_report`` writes it atomically. It computes no measure: figures
+heads moved (against the model before surgery, and against the state training started from) and
+held-out perplexity against training steps, and the greedy continuations of the probes -- and ``write_drift_report`` writes it atomically. It computes no measure: figures
 and tables show the columns as stored.
 """
 
@@ -95,38 +95,55 @@ def delta_maps(heads: pd.DataFrame, points: list[str], column: str = "d_bos_mass
 
 
 def drift_curves(curves: pd.DataFrame, epochs: pd.DataFrame | None = None) -> Figure:
-    """Heads moved per group (left axis, share of the group) and held-out perplexity (right
-    axis: on the probes at every state; on the run's own held-out documents at each epoch end,
-    ``epochs``) against training steps; re-initialisations marked by vertical lines."""
+    """Two panels against training steps, re-initialisations marked by vertical lines.
+    Top: heads moved per group against the model before surgery (left axis, share of the group)
+    and held-out perplexity (right axis: on the probes at every state; on the run's own held-out
+    documents before surgery and at each epoch end, ``epochs``). Bottom: heads moved per group
+    since their pass' re-initialisation (what training moved, apart from the re-initialisation's
+    immediate effect; left) and the groups' mean pattern distance to that state (right, dotted)."""
     _need(curves, ["point", "kind", "step", "ppl"], "curves")
-    fig = Figure(figsize=(9, 4.2), layout="constrained")
-    ax = fig.subplots()
+    fig = Figure(figsize=(9, 7.4), layout="constrained")
+    ax, low = fig.subplots(2, 1, sharex=True)
     trained = curves[curves["kind"] != "before"]
-    for grp, (colour, style) in GROUP_STYLE.items():
-        n_col, pct_col = f"n_{grp}", f"pct_moved_{grp}"
-        if n_col not in curves.columns or not (curves[n_col] > 0).any():
-            continue
-        ax.plot(trained["step"], trained[pct_col], style, marker="o", ms=3, color=colour,
-                label=f"{GROUP_LABELS[grp]} moved (of {int(trained[n_col].max())})")
-    ax.set_xlabel("training step (all passes)")
-    ax.set_ylabel("% of the group's heads moved")
+    present = [g for g in GROUP_STYLE if f"n_{g}" in curves.columns and (curves[f"n_{g}"] > 0).any()]
+    for grp in present:
+        colour, style = GROUP_STYLE[grp]
+        ax.plot(trained["step"], trained[f"pct_moved_{grp}"], style, marker="o", ms=3, color=colour,
+                label=f"{GROUP_LABELS[grp]} moved (of {int(trained[f'n_{grp}'].max())})")
+    ax.set_ylabel("% of the group's heads moved\n(against the model before surgery)")
     ax.set_ylim(-3, 103)
-    for step in curves.loc[curves["kind"] == "reinit", "step"]:
-        ax.axvline(step, color="grey", lw=0.8, ls=":")
     right = ax.twinx()
     right.plot(curves["step"], curves["ppl"], "-", color="black", lw=1.6, marker="s", ms=3,
                label="held-out perplexity (probes)")
     if epochs is not None and len(epochs):
         _need(epochs, ["step", "ppl"], "epochs")
         right.plot(epochs["step"], epochs["ppl"], ":", color="grey", marker="D", ms=4,
-                   label="held-out perplexity (the run's documents, per epoch)")
+                   label="held-out perplexity (the run's documents)")
     before = curves[curves["kind"] == "before"]
     if len(before):
         right.axhline(float(before["ppl"].iloc[0]), color="black", lw=0.8, ls="--", label="perplexity before surgery")
     right.set_ylabel("held-out perplexity")
-    lines = ax.get_legend_handles_labels()
-    more = right.get_legend_handles_labels()
+    lines, more = ax.get_legend_handles_labels(), right.get_legend_handles_labels()
     ax.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper right")
+    since = [g for g in present if f"pct_moved_since_reinit_{g}" in curves.columns]
+    dist = low.twinx()
+    for grp in since:
+        colour, style = GROUP_STYLE[grp]
+        low.plot(trained["step"], trained[f"pct_moved_since_reinit_{grp}"], style, marker="o", ms=3, color=colour,
+                 label=f"{GROUP_LABELS[grp]} moved since re-initialisation")
+        dist.plot(trained["step"], trained[f"mean_tv_reinit_{grp}"], ":", color=colour, lw=1.2,
+                  label=f"{GROUP_LABELS[grp]}: mean distance")
+    low.set_ylabel("% of the group's heads moved\n(since re-initialisation)")
+    low.set_ylim(-3, 103)
+    low.set_xlabel("training step (all passes)")
+    dist.set_ylabel("mean pattern distance to the re-initialised state")
+    dist.set_yscale("symlog", linthresh=1e-3)
+    lines, more = low.get_legend_handles_labels(), dist.get_legend_handles_labels()
+    if lines[0] or more[0]:
+        low.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper left")
+    for a in (ax, low):
+        for step in curves.loc[curves["kind"] == "reinit", "step"]:
+            a.axvline(step, color="grey", lw=0.8, ls=":")
     return fig
 
 
@@ -141,9 +158,11 @@ def generations_table(generations: pd.DataFrame) -> pd.DataFrame:
 
 
 def summary_table(curves: pd.DataFrame) -> pd.DataFrame:
-    """Per state: step, perplexity, and per group that has heads its moved count and mean distance."""
+    """Per state: step, perplexity, and per group that has heads its moved count and mean distance,
+    against the model before surgery and since re-initialisation."""
     present = [g for g in GROUP_LABELS if f"n_{g}" in curves.columns and (curves[f"n_{g}"] > 0).any()]
-    cols = ["point", "step", "ppl"] + [f"{what}_{g}" for g in present for what in ("moved", "mean_tv")]
+    cols = ["point", "step", "ppl"] + [f"{what}_{g}" for g in present
+                                      for what in ("moved", "mean_tv", "moved_since_reinit", "mean_tv_reinit")]
     return curves[[c for c in cols if c in curves.columns]]
 
 
@@ -157,9 +176,12 @@ def render_drift_report(tables: dict[str, pd.DataFrame], meta: dict[str, str]) -
             f"healthy heads re-initialised (extended surgery); dots: heads moved ({html.escape(threshold)}). "
             "Measured on held-out probe texts (docs/methods.md §7).</p>",
             figure_html(delta_maps(heads, points), "signed BOS-mass change maps")]
-    curve = ['<p class="note">Share of each group\'s heads moved, and perplexity on the held-out probes, '
-             "against training steps. Moved frozen heads early in training with flat perplexity read as global "
-             "redistribution; frozen heads moving late while perplexity rises read as local degradation.</p>",
+    curve = ['<p class="note">Top: share of each group\'s heads moved against the model before surgery, and '
+             "perplexity on the held-out probes, against training steps. Re-initialisation zeroes the targets' "
+             "output, so heads after them move at once; the bottom panel counts only what training moved since: "
+             "each head's distance to the state its pass started training from. Frozen heads moving early in "
+             "training read as global redistribution; frozen heads moving late while perplexity rises read as "
+             "local degradation.</p>",
              figure_html(drift_curves(curves, tables.get("epochs")), "drift curves"),
              "<details><summary>Per state: perplexity, heads moved and mean pattern distance per group</summary>"
              + table_html(summary_table(curves)) + "</details>"]
