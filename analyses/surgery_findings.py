@@ -14,9 +14,12 @@ same tables byte for byte whenever the runs are the same. Per run and per probe 
    surgery right after re-initialisation, and -- what training itself moved -- against the
    re-initialised state at the first checkpoint and within the first tenth of the steps, with
    the share of the frozen heads' final mean distance to the re-initialised state reached by then;
-2. **late degradation**: frozen heads moved since re-initialisation at the end minus at half the
-   steps, the growth of their mean distance over the second half, and how far the probe
-   perplexity ends above its best;
+   and how far the frozen heads had got when the re-initialised heads were half-way to their own
+   final distance (above 50 %: the frozen heads move ahead of the heads that wake);
+2. **late degradation**: whether the probe perplexity ends above its best; beside it, frozen heads
+   moved since re-initialisation at the end minus at half the steps, and after the re-initialised
+   heads settled (90 % of their final distance), with the share of the frozen heads' final mean
+   distance added after that;
 3. **re-optimisation**: the perplexity at the end against the model before surgery, on held-out
    text (the probes, and the run's own held-out documents) and on the training text itself
    (``--measure-on train``).
@@ -43,6 +46,7 @@ from lens_heads.errors import LensHeadsError  # noqa: E402
 from lens_heads.files.atomic import atomic_write_text, read_csv_exact  # noqa: E402
 
 EARLY = 0.1  # the first tenth of the steps is "early"
+SETTLED = 0.9  # the re-initialised heads have settled once their mean distance reaches 90 % of its final value
 LATE_MOVED_PCT = 1.0  # late degradation: >= 1 % of the frozen heads moved in the second half ...
 LATE_PPL_PCT = 0.5  # ... or the held-out perplexity ends >= 0.5 % above its best
 
@@ -76,6 +80,14 @@ def at_step(curves: pd.DataFrame, step: float) -> pd.Series:
     return trained[trained["step"] <= step].iloc[-1]
 
 
+def reinitialised_distance(curves: pd.DataFrame) -> pd.Series:
+    """Per state, the mean distance to the re-initialised state over every re-initialised head
+    (targets and, under extended surgery, the healthy heads re-initialised too)."""
+    groups = [g for g in ("target", "target_healthy") if (curves[f"n_{g}"] > 0).any()]
+    total = sum(curves[f"n_{g}"] * curves[f"mean_tv_reinit_{g}"] for g in groups)
+    return total / sum(curves[f"n_{g}"] for g in groups)
+
+
 def probe_set_row(label: str, meta: dict, where: str, curves: pd.DataFrame, epochs: pd.DataFrame) -> dict | None:
     """One row of findings.csv: a run measured on one probe set (None before it has a trained
     state). The late window ends at the last checkpoint ("end"), not at restored best weights;
@@ -103,6 +115,9 @@ def probe_set_row(label: str, meta: dict, where: str, curves: pd.DataFrame, epoc
         return 100.0 * float(x) / tv_end if tv_end > 0 else math.nan
 
     held = epochs[epochs["pass"] > 0]
+    woken = reinitialised_distance(checkpoints)  # the re-initialised heads' mean distance to their start
+    half_woken = checkpoints[woken >= 0.5 * woken.iloc[-1]].iloc[0]
+    settled = checkpoints[woken >= SETTLED * woken.iloc[-1]].iloc[0]
 
     return {"run": label, "probes": meta["measured_on"][where], "probe_set": where,
             "targets": meta["targets"] + (f" + healthy {meta['reinit_healthy']}" if meta["reinit_healthy"] else ""),
@@ -118,6 +133,10 @@ def probe_set_row(label: str, meta: dict, where: str, curves: pd.DataFrame, epoc
             "tv_reinit_end": tv_end, "early_share_pct": share(early_end["mean_tv_reinit_frozen"]),
             "late_share_pct": share(tv_end - float(half["mean_tv_reinit_frozen"])),
             "late_moved_pct": pct(int(end["moved_frozen_since_reinit"]) - int(half["moved_frozen_since_reinit"])),
+            "tv_reinit_reinitialised_end": float(woken.iloc[-1]), "half_woken_step": int(half_woken["step"]),
+            "frozen_share_at_half_woken_pct": share(half_woken["mean_tv_reinit_frozen"]),
+            "settled_step": int(settled["step"]), "since_reinit_settled": int(settled["moved_frozen_since_reinit"]),
+            "after_settled_share_pct": share(tv_end - float(settled["mean_tv_reinit_frozen"])),
             "ppl_before": float(before["ppl"]), "ppl_reinit": float(reinit["ppl"]), "ppl_best": float(best["ppl"]),
             "best_step": int(best["step"]), "ppl_end": float(end["ppl"]),
             "end_above_best_pct": 100.0 * (float(end["ppl"]) / float(best["ppl"]) - 1),
@@ -153,20 +172,26 @@ def verdicts(table: pd.DataFrame) -> list[str]:
            "them at once; what training then moves is counted against the re-initialised state, on the "
            "held-out probes of each run):"]
     out += [f"- {r.run}: {r.moved_frozen_reinit} of {r.n_frozen} frozen heads moved right after "
-            f"re-initialisation; since then {r.since_reinit_first} by step {r.first_step} and at most "
-            f"{r.since_reinit_early_max} within the first tenth of the steps, {r.since_reinit_end} at the end; the "
-            f"frozen heads' mean distance to the re-initialised state reached {r.early_share_pct:.0f} % of its "
-            f"final value ({r.tv_reinit_end:.4f}) within the first tenth." for r in main.itertuples()]
-    out += ["", f"**Late degradation** (from half the steps to the end: frozen heads moved since re-initialisation "
-            f"by >= {LATE_MOVED_PCT:g} % more of them, or probe perplexity ending >= {LATE_PPL_PCT:g} % above its "
-            "best):"]
+            f"re-initialisation; since then {r.since_reinit_first} by step {r.first_step}, at most "
+            f"{r.since_reinit_early_max} within the first tenth of the steps ({r.early_share_pct:.0f} % of the "
+            f"frozen heads' final mean distance {r.tv_reinit_end:.4f}), {r.since_reinit_end} at the end. The "
+            f"re-initialised heads reached half their final distance ({r.tv_reinit_reinitialised_end:.4f}) at step "
+            f"{r.half_woken_step}, the frozen heads {r.frozen_share_at_half_woken_pct:.0f} % of theirs by then."
+            for r in main.itertuples()]
+    out += ["", f"**Late degradation** (probe perplexity ending >= {LATE_PPL_PCT:g} % above its best state; beside "
+            f"it, frozen heads moved since re-initialisation from half the steps to the end, and after the "
+            f"re-initialised heads settled at {100 * SETTLED:g} % of their final distance):"]
     for r in held.itertuples():
-        seen = r.late_moved_pct >= LATE_MOVED_PCT or r.end_above_best_pct >= LATE_PPL_PCT
-        out.append(f"- {r.run} (trained on {r.train_data}), on {r.probes}: {'yes' if seen else 'no'} -- moved "
-                   f"since re-initialisation {r.since_reinit_half} -> {r.since_reinit_end} "
-                   f"({r.late_moved_pct:+.1f} % of frozen heads; {r.late_share_pct:.0f} % of their final mean "
-                   f"distance added in the second half), perplexity {r.ppl_best:.2f} at its best (step "
-                   f"{r.best_step}) -> {r.ppl_end:.2f} at the end ({r.end_above_best_pct:+.2f} %).")
+        seen = r.end_above_best_pct >= LATE_PPL_PCT
+        still = "" if seen or r.late_moved_pct < LATE_MOVED_PCT else " (frozen heads still moving while perplexity " \
+            "falls: redistribution under way, not degradation)"
+        out.append(f"- {r.run} (trained on {r.train_data}), on {r.probes}: {'yes' if seen else 'no'}{still} -- "
+                   f"perplexity {r.ppl_best:.2f} at its best (step {r.best_step}) -> {r.ppl_end:.2f} at the end "
+                   f"({r.end_above_best_pct:+.2f} %); frozen heads moved since re-initialisation "
+                   f"{r.since_reinit_half} -> {r.since_reinit_end} over the second half "
+                   f"({r.late_moved_pct:+.1f} % of them), {r.since_reinit_settled} -> {r.since_reinit_end} after "
+                   f"step {r.settled_step} ({r.after_settled_share_pct:.0f} % of their final mean distance added "
+                   f"after it).")
     out += ["", "**Re-optimisation** (perplexity at the end against the model before surgery; the paper: "
             "training perplexity 25 % below the original after extended surgery, C4 validation 29.30 vs 32.42):"]
     out += [f"- {r.run}, held-out documents of the run (trained on {r.train_data}): {r.heldout_ppl_before:.2f} "

@@ -651,6 +651,12 @@ def test_surgery_dynamics_resumes_and_rebuilds_its_tables_from_the_stores(tmp_pa
     assert main_row["since_reinit_end"] == since.iloc[-1] and main_row["since_reinit_first"] == since.loc[2]
     assert main_row["tv_reinit_end"] == pytest.approx(curves["mean_tv_reinit_frozen"].iloc[-1])
     assert main_row["tv_reinit_end"] > 0 and curves.loc[1, "mean_tv_reinit_frozen"] == 0  # re-init: 0 from itself
+    woken = (curves["mean_tv_reinit_target"] + curves["mean_tv_reinit_target_healthy"] * curves["n_target_healthy"]
+             ) / (1 + curves["n_target_healthy"])  # one target (1.2) and the healthy heads of index 0
+    assert main_row["tv_reinit_reinitialised_end"] == pytest.approx(woken.iloc[-1])
+    settled = curves[(curves["kind"] == "step") & (woken >= 0.9 * woken.iloc[-1])].iloc[0]
+    assert main_row["settled_step"] == settled["step"]
+    assert main_row["since_reinit_settled"] == settled["moved_frozen_since_reinit"]
     # the run's own held-out perplexity: before surgery on its --n-eval documents (a naive loop), then per epoch
     epochs = pd.read_csv(whole / "epochs.csv")
     assert list(epochs["pass"]) == [0, 1, 1] and list(epochs["step"]) == [0, 0, 3]
