@@ -551,11 +551,19 @@ def dtype_text(out: Path) -> list[str]:
         return ["## bf16 vs fp32", "", "Not checked yet (`--check-dtype`, analyses/results/README.md).", ""]
     d = pd.read_csv(path)
     same = int(d["same_decision"].sum())
+    decided = d[(d["decision"] != "unresolved") | (d["decision_float32"] != "unresolved")]
+    full = d[d["n_items"] >= d["campaign_probe_items"]]
     lines = ["## bf16 vs fp32", "",
              f"{same} of {len(d)} probes reach the same decision in both dtypes on the same questions "
-             f"(at most {int(d['n_items'].max())} a probe; table2_dtype_check.csv); the unablated answers agree on "
-             f"{100 * d['unablated_correct_agreement'].mean():.1f} % of them, the ablated on "
-             f"{100 * d['ablated_correct_agreement'].mean():.1f} %."]
+             f"(at most {int(d['n_items'].max())} a probe; table2_dtype_check.csv); {len(decided)} of them are decided "
+             f"in either dtype at that size, the rest unresolved in both. The unablated answers agree on "
+             f"{100 * d['unablated_correct_agreement'].mean():.1f} % of the questions, the ablated on "
+             f"{100 * d['ablated_correct_agreement'].mean():.1f} % (at least "
+             f"{100 * d['ablated_correct_agreement'].min():.1f} % a probe). {len(full)} of the {len(d)} probes were "
+             f"checked on as many questions as the campaign read for them"
+             + ("." if len(full) == len(d) else
+                " (--check-dtype-items caps the rest): where the cap is below the campaign's count, the check "
+                "shows the answers agree, not that the campaign's decision is the one float32 would reach.")]
     differ = d[~d["same_decision"].astype(bool)]
     for r in differ.itertuples():
         lines.append(f"- differs: {r.model}/{r.task} {r.score_fn} at {r.pct:g} % on {r.n_items} questions: "

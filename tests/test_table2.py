@@ -198,6 +198,12 @@ def test_the_dtype_check_runs_the_campaigns_probes_again_in_float32(tiny_llama_2
     assert len(check) == len(ours) and (check.n_items <= 16).all() and set(check.dtype) == {"bfloat16"}
     assert set(check.decision_float32) <= {"within", "outside", "unresolved"}
     assert ((check.unablated_correct_agreement >= 0) & (check.unablated_correct_agreement <= 1)).all()
+    # the summary says how many probes the check decided and whether it read fewer questions than the campaign
+    summary = (tmp_path / "table2_summary.md").read_text()
+    decided = int(((check.decision != "unresolved") | (check.decision_float32 != "unresolved")).sum())
+    assert f"{int(check.same_decision.sum())} of {len(check)} probes reach the same decision" in summary
+    assert f"{decided} of them are decided in either dtype" in summary
+    assert ("caps the rest" in summary) == bool((check.n_items < check.campaign_probe_items).any())
     # the float32 side, independently: a float32 search of the same config, its probes capped alike
     args = t2.parse_args(base)
     g = t2.Group("smollm2-135m", "piqa", "zero")
