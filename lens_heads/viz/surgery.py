@@ -102,7 +102,7 @@ def drift_curves(curves: pd.DataFrame, epochs: pd.DataFrame | None = None) -> Fi
     since their pass' re-initialisation (what training moved, apart from the re-initialisation's
     immediate effect; left) and the groups' mean pattern distance to that state (right, dotted)."""
     _need(curves, ["point", "kind", "step", "ppl"], "curves")
-    fig = Figure(figsize=(9, 7.4), layout="constrained")
+    fig = Figure(figsize=(9, 8.2), layout="constrained")
     ax, low = fig.subplots(2, 1, sharex=True)
     trained = curves[curves["kind"] != "before"]
     present = [g for g in GROUP_STYLE if f"n_{g}" in curves.columns and (curves[f"n_{g}"] > 0).any()]
@@ -138,9 +138,11 @@ def drift_curves(curves: pd.DataFrame, epochs: pd.DataFrame | None = None) -> Fi
     low.set_xlabel("training step (all passes)")
     dist.set_ylabel("mean pattern distance to the re-initialised state")
     dist.set_yscale("symlog", linthresh=1e-3)
+    dist.set_ylim(bottom=0)  # a distance: never below 0
     lines, more = low.get_legend_handles_labels(), dist.get_legend_handles_labels()
-    if lines[0] or more[0]:
-        low.legend(lines[0] + more[0], lines[1] + more[1], fontsize=7, loc="upper left")
+    if lines[0] or more[0]:  # below the panel: the counts and the distances fill its whole width
+        low.legend(lines[0] + more[0], lines[1] + more[1], fontsize=6.5, ncol=2, loc="upper center",
+                   bbox_to_anchor=(0.5, -0.16))
     for a in (ax, low):
         for step in curves.loc[curves["kind"] == "reinit", "step"]:
             a.axvline(step, color="grey", lw=0.8, ls=":")
