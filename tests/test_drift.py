@@ -314,8 +314,11 @@ def test_cli_drift(drift_run, tiny_model_dir, tmp_path, capsys, monkeypatch):
     rc = main(["drift", str(run_dir), "--model", src, "--data", str(probes), "--n-probes", "2", "--probe-len", "16",
                "--max-new-tokens", "2", "--out", str(out), "--quiet"])
     assert rc == 0, capsys.readouterr().err
-    assert "frozen heads moved" in capsys.readouterr().out
+    printed = capsys.readouterr().out
     curves = pd.read_csv(out / "curves.csv")
+    last = curves.iloc[-1]
+    assert (f"{last['moved_frozen']} of {last['n_frozen']} frozen heads moved ({last['moved_frozen_since_reinit']} "
+            "since re-initialisation)") in printed
     assert list(curves["point"]) == ["before", "p1-reinit", "p1-step000001", "p1-step000002", "p1-step000003"]
     page = (out / "report.html").read_text()
     assert "Generation probes" in page and "Signed BOS-mass change maps" in page and "sample texts x 8" in page

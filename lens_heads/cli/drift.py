@@ -107,7 +107,8 @@ def run(args) -> int:
     page = write_drift_report(tables, meta, store / "report.html")
     last = tables["curves"].iloc[-1]
     print(f"{len(tables['curves'])} states; at {last['point']}: {int(last['moved_frozen'])} of "
-          f"{int(last['n_frozen'])} frozen heads moved, probe perplexity {last['ppl']:.3f} "
+          f"{int(last['n_frozen'])} frozen heads moved ({int(last['moved_frozen_since_reinit'])} since "
+          f"re-initialisation), probe perplexity {last['ppl']:.3f} "
           f"({time.perf_counter() - t0:.0f} s)")
     print(f"wrote {store} (heads.csv, curves.csv, generations.csv, epochs.csv) and {page}")
     return 0
