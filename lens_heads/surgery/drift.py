@@ -396,14 +396,14 @@ def measure_run(model: LoadedModel, run_dir: str | Path, probes: ProbeSet, store
             base = pats
         elif point.kind == "reinit":
             start = pats
+        if need is None:  # measured only as a reference for later states
+            continue
         tv_reinit = (torch.full((g.n_layers, g.n_heads), math.nan) if point.kind == "before"
                      else mean_distance(pats, start))
         if need == "top_up":
             _add_tv_reinit(csv_file, tv_reinit)
             if progress:
                 print(f"  {point}: distance to the re-initialised state added ({csv_file.name})", flush=True)
-            continue
-        if need is None:
             continue
         atomic_write_text(store / "probe.json", json.dumps(identity, indent=1), make_parents=True)
         frame = pd.DataFrame({"layer": [L for L in range(g.n_layers) for _ in range(g.n_heads)],
