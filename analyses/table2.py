@@ -95,6 +95,12 @@ PAPER_AVERAGES = {"awft": 4.61, "best_non_awft": 12.18}
 # ~2 h (its 2,000: ~8 h), Gemma/WinoGrande ~30 min, PIQA 10-30 min.
 PASS_MINUTES = {"piqa": 30.0, "winogrande": 60.0, "mmlu": 480.0}
 
+# The campaign's dtype: float32. The full-size dtype check (table2_dtype_check.csv, 6 Dec) found bf16
+# moving a decision at the crossing (SmolLM2/PIQA AHON(LN) at 15 %: bf16 -1.41 pt, fp32 -0.49 pt on the
+# same 1,838 questions), so the curves are searched in float32; a pair's store for any other dtype sits
+# beside its float32 one, suffixed with the dtype (``store_folder``).
+CAMPAIGN_DTYPE = "float32"
+
 TABLES = ("table2_crossings.csv", "table2_probes.csv", "table2_groups.csv", "table2_paper_comparison.csv",
           "table2_paper_claims.csv", "table2_summary.md")
 
@@ -150,6 +156,13 @@ def work_list(args, only: bool = True) -> list[Unit]:
     if only and args.only:
         units = [u for u in units if any(u.name.startswith(o) for o in args.only)]
     return units
+
+
+def store_folder(out: Path, group: Group, dtype: str) -> Path:
+    """A pair's store for one dtype: ``<model>__<task>`` in the campaign's dtype, else
+    ``<model>__<task>__<dtype>`` (both ablation kinds of the pair share it)."""
+    suffix = "" if dtype == CAMPAIGN_DTYPE else f"__{dtype}"
+    return out / "table2" / "store" / f"{group.model}__{group.task}{suffix}"
 
 
 def sweep_cfg(args, group: Group) -> SweepConfig:
@@ -691,7 +704,7 @@ def check_dtype(args, out: Path, units: list[Unit], states: dict[Group, GroupSta
         if not wanted:
             continue
         ref32 = ModelRef(args.model_specs[g.model], "float32", args.device)
-        other = GroupState(g, st.cfg, st.search, st.folder.parent / f"{st.folder.name}__float32", ref32, "float32")
+        other = GroupState(g, st.cfg, st.search, store_folder(out, g, "float32"), ref32, "float32")
         model = ref32.model
         run32 = other.prepare(model, deadline, not args.no_progress)
         run32.items.deadline = deadline
@@ -746,9 +759,9 @@ def parse_args(argv):
     p.add_argument("--list", action="store_true", help="print the work list with each unit's status and exit")
     p.add_argument("--only", default="", help="comma list of unit-name prefixes (MODEL/TASK/ABLATION/CURVE) to run "
                                               "and tabulate")
-    p.add_argument("--dtype", default="bfloat16",
-                   help="bfloat16 (default: native on this machine's AVX512-BF16 CPUs) or float32; it is part of "
-                        "every store key, so keep one dtype for the whole campaign")
+    p.add_argument("--dtype", default=CAMPAIGN_DTYPE,
+                   help="float32 (default: the campaign's dtype, see table2_dtype_check.csv) or bfloat16 (its own "
+                        "store beside the campaign's, for comparison); it is part of every store key")
     p.add_argument("--allow-emulated", action="store_true",
                    help="run bfloat16 on a CPU without native bf16 (else such a machine only rebuilds the tables)")
     p.add_argument("--device", default="cpu")
@@ -824,8 +837,7 @@ def main(argv=None) -> int:
         raise LensHeadsError(f"--only {','.join(args.only)} matches no unit of the work list")
     search = search_settings(args)
     refs = {m: ModelRef(args.model_specs[m], args.dtype, args.device) for m in args.model_names}
-    states = {g: GroupState(g, sweep_cfg(args, g), search, out / "table2" / "store" / f"{g.model}__{g.task}",
-                            refs[g.model], args.dtype)
+    states = {g: GroupState(g, sweep_cfg(args, g), search, store_folder(out, g, args.dtype), refs[g.model], args.dtype)
               for g in dict.fromkeys(u.group for u in units)}
     if args.list:
         for u in todo:
