@@ -15,6 +15,12 @@ curve of one (model, task, ablation) *group*; a group is one adaptive search (``
 ``OUT/table2/store/<model>__<task>/``: the unablated point and the thresholds are the same under
 zero and mean ablation (each ablated point has its own key), so they are computed once.
 
+The campaign's dtype is float32 (``CAMPAIGN_DTYPE``, ``--dtype``): the full-size dtype check
+moved a decision at a crossing in bfloat16 (table2_dtype_check.csv). A search in the other dtype
+(``--dtype bfloat16``, native bf16 CPUs; the first 11 SmolLM2/PIQA curves ran so) keeps its own
+store beside the campaign's, ``<model>__<task>__bfloat16/``; every table is the campaign
+dtype's, and table2_dtype_crossings.csv sets each curve decided in both dtypes side by side.
+
 Each unit is skipped when the store (or its ledger) already decides it; else the group's
 thresholds are read (or computed: one scoring pass over the population, not interruptible) and
 the curve is searched, every batch stored as it is evaluated. ``--time-limit``: no batch starts
@@ -27,14 +33,15 @@ after each batch within one, the ledger written first) and at the end, a git com
 results only: the tables, the figures, and per pair the ledgers, the scoring-pass log, the
 thresholds and the static scores (never the per-item store, never anything outside OUT: the
 paths are named, no ``git add -A``). A group whose scoring pass may not fit the time left
-(``--pass-minutes``) waits for a longer run; a CPU without native bf16 only rebuilds the tables
-(``--allow-emulated`` to run there anyway).
+(``--pass-minutes``) waits for a longer run; with ``--dtype bfloat16`` a CPU without native bf16
+only rebuilds the tables (``--allow-emulated`` to run there anyway).
 
 Outputs (OUT, beside the old 200-question tables, which this script never writes):
 table2_crossings.csv (a row per unit: crossing, status and reason, intervals, probes, items and
 hours spent, the fixed 7-point grid's cost), table2_probes.csv, table2_groups.csv (per group:
 the unablated items, the population, the scoring pass, totals), table2_paper_comparison.csv,
-table2_paper_claims.csv, table2_dtype_check.csv (``--check-dtype``), table2_runs.csv (one row
+table2_paper_claims.csv, table2_dtype_crossings.csv, table2_dtype_check.csv (``--check-dtype``:
+a bfloat16 search's probes again in float32), table2_runs.csv (one row
 per run that computed something: machine, dtype, items, hours), table2_summary.md and
 figures/table2_<group>.png. Rerunning with nothing left to compute (or ``--tabulate-only``)
 rewrites every one of them byte for byte.
@@ -102,7 +109,8 @@ PASS_MINUTES = {"piqa": 30.0, "winogrande": 60.0, "mmlu": 480.0}
 CAMPAIGN_DTYPE = "float32"
 
 TABLES = ("table2_crossings.csv", "table2_probes.csv", "table2_groups.csv", "table2_paper_comparison.csv",
-          "table2_paper_claims.csv", "table2_summary.md")
+          "table2_paper_claims.csv", "table2_dtype_crossings.csv", "table2_summary.md")
+DTYPES = ("float32", "bfloat16")
 
 
 # -----------------------------------------------------------------------------
@@ -163,6 +171,14 @@ def store_folder(out: Path, group: Group, dtype: str) -> Path:
     ``<model>__<task>__<dtype>`` (both ablation kinds of the pair share it)."""
     suffix = "" if dtype == CAMPAIGN_DTYPE else f"__{dtype}"
     return out / "table2" / "store" / f"{group.model}__{group.task}{suffix}"
+
+
+def group_states(args, out: Path, units: list[Unit], dtype: str) -> dict[Group, "GroupState"]:
+    """Every group of ``units`` in one dtype: its search settings and its store (``store_folder``)."""
+    search = search_settings(args)
+    return {g: GroupState(g, sweep_cfg(args, g), search, store_folder(out, g, dtype),
+                          ModelRef(args.model_specs[g.model], dtype, args.device), dtype)
+            for g in dict.fromkeys(u.group for u in units)}
 
 
 def sweep_cfg(args, group: Group) -> SweepConfig:
@@ -420,6 +436,37 @@ def tabulate(args, units: list[Unit], states: dict[Group, GroupState]):
     return crossings, probes, groups
 
 
+def dtype_crossings(args, out: Path, units: list[Unit], cross: pd.DataFrame) -> pd.DataFrame:
+    """Every curve searched in both dtypes, side by side (table2_dtype_crossings.csv): the
+    campaign's row and the row of the same search in the other dtype, replayed from that dtype's
+    store beside the campaign's (``store_folder``; no model). ``same_crossing`` where both are
+    decided; the hours are each search's own evaluation time, so their ratio is the measured
+    price of the campaign's dtype."""
+    other = next(d for d in DTYPES if d != CAMPAIGN_DTYPE)
+    theirs = {g: st for g, st in group_states(args, out, units, other).items() if st.folder.is_dir()}
+    mine = [u for u in units if u.group in theirs]
+    keys = ["model", "task", "ablation", "score_fn"]
+    cols = ["status", "crossing_pct", "bracket_low_pct", "bracket_high_pct", "eval_items", "eval_hours"]
+    out_cols = keys + [f"{c}_{d}" for d in (CAMPAIGN_DTYPE, other) for c in cols] + ["same_crossing", "hours_ratio"]
+    if not mine:
+        return pd.DataFrame(columns=out_cols)
+    them, _, _ = tabulate(args, mine, theirs)
+    them = them[them.status.isin(["resolved", "lower bound"])]
+    both = cross[keys + [c for c in cols if c in cross]].merge(
+        them[keys + [c for c in cols if c in them]], on=keys, how="inner", suffixes=(f"_{CAMPAIGN_DTYPE}", f"_{other}"))
+    for d in (CAMPAIGN_DTYPE, other):
+        for c in cols:
+            if f"{c}_{d}" not in both:
+                both[f"{c}_{d}"] = math.nan
+    decided = both[f"status_{CAMPAIGN_DTYPE}"].isin(["resolved", "lower bound"])
+    same = (both[f"bracket_low_pct_{CAMPAIGN_DTYPE}"] == both[f"bracket_low_pct_{other}"]) & (
+        both[f"bracket_high_pct_{CAMPAIGN_DTYPE}"] == both[f"bracket_high_pct_{other}"])
+    both["same_crossing"] = pd.Series(same, dtype="boolean").where(decided, pd.NA)
+    ratio = both[f"eval_hours_{CAMPAIGN_DTYPE}"] / both[f"eval_hours_{other}"]
+    both["hours_ratio"] = ratio.where(decided).round(3)
+    return both[out_cols]
+
+
 # -----------------------------------------------------------------------------
 # The paper beside ours, judged from our intervals
 
@@ -557,16 +604,39 @@ def write_figures(out: Path, probes: pd.DataFrame, cross: pd.DataFrame) -> list[
     return names
 
 
-def dtype_text(out: Path) -> list[str]:
-    """The summary's dtype section, from table2_dtype_check.csv when there is one."""
+def dtype_text(out: Path, dtypes: pd.DataFrame) -> list[str]:
+    """The summary's dtype section: the curves searched in both dtypes (``dtype_crossings``) and
+    the probe-by-probe check (table2_dtype_check.csv) when there is one."""
+    dtype = CAMPAIGN_DTYPE
+    other = next(d for d in DTYPES if d != dtype)
+    lines = ["## bf16 vs fp32", "", f"The campaign's curves are searched in {dtype}."]
+    both = dtypes[dtypes["same_crossing"].notna()] if len(dtypes) else dtypes
+    if len(both):
+        same = both[both["same_crossing"].astype(bool)]
+        ratio = both["hours_ratio"].dropna()
+        lines[-1] += (f" {len(both)} {'curve is' if len(both) == 1 else 'curves are'} decided in both {dtype} and {other} on the same questions "
+                      f"(table2_dtype_crossings.csv): {len(same)} have the same bracket"
+                      + (f"; {dtype} took {ratio.median():.2f}x the evaluation hours of {other} (median over "
+                         f"them, {ratio.min():.2f}-{ratio.max():.2f}x)." if len(ratio) else "."))
+        lines.append("")
+        for _, r in both[~both["same_crossing"].astype(bool)].iterrows():
+            lines.append(f"- {r.score_fn} ({r.model}/{r.task}/{r.ablation}) crosses in {dtype} "
+                         f"{_bracket(_dtype_row(r, dtype))} %, in {other} {_bracket(_dtype_row(r, other))} %")
+    only = dtypes[dtypes["same_crossing"].isna()] if len(dtypes) else dtypes
+    if len(only):
+        lines[-1] += (f" {len(only)} {'curve is' if len(only) == 1 else 'curves are'} decided in {other} and not "
+                      f"yet in {dtype}: " + ", ".join(f"{r.score_fn} ({r.model}/{r.task}/{r.ablation}) "
+                                                      f"{_bracket(_dtype_row(r, other))} %"
+                                                      for _, r in only.iterrows()) + ".")
+    lines.append("")
     path = out / "table2_dtype_check.csv"
     if not path.is_file():
-        return ["## bf16 vs fp32", "", "Not checked yet (`--check-dtype`, analyses/results/README.md).", ""]
+        return lines + ["Probe by probe: not checked (`--check-dtype`, analyses/results/README.md).", ""]
     d = pd.read_csv(path)
     same = int(d["same_decision"].sum())
     decided = d[(d["decision"] != "unresolved") | (d["decision_float32"] != "unresolved")]
     full = d[d["n_items"] >= d["campaign_probe_items"]]
-    lines = ["## bf16 vs fp32", "",
+    lines += [f"Probe by probe (`--check-dtype`, a {d['dtype'].iloc[0]} search's probes again in float32): "
              f"{same} of {len(d)} probes reach the same decision in both dtypes on the same questions "
              f"(at most {int(d['n_items'].max())} a probe; table2_dtype_check.csv); {len(decided)} of them are decided "
              f"in either dtype at that size, the rest unresolved in both. The unablated answers agree on "
@@ -585,8 +655,13 @@ def dtype_text(out: Path) -> list[str]:
     return lines + [""]
 
 
+def _dtype_row(r: pd.Series, dtype: str) -> pd.Series:
+    """One dtype's side of a table2_dtype_crossings.csv row, under the crossings table's names."""
+    return pd.Series({c: r[f"{c}_{dtype}"] for c in ("bracket_low_pct", "bracket_high_pct")})
+
+
 def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame, comparison: pd.DataFrame,
-                 figures: list[str], args) -> str:
+                 dtypes: pd.DataFrame, figures: list[str], args) -> str:
     done = cross[cross.status.isin(["resolved", "lower bound"])]
     cross = cross.astype(object).where(cross.notna(), None)  # blank cells, not <NA>
     groups = groups.astype(object).where(groups.notna(), None)
@@ -623,22 +698,26 @@ def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame
                   "share one unablated point and one scoring pass (the pair_ columns); grid7 is the fixed "
                   "7-point grid (0-30 % in 5s) on the same population, at the row's measured seconds per item.", "",
                   markdown_table(groups, 3, gcols), ""]
-    lines += dtype_text(Path(args.out))
+    lines += dtype_text(Path(args.out), dtypes)
     if figures:
         lines += ["## Figures", ""] + [f"- [{f}]({f})" for f in figures] + [""]
     return "\n".join(lines) + "\n"
 
 
 def write_tables(out: Path, args, units: list[Unit], states: dict[Group, GroupState]) -> pd.DataFrame:
+    """Every table, in the campaign's dtype (``states``, which a run in the other dtype builds
+    apart from its own), from the stores and ledgers alone."""
     cross, probes, groups = tabulate(args, units, states)
     comparison, claims = paper_comparison(cross, args), paper_claims(cross)
+    dtypes = dtype_crossings(args, out, units, cross)
     write_csv(cross, out / "table2_crossings.csv")
+    write_csv(dtypes, out / "table2_dtype_crossings.csv")
     write_csv(probes, out / "table2_probes.csv")
     write_csv(groups, out / "table2_groups.csv")
     write_csv(comparison, out / "table2_paper_comparison.csv")
     write_csv(claims, out / "table2_paper_claims.csv")
     figures = write_figures(out, probes, cross) if args.figures and len(probes) else []
-    atomic_write_text(out / "table2_summary.md", summary_text(cross, groups, claims, comparison, figures, args))
+    atomic_write_text(out / "table2_summary.md", summary_text(cross, groups, claims, comparison, dtypes, figures, args))
     return cross
 
 
@@ -820,7 +899,7 @@ def parse_args(argv):
         v = getattr(args, name)
         if v is not None and not v > 0:
             raise LensHeadsError(f"--{name.replace('_', '-')} must be > 0 minutes")
-    if args.dtype not in ("bfloat16", "float32"):
+    if args.dtype not in DTYPES:
         raise LensHeadsError("--dtype: bfloat16 or float32 (not auto: the dtype is part of every store key, and "
                              "auto would change it with the machine)")
     search_settings(args).grid(args.range)  # a range that holds a step
@@ -835,10 +914,10 @@ def main(argv=None) -> int:
     units, todo = work_list(args, only=False), work_list(args)
     if not todo:
         raise LensHeadsError(f"--only {','.join(args.only)} matches no unit of the work list")
-    search = search_settings(args)
     refs = {m: ModelRef(args.model_specs[m], args.dtype, args.device) for m in args.model_names}
-    states = {g: GroupState(g, sweep_cfg(args, g), search, store_folder(out, g, args.dtype), refs[g.model], args.dtype)
-              for g in dict.fromkeys(u.group for u in units)}
+    states = group_states(args, out, units, args.dtype)
+    # the tables are the campaign dtype's, whatever this run computes
+    tables = states if args.dtype == CAMPAIGN_DTYPE else group_states(args, out, units, CAMPAIGN_DTYPE)
     if args.list:
         for u in todo:
             print(f"{u.stage:>2} {u.name:<55} {'decided' if states[u.group].decided(u.curve) else 'to do'}")
@@ -846,7 +925,7 @@ def main(argv=None) -> int:
     if args.dtype == "bfloat16" and not native_bf16(args.device) and not args.tabulate_only:
         if not args.allow_emulated:
             print(f"bfloat16 is emulated on this machine ({cpu_name()}), 6-25x slower than float32 per matmul: "
-                  f"nothing computed (the campaign's keys are bfloat16; --allow-emulated runs it anyway). "
+                  f"nothing computed (--allow-emulated runs it anyway; the campaign's dtype is {CAMPAIGN_DTYPE}). "
                   f"Tables rebuilt.", file=sys.stderr)
             args.tabulate_only = True
         else:
@@ -889,7 +968,7 @@ def main(argv=None) -> int:
                 if args.commit_every is None or time.monotonic() - last_commit < 60 * args.commit_every:
                     return
                 st.save_ledger()
-                write_tables(out, args, units, states)
+                write_tables(out, args, units, tables)
                 commit_results(out, f"table2: {u.name} running; the campaign's ledgers and tables so far")
                 last_commit = time.monotonic()
 
@@ -905,7 +984,7 @@ def main(argv=None) -> int:
                 evaluated += run.items.new - new0
                 evaluated_s += run.items.new_seconds - s0
                 st.save_ledger()
-            write_tables(out, args, units, states)
+            write_tables(out, args, units, tables)
             if args.commit_every is not None and time.monotonic() - last_commit >= 60 * args.commit_every:
                 commit_results(out, f"table2: {u.name} {'stopped at the time limit' if stopped else 'decided'}; "
                                     f"the campaign's ledgers and tables so far")
@@ -914,7 +993,7 @@ def main(argv=None) -> int:
                 break
     if evaluated:
         log_run(out, args, evaluated, evaluated_s, time.monotonic() - t0, stopped)
-    write_tables(out, args, units, states)
+    write_tables(out, args, units, tables)
     if args.commit_every is not None and not args.tabulate_only:
         commit_results(out, "table2: the campaign's ledgers and tables at the end of a run"
                        + (" (stopped at the time limit)" if stopped else ""))

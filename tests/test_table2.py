@@ -191,9 +191,19 @@ def test_the_dtype_check_runs_the_campaigns_probes_again_in_float32(tiny_llama_2
     base[base.index("--dtype") + 1] = "bfloat16"
     base.append("--allow-emulated")  # a CPU without native bf16 runs it too, slowly
     assert t2.main(base) == 0
+    assert (tmp_path / "table2" / "store" / "smollm2-135m__piqa__bfloat16").is_dir()  # beside the campaign's
+    assert not (tmp_path / "table2" / "store" / "smollm2-135m__piqa").exists()
+    # the tables stay the campaign dtype's (float32, not started yet); the bf16 search is read apart
+    cross = pd.read_csv(tmp_path / "table2_crossings.csv")
+    assert set(cross.status) == {"not started"} and set(cross.dtype) == {"float32"}
+    args16 = t2.parse_args(base)
+    units = t2.work_list(args16)
+    bf16_rows, _, _ = t2.tabulate(args16, units, t2.group_states(args16, tmp_path, units, "bfloat16"))
+    bf16_rows = bf16_rows.set_index(["model", "task", "ablation", "score_fn"])
+    assert set(bf16_rows.dtype) == {"bfloat16"}
     assert t2.main([*base, "--check-dtype", "--check-dtype-curves", "ahon_ln", "--check-dtype-items", "16"]) == 0
     check = pd.read_csv(tmp_path / "table2_dtype_check.csv")
-    probes = pd.read_csv(tmp_path / "table2_probes.csv")
+    _, probes, _ = t2.tabulate(args16, units, t2.group_states(args16, tmp_path, units, "bfloat16"))
     ours = probes[(probes.score_fn == "ahon_ln") & (probes.ablation == "zero")]
     assert len(check) == len(ours) and (check.n_items <= 16).all() and set(check.dtype) == {"bfloat16"}
     assert set(check.decision_float32) <= {"within", "outside", "unresolved"}
@@ -217,6 +227,26 @@ def test_the_dtype_check_runs_the_campaigns_probes_again_in_float32(tiny_llama_2
         assert got.decision == r.decision_float32
         assert 100 * got.lo == pytest.approx(r.delta_lo_pts_float32) and 100 * got.hi == pytest.approx(
             r.delta_hi_pts_float32)
+
+    # the campaign's dtype (float32) searches the same curve in its own store, which already holds the
+    # check's probes; table2_dtype_crossings.csv sets its row beside the bfloat16 search's
+    fp32 = argv(tiny_llama_2k, tmp_path, "--only", "smollm2-135m/piqa/zero/ahon_ln")
+    assert t2.main(fp32) == 0
+    cross = pd.read_csv(tmp_path / "table2_crossings.csv").set_index(["model", "task", "ablation", "score_fn"])
+    both = pd.read_csv(tmp_path / "table2_dtype_crossings.csv")
+    assert len(both) == 1 and set(cross.dtype.dropna()) == {"float32"}
+    r = both.iloc[0]
+    key = ("smollm2-135m", "piqa", "zero", "ahon_ln")
+    for c in ("status", "bracket_low_pct", "bracket_high_pct", "eval_items", "eval_hours"):
+        assert r[f"{c}_float32"] == cross.loc[key, c] and r[f"{c}_bfloat16"] == bf16_rows.loc[key, c], c
+    assert cross.loc[key, "status"] in ("resolved", "lower bound")
+    same = (cross.loc[key, "bracket_low_pct"], cross.loc[key, "bracket_high_pct"]) == (
+        bf16_rows.loc[key, "bracket_low_pct"], bf16_rows.loc[key, "bracket_high_pct"])
+    assert bool(r.same_crossing) == same
+    assert r.hours_ratio == pytest.approx(cross.loc[key, "eval_hours"] / bf16_rows.loc[key, "eval_hours"], abs=1e-3)
+    summary = (tmp_path / "table2_summary.md").read_text()
+    assert "searched in float32. 1 curve is decided in both float32 and bfloat16" in summary
+    assert f"{int(same)} have the same bracket" in summary
 
 
 def test_mean_ablation_shares_the_pairs_baseline_and_thresholds(tiny_llama_2k, shared_data, tmp_path, counted):
