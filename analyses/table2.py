@@ -867,8 +867,9 @@ def parse_args(argv):
     p.add_argument("--no-figures", dest="figures", action="store_false")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--check-dtype", action="store_true",
-                   help="instead of the work list: every probe of --check-dtype-curves decided in the groups of "
-                        "--only, again in float32 on the same questions (table2_dtype_check.csv)")
+                   help="with --dtype bfloat16, instead of the work list: every probe of --check-dtype-curves "
+                        "decided in the bfloat16 groups of --only, again in float32 on the same questions "
+                        "(table2_dtype_check.csv)")
     p.add_argument("--check-dtype-curves", default="ahon_ln,random")
     p.add_argument("--check-dtype-items", type=int, default=256, help="at most this many items per probe")
     args = p.parse_args(argv)
@@ -899,6 +900,8 @@ def parse_args(argv):
         v = getattr(args, name)
         if v is not None and not v > 0:
             raise LensHeadsError(f"--{name.replace('_', '-')} must be > 0 minutes")
+    if args.check_dtype and args.dtype == "float32":
+        raise LensHeadsError("--check-dtype runs a bfloat16 search's probes again in float32: add --dtype bfloat16")
     if args.dtype not in DTYPES:
         raise LensHeadsError("--dtype: bfloat16 or float32 (not auto: the dtype is part of every store key, and "
                              "auto would change it with the machine)")

@@ -71,6 +71,21 @@ def test_work_list_is_the_issues_order():
     assert str(t2.sweep_cfg(args, mean[0].group).replacement) == "mean:c4"
 
 
+def test_bad_arguments_get_one_line_and_exit_2_before_any_work(tmp_path):
+    """The dtype check compares a bfloat16 search with float32: asked of the float32 campaign, it
+    says so (one line, exit 2) and writes nothing."""
+    import sys
+
+    out = tmp_path / "out"
+    for extra, says in ((["--check-dtype"], "add --dtype bfloat16"), (["--dtype", "float16"], "--dtype:"),
+                        (["--time-limit", "0"], "--time-limit must be > 0")):
+        got = subprocess.run([sys.executable, str(ANALYSES / "table2.py"), "--out", str(out), *extra],
+                             capture_output=True, text=True, timeout=120)
+        assert got.returncode == 2, (extra, got.stderr)
+        assert got.stderr.count("\n") == 1 and says in got.stderr and "Traceback" not in got.stderr
+        assert not out.exists()
+
+
 def test_the_campaign_stops_resumes_and_regenerates_byte_for_byte(tiny_llama_2k, shared_data, tmp_path, counted,
                                                                 monkeypatch):
     from lens_heads.sweep import adaptive
