@@ -452,12 +452,10 @@ def dtype_crossings(args, out: Path, units: list[Unit], cross: pd.DataFrame) -> 
         return pd.DataFrame(columns=out_cols)
     them, _, _ = tabulate(args, mine, theirs)
     them = them[them.status.isin(["resolved", "lower bound"])]
-    both = cross[keys + [c for c in cols if c in cross]].merge(
-        them[keys + [c for c in cols if c in them]], on=keys, how="inner", suffixes=(f"_{CAMPAIGN_DTYPE}", f"_{other}"))
-    for d in (CAMPAIGN_DTYPE, other):
-        for c in cols:
-            if f"{c}_{d}" not in both:
-                both[f"{c}_{d}"] = math.nan
+    # every column on both sides (a table with no curve started has no crossing columns), so each
+    # side's values come out under its own suffix
+    both = cross.reindex(columns=keys + cols).merge(them.reindex(columns=keys + cols), on=keys, how="inner",
+                                                    suffixes=(f"_{CAMPAIGN_DTYPE}", f"_{other}"))
     decided = both[f"status_{CAMPAIGN_DTYPE}"].isin(["resolved", "lower bound"])
     same = (both[f"bracket_low_pct_{CAMPAIGN_DTYPE}"] == both[f"bracket_low_pct_{other}"]) & (
         both[f"bracket_high_pct_{CAMPAIGN_DTYPE}"] == both[f"bracket_high_pct_{other}"])
@@ -624,10 +622,10 @@ def dtype_text(out: Path, dtypes: pd.DataFrame) -> list[str]:
                          f"{_bracket(_dtype_row(r, dtype))} %, in {other} {_bracket(_dtype_row(r, other))} %")
     only = dtypes[dtypes["same_crossing"].isna()] if len(dtypes) else dtypes
     if len(only):
-        lines[-1] += (f" {len(only)} {'curve is' if len(only) == 1 else 'curves are'} decided in {other} and not "
+        lines += ["", f"{len(only)} {'curve is' if len(only) == 1 else 'curves are'} decided in {other} and not "
                       f"yet in {dtype}: " + ", ".join(f"{r.score_fn} ({r.model}/{r.task}/{r.ablation}) "
                                                       f"{_bracket(_dtype_row(r, other))} %"
-                                                      for _, r in only.iterrows()) + ".")
+                                                      for _, r in only.iterrows()) + "."]
     lines.append("")
     path = out / "table2_dtype_check.csv"
     if not path.is_file():
@@ -643,10 +641,10 @@ def dtype_text(out: Path, dtypes: pd.DataFrame) -> list[str]:
              f"{100 * d['unablated_correct_agreement'].mean():.1f} % of the questions, the ablated on "
              f"{100 * d['ablated_correct_agreement'].mean():.1f} % (at least "
              f"{100 * d['ablated_correct_agreement'].min():.1f} % a probe). {len(full)} of the {len(d)} probes were "
-             f"checked on as many questions as the campaign read for them"
+             f"checked on as many questions as the bfloat16 search read for them"
              + ("." if len(full) == len(d) else
-                " (--check-dtype-items caps the rest): where the cap is below the campaign's count, the check "
-                "shows the answers agree, not that the campaign's decision is the one float32 would reach.")]
+                " (--check-dtype-items caps the rest): where the cap is below the search's count, the check "
+                "shows the answers agree, not that the search's decision is the one float32 would reach.")]
     differ = d[~d["same_decision"].astype(bool)]
     for r in differ.itertuples():
         lines.append(f"- differs: {r.model}/{r.task} {r.score_fn} at {r.pct:g} % on {r.n_items} questions: "
@@ -764,14 +762,16 @@ def commit_results(out: Path, message: str) -> bool:
 
 
 # -----------------------------------------------------------------------------
-# The dtype check: probes of the campaign again in float32, on the same questions
+# The dtype check: a bfloat16 search's probes again in float32, on the same questions
 
 
 def check_dtype(args, out: Path, units: list[Unit], states: dict[Group, GroupState], deadline) -> pd.DataFrame:
-    """For each decided curve of ``--check-dtype-curves`` in the groups run: every probe again in
-    float32 (its own thresholds, its own store ``<group>__float32``), on the same questions in
-    the same order, capped at ``--check-dtype-items``; the campaign's dtype replayed to the same
-    number of items; both decisions side by side."""
+    """For each decided curve of ``--check-dtype-curves`` in the bfloat16 groups run (``states``):
+    every probe of the bfloat16 search again in float32 (the campaign's store and thresholds, so
+    the campaign reuses what the check evaluates), on the same questions in the same order, capped
+    at ``--check-dtype-items``; the bfloat16 search replayed to the same number of items; both
+    decisions side by side. The ``campaign_*`` columns are the bfloat16 search's full probe. It
+    saves the float32 ledger from its own view: not beside a campaign running the same pair."""
     rows = []
     path = out / "table2_dtype_check.csv"
     for g in dict.fromkeys(u.group for u in units):
@@ -919,8 +919,11 @@ def main(argv=None) -> int:
         raise LensHeadsError(f"--only {','.join(args.only)} matches no unit of the work list")
     refs = {m: ModelRef(args.model_specs[m], args.dtype, args.device) for m in args.model_names}
     states = group_states(args, out, units, args.dtype)
-    # the tables are the campaign dtype's, whatever this run computes
-    tables = states if args.dtype == CAMPAIGN_DTYPE else group_states(args, out, units, CAMPAIGN_DTYPE)
+
+    def tables() -> dict[Group, GroupState]:
+        """The states the tables are built from: the campaign dtype's, whatever this run computes
+        (a run in the other dtype reads them afresh at each write: a campaign may run beside it)."""
+        return states if args.dtype == CAMPAIGN_DTYPE else group_states(args, out, units, CAMPAIGN_DTYPE)
     if args.list:
         for u in todo:
             print(f"{u.stage:>2} {u.name:<55} {'decided' if states[u.group].decided(u.curve) else 'to do'}")
@@ -971,7 +974,7 @@ def main(argv=None) -> int:
                 if args.commit_every is None or time.monotonic() - last_commit < 60 * args.commit_every:
                     return
                 st.save_ledger()
-                write_tables(out, args, units, tables)
+                write_tables(out, args, units, tables())
                 commit_results(out, f"table2: {u.name} running; the campaign's ledgers and tables so far")
                 last_commit = time.monotonic()
 
@@ -987,7 +990,7 @@ def main(argv=None) -> int:
                 evaluated += run.items.new - new0
                 evaluated_s += run.items.new_seconds - s0
                 st.save_ledger()
-            write_tables(out, args, units, tables)
+            write_tables(out, args, units, tables())
             if args.commit_every is not None and time.monotonic() - last_commit >= 60 * args.commit_every:
                 commit_results(out, f"table2: {u.name} {'stopped at the time limit' if stopped else 'decided'}; "
                                     f"the campaign's ledgers and tables so far")
@@ -996,7 +999,7 @@ def main(argv=None) -> int:
                 break
     if evaluated:
         log_run(out, args, evaluated, evaluated_s, time.monotonic() - t0, stopped)
-    write_tables(out, args, units, tables)
+    write_tables(out, args, units, tables())
     if args.commit_every is not None and not args.tabulate_only:
         commit_results(out, "table2: the campaign's ledgers and tables at the end of a run"
                        + (" (stopped at the time limit)" if stopped else ""))

@@ -216,6 +216,12 @@ def test_the_dtype_check_runs_the_campaigns_probes_again_in_float32(tiny_llama_2
     bf16_rows, _, _ = t2.tabulate(args16, units, t2.group_states(args16, tmp_path, units, "bfloat16"))
     bf16_rows = bf16_rows.set_index(["model", "task", "ablation", "score_fn"])
     assert set(bf16_rows.dtype) == {"bfloat16"}
+    key = ("smollm2-135m", "piqa", "zero", "ahon_ln")
+    early = pd.read_csv(tmp_path / "table2_dtype_crossings.csv")  # float32 not started: bf16's side is there
+    assert len(early) == 1 and early.same_crossing.isna().all() and early.status_float32.iloc[0] == "not started"
+    for c in ("bracket_low_pct", "bracket_high_pct", "eval_items"):
+        assert early[f"{c}_bfloat16"].iloc[0] == bf16_rows.loc[key, c], c
+    assert "1 curve is decided in bfloat16 and not yet in float32: ahon_ln" in (tmp_path / "table2_summary.md").read_text()
     assert t2.main([*base, "--check-dtype", "--check-dtype-curves", "ahon_ln", "--check-dtype-items", "16"]) == 0
     check = pd.read_csv(tmp_path / "table2_dtype_check.csv")
     _, probes, _ = t2.tabulate(args16, units, t2.group_states(args16, tmp_path, units, "bfloat16"))
@@ -251,7 +257,6 @@ def test_the_dtype_check_runs_the_campaigns_probes_again_in_float32(tiny_llama_2
     both = pd.read_csv(tmp_path / "table2_dtype_crossings.csv")
     assert len(both) == 1 and set(cross.dtype.dropna()) == {"float32"}
     r = both.iloc[0]
-    key = ("smollm2-135m", "piqa", "zero", "ahon_ln")
     for c in ("status", "bracket_low_pct", "bracket_high_pct", "eval_items", "eval_hours"):
         assert r[f"{c}_float32"] == cross.loc[key, c] and r[f"{c}_bfloat16"] == bf16_rows.loc[key, c], c
     assert cross.loc[key, "status"] in ("resolved", "lower bound")
@@ -262,6 +267,38 @@ def test_the_dtype_check_runs_the_campaigns_probes_again_in_float32(tiny_llama_2
     summary = (tmp_path / "table2_summary.md").read_text()
     assert "searched in float32. 1 curve is decided in both float32 and bfloat16" in summary
     assert f"{int(same)} have the same bracket" in summary
+    # nothing left: every table again byte for byte, from a float32 or a bfloat16 run, and on a fresh
+    # machine from the committed files alone (both dtypes' ledgers)
+    before = outputs(tmp_path)
+    assert t2.main([*fp32, "--tabulate-only"]) == 0 and outputs(tmp_path) == before
+    assert t2.main([*base, "--tabulate-only"]) == 0 and outputs(tmp_path) == before
+    fresh = tmp_path / "fresh"
+    paths = t2.result_paths(tmp_path)
+    assert any("__bfloat16" in str(p) and p.name == "ledger_zero.json" for p in paths)
+    for p in paths:
+        if p.name not in t2.TABLES and p.suffix != ".png":
+            dest = fresh / p.relative_to(tmp_path)
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(p, dest)
+    assert t2.main(argv(tiny_llama_2k, fresh, "--only", "smollm2-135m/piqa/zero/ahon_ln", "--tabulate-only")) == 0
+    assert outputs(fresh) == before
+
+
+def test_the_summary_keeps_curves_decided_in_one_dtype_apart_from_those_decided_in_both(tmp_path):
+    t2 = script("table2")
+    row = lambda fn, lo32, hi32, lo16, hi16, same: {  # noqa: E731
+        "model": "m", "task": "piqa", "ablation": "zero", "score_fn": fn, "bracket_low_pct_float32": lo32,
+        "bracket_high_pct_float32": hi32, "bracket_low_pct_bfloat16": lo16, "bracket_high_pct_bfloat16": hi16,
+        "same_crossing": same, "hours_ratio": 2.5 if same is not pd.NA else float("nan")}
+    frame = pd.DataFrame([row("awft", 15.0, 16.0, 14.0, 15.0, False), row("aeqd", 3.0, 4.0, 3.0, 4.0, True),
+                          row("lthon", float("nan"), float("nan"), 10.0, 11.0, pd.NA)])
+    frame["same_crossing"] = frame["same_crossing"].astype("boolean")
+    text = "\n".join(t2.dtype_text(tmp_path, frame))
+    assert "2 curves are decided in both float32 and bfloat16" in text and "1 have the same bracket" in text
+    assert "took 2.50x the evaluation hours of bfloat16" in text
+    bullet = next(line for line in text.splitlines() if line.startswith("- "))
+    assert bullet == "- awft (m/piqa/zero) crosses in float32 [15, 16) %, in bfloat16 [14, 15) %"
+    assert "\n\n1 curve is decided in bfloat16 and not yet in float32: lthon (m/piqa/zero) [10, 11) %." in text
 
 
 def test_mean_ablation_shares_the_pairs_baseline_and_thresholds(tiny_llama_2k, shared_data, tmp_path, counted):
@@ -315,9 +352,10 @@ def test_this_repository_ignores_the_per_item_store_and_not_what_the_campaign_co
     pair = "analyses/results/inactive_heads/table2/store/smollm2-135m__piqa"
     ignored = lambda p: subprocess.run(["git", "-C", str(root), "check-ignore", "-q", p]).returncode == 0  # noqa: E731
     for p in (f"{pair}/ledger_zero.json", f"{pair}/ledger_mean_c4.json", f"{pair}/passes.csv",
+              f"{pair}__bfloat16/ledger_zero.json",
               f"{pair}/thresholds/x.json", f"{pair}/static_scores/x.json",
               "analyses/results/inactive_heads/table2_crossings.csv", "analyses/results/inactive_heads/figures/table2_x.png"):
         assert not ignored(p), p
     for p in (f"{pair}/points/x.json", f"{pair}/parts/x.json", f"{pair}/score_shards/x.safetensors",
-              f"{pair}/parts/x.json.claim"):
+              f"{pair}/parts/x.json.claim", f"{pair}__bfloat16/points/x.json", f"{pair}__bfloat16/parts/x.json"):
         assert ignored(p), p
