@@ -844,7 +844,10 @@ def parse_args(argv):
     p.add_argument("--allow-emulated", action="store_true",
                    help="run bfloat16 on a CPU without native bf16 (else such a machine only rebuilds the tables)")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--batch-size", type=int, default=8,
+                   help="rows per forward (default 8: on one CPU thread in float32, 1.05x the questions a second "
+                        "of 16 on SmolLM2/PIQA and 1.14x on Gemma, benchmarks/results/bench_sweep_batch.md; "
+                        "not in any store key)")
     p.add_argument("--search-batch", type=int, default=64, help="questions per sequential step (default 64)")
     p.add_argument("--range", type=float, default=0.6, help="largest fraction of heads (default 0.6)")
     p.add_argument("--resolution", type=float, default=1.0, help="%% of heads between grid points (default 1)")
@@ -1013,9 +1016,12 @@ def log_run(out: Path, args, items: int, eval_seconds: float, wall: float, stopp
     row = pd.DataFrame([{"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "dtype": args.dtype,
                          "items_evaluated": items, "eval_hours": round(eval_seconds / 3600, 6),
                          "wall_hours": round(wall / 3600, 4), "stopped_at_time_limit": stopped,
+                         "batch_size": args.batch_size,
                          "only": ",".join(args.only)}])
     old = pd.read_csv(path) if path.is_file() else None
-    write_csv(row if old is None else pd.concat([old, row], ignore_index=True), path)
+    frame = row if old is None else pd.concat([old, row], ignore_index=True)
+    frame["batch_size"] = frame["batch_size"].astype("Int64")  # blank in rows logged before it was
+    write_csv(frame, path)
 
 
 if __name__ == "__main__":

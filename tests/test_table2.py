@@ -130,6 +130,7 @@ def test_the_campaign_stops_resumes_and_regenerates_byte_for_byte(tiny_llama_2k,
     pd.testing.assert_frame_equal(a, b)
     runs = pd.read_csv(out / "table2_runs.csv")
     assert list(runs.stopped_at_time_limit) == [True, False] and runs.items_evaluated.sum() == len(one_go)
+    assert list(runs.batch_size) == [8, 8]
 
     # nothing left to compute: every file again, byte for byte, and nothing evaluated
     before = outputs(out)
