@@ -436,12 +436,13 @@ def tabulate(args, units: list[Unit], states: dict[Group, GroupState]):
     return crossings, probes, groups
 
 
-def dtype_crossings(args, out: Path, units: list[Unit], cross: pd.DataFrame) -> pd.DataFrame:
+def dtype_crossings(args, out: Path, units: list[Unit], cross: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """Every curve searched in both dtypes, side by side (table2_dtype_crossings.csv): the
     campaign's row and the row of the same search in the other dtype, replayed from that dtype's
     store beside the campaign's (``store_folder``; no model). ``same_crossing`` where both are
     decided; the hours are each search's own evaluation time, so their ratio is the measured
-    price of the campaign's dtype."""
+    price of the campaign's dtype. Also the other dtype's probes (None without its stores), for
+    the figures."""
     other = next(d for d in DTYPES if d != CAMPAIGN_DTYPE)
     theirs = {g: st for g, st in group_states(args, out, units, other).items() if st.folder.is_dir()}
     mine = [u for u in units if u.group in theirs]
@@ -449,8 +450,8 @@ def dtype_crossings(args, out: Path, units: list[Unit], cross: pd.DataFrame) -> 
     cols = ["status", "crossing_pct", "bracket_low_pct", "bracket_high_pct", "eval_items", "eval_hours"]
     out_cols = keys + [f"{c}_{d}" for d in (CAMPAIGN_DTYPE, other) for c in cols] + ["same_crossing", "hours_ratio"]
     if not mine:
-        return pd.DataFrame(columns=out_cols)
-    them, _, _ = tabulate(args, mine, theirs)
+        return pd.DataFrame(columns=out_cols), None
+    them, their_probes, _ = tabulate(args, mine, theirs)
     them = them[them.status.isin(["resolved", "lower bound"])]
     # every column on both sides (a table with no curve started has no crossing columns), so each
     # side's values come out under its own suffix
@@ -462,7 +463,7 @@ def dtype_crossings(args, out: Path, units: list[Unit], cross: pd.DataFrame) -> 
     both["same_crossing"] = pd.Series(same, dtype="boolean").where(decided, pd.NA)
     ratio = both[f"eval_hours_{CAMPAIGN_DTYPE}"] / both[f"eval_hours_{other}"]
     both["hours_ratio"] = ratio.where(decided).round(3)
-    return both[out_cols]
+    return both[out_cols], their_probes
 
 
 # -----------------------------------------------------------------------------
@@ -586,15 +587,25 @@ def paper_claims(cross: pd.DataFrame) -> pd.DataFrame:
 # Figures and the summary
 
 
-def write_figures(out: Path, probes: pd.DataFrame, cross: pd.DataFrame) -> list[str]:
+def write_figures(out: Path, probes: pd.DataFrame, cross: pd.DataFrame, other: pd.DataFrame | None = None) -> list[str]:
+    """A figure per group with probes: the campaign's, and ``other`` (the other dtype's search of
+    the same curves, from ``dtype_crossings``) beside them."""
     from lens_heads.viz.figures import crossing_probes
 
+    keys = ["model", "task", "ablation"]
+    groups = pd.concat([probes[keys], other[keys]] if other is not None and len(other) else [probes[keys]])
     names = []
-    for (m, t, a), got in probes.groupby(["model", "task", "ablation"], sort=False):
+    for m, t, a in dict.fromkeys(map(tuple, groups.itertuples(index=False))):
+        got = probes[(probes.model == m) & (probes.task == t) & (probes.ablation == a)]
+        theirs = None if other is None else other[(other.model == m) & (other.task == t) & (other.ablation == a)]
+        if not len(got) and theirs is not None:
+            got = theirs.iloc[0:0]  # none of the campaign's yet (an empty probes table has few columns)
         within = cross[(cross.model == m) & (cross.task == t) & (cross.ablation == a)].rename(
             columns={"status": "crossing_status"})
-        fig = crossing_probes(got, within)
-        fig.suptitle(f"{m} / {t} / {a}: probes (interval on Δ when decided) and the crossing")
+        label = next(d for d in DTYPES if d != CAMPAIGN_DTYPE)
+        fig = crossing_probes(got, within, theirs if theirs is not None and len(theirs) else None, label)
+        fig.suptitle(f"{m} / {t} / {a} ({CAMPAIGN_DTYPE}): probes (interval on Δ when decided) and the crossing"
+                     + (f"; hollow: the {label} search" if theirs is not None and len(theirs) else ""))
         name = f"figures/table2_{m}__{t}__{a}.png"
         with atomic_path(out / name, make_parents=True) as tmp:
             fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
@@ -707,14 +718,15 @@ def write_tables(out: Path, args, units: list[Unit], states: dict[Group, GroupSt
     apart from its own), from the stores and ledgers alone."""
     cross, probes, groups = tabulate(args, units, states)
     comparison, claims = paper_comparison(cross, args), paper_claims(cross)
-    dtypes = dtype_crossings(args, out, units, cross)
+    dtypes, other_probes = dtype_crossings(args, out, units, cross)
     write_csv(cross, out / "table2_crossings.csv")
     write_csv(dtypes, out / "table2_dtype_crossings.csv")
     write_csv(probes, out / "table2_probes.csv")
     write_csv(groups, out / "table2_groups.csv")
     write_csv(comparison, out / "table2_paper_comparison.csv")
     write_csv(claims, out / "table2_paper_claims.csv")
-    figures = write_figures(out, probes, cross) if args.figures and len(probes) else []
+    figures = (write_figures(out, probes, cross, other_probes)
+               if args.figures and (len(probes) or other_probes is not None and len(other_probes)) else [])
     atomic_write_text(out / "table2_summary.md", summary_text(cross, groups, claims, comparison, dtypes, figures, args))
     return cross
 

@@ -327,3 +327,37 @@ def test_diagnosis_map_accepts_report_spellings():
     np.testing.assert_array_equal(np.asarray(fig.axes[0].images[0].get_array()), [[0, 1], [3, 2]])
     with pytest.raises(LensHeadsError, match="class"):
         diagnosis_map(diag.drop(columns=["class"]))
+
+
+def test_crossing_probes_sets_another_searchs_probes_beside_each_curves_own():
+    """One panel per curve either search holds, in the table's order; each probe of ``other``
+    a hollow marker at its interval's middle, each of the search's own a filled one."""
+    from lens_heads.viz.figures import crossing_probes
+
+    def probe(fn, pct, lo, hi, decision, step=1, n=64):
+        return {"score_fn": fn, "pct": pct, "delta_lo": lo, "delta_hi": hi, "decision": decision, "step": step,
+                "n_items": n}
+
+    mine = pd.DataFrame([probe("awft", 30.0, -0.05, -0.02, "outside"), probe("awft", 15.0, -0.004, 0.01, "within", 2)])
+    other = pd.DataFrame([probe("awft", 30.0, -0.06, -0.03, "outside"), probe("ahon", 2.0, -0.002, 0.0, "within"),
+                          probe("ahon", 3.0, -0.03, -0.02, "outside", 2), probe("ahon", 1.0, -0.001, 0.0, "within", 3)])
+    within = pd.DataFrame({"score_fn": ["ahon", "awft"], "crossing_pct": [2.0, float("nan")],
+                           "crossing_status": ["resolved", "pending"], "margin_pts": [1.0, 1.0],
+                           "range_pct": [60.0, 60.0]})
+    fig = crossing_probes(mine, within, other, "bfloat16")
+    axes = fig.get_axes()
+    assert [ax.get_title() for ax in axes] == ["ahon: 2 % (resolved)", "awft"]
+
+    def markers(ax, hollow: bool):
+        return sorted(round(float(line.get_ydata()[0]), 6) for line in ax.get_lines()
+                      if line.get_marker() == "o" and len(line.get_xdata())
+                      and (line.get_markerfacecolor() == "none") == hollow)
+
+    assert markers(axes[0], hollow=True) == sorted([-0.1, -2.5, -0.05]) and markers(axes[0], hollow=False) == []
+    assert markers(axes[1], hollow=True) == [-4.5] and markers(axes[1], hollow=False) == sorted([-3.5, 0.3])
+    assert axes[0].get_legend().get_texts()[0].get_text() == "bfloat16"
+    alone = crossing_probes(mine, within)  # without it: the search's own curves only
+    assert [ax.get_title() for ax in alone.get_axes()] == ["awft"]
+    before = crossing_probes(mine.iloc[0:0], within, other, "bfloat16")  # none of the search's own yet
+    assert [ax.get_title() for ax in before.get_axes()] == ["ahon: 2 % (resolved)", "awft"]
+    assert markers(before.get_axes()[1], hollow=False) == [] and markers(before.get_axes()[1], hollow=True) == [-4.5]

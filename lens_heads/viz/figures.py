@@ -177,13 +177,24 @@ def point_changes(points: pd.DataFrame, title: str | None = None) -> Figure:
     return fig
 
 
-def crossing_probes(probes: pd.DataFrame, within: pd.DataFrame | None = None) -> Figure:
+def crossing_probes(probes: pd.DataFrame, within: pd.DataFrame | None = None, other: pd.DataFrame | None = None,
+                    other_label: str = "other") -> Figure:
     """An adaptive search (``probes.csv``): one panel per curve, each probe at its fraction with
     its interval on Δ (points) when it stopped, coloured by its decision (within green, outside
     red, unresolved grey) and labelled with its step and the questions it read; the -margin line
-    and, from ``within`` (its ``crossing_pct`` / ``margin_pts`` columns), the crossing."""
-    _require(probes, ["score_fn", "pct", "decision", "delta_lo", "delta_hi", "n_items", "step"], "probes frame")
-    curves = list(dict.fromkeys(probes["score_fn"]))
+    and, from ``within`` (its ``crossing_pct`` / ``margin_pts`` columns), the crossing.
+
+    ``other``: the probes of the same search run another way (another dtype), drawn thin and
+    hollow a little to the right of each fraction, labelled ``other_label`` (panels for the
+    curves either frame holds)."""
+    if other is None or len(probes):  # with ``other``, the search's own may have no probe yet
+        _require(probes, ["score_fn", "pct", "decision", "delta_lo", "delta_hi", "n_items", "step"], "probes frame")
+    if other is not None:
+        _require(other, ["score_fn", "pct", "decision", "delta_lo", "delta_hi"], "other probes frame")
+    curves = list(dict.fromkeys([*probes["score_fn"], *([] if other is None else other["score_fn"])]))
+    if within is not None and "score_fn" in within:  # in the table's order
+        order = {c: i for i, c in enumerate(within["score_fn"])}
+        curves.sort(key=lambda c: order.get(c, len(order)))
     cols = min(3, max(1, len(curves)))
     rows = math.ceil(len(curves) / cols)
     fig = Figure(figsize=(4.2 * cols, 3.2 * rows), layout="constrained")
@@ -199,6 +210,17 @@ def crossing_probes(probes: pd.DataFrame, within: pd.DataFrame | None = None) ->
             ax.plot([p["pct"]], [(lo + hi) / 2], "o", color=c, ms=4)  # an exhausted probe's interval is a point
             ax.annotate(f"{int(p['step'])}: n={int(p['n_items'])}", (p["pct"], hi), textcoords="offset points",
                         xytext=(3, 2), fontsize=7)
+        if other is not None:
+            theirs = other[other["score_fn"] == name]
+            shift = 0.006 * float(np.nanmax([*probes["pct"], *other["pct"], 1.0]))
+            for _, p in theirs.iterrows():
+                lo, hi = 100 * float(p["delta_lo"]), 100 * float(p["delta_hi"])
+                c = colour.get(p["decision"], "grey")
+                ax.plot([p["pct"] + shift] * 2, [lo, hi], color=c, lw=1, alpha=0.7)
+                ax.plot([p["pct"] + shift], [(lo + hi) / 2], "o", mfc="none", mec=c, ms=4, alpha=0.7)
+            if len(theirs):
+                ax.plot([], [], "o", mfc="none", mec="grey", ms=4, label=other_label)
+                ax.legend(fontsize=7, loc="lower left", frameon=False)
         row = rows_of.get(name)
         margin = float(row["margin_pts"]) if row is not None and "margin_pts" in row else 1.0
         ax.axhline(0.0, color="black", lw=0.8)
@@ -206,7 +228,8 @@ def crossing_probes(probes: pd.DataFrame, within: pd.DataFrame | None = None) ->
         if row is not None and "crossing_pct" in row and np.isfinite(float(row["crossing_pct"])):
             ax.axvline(float(row["crossing_pct"]), color="tab:blue", lw=1, ls="--")
             name = f"{name}: {float(row['crossing_pct']):g} % ({row['crossing_status']})"
-        top = float(row["range_pct"]) if row is not None and "range_pct" in row else float(got["pct"].max())
+        top = float(row["range_pct"]) if row is not None and "range_pct" in row else float(
+            pd.concat([got["pct"], other.loc[other["score_fn"] == name, "pct"] if other is not None else got["pct"]]).max())
         ax.set_xlim(-0.03 * top, 1.12 * top)
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("% heads (target)", fontsize=8)
