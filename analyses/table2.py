@@ -111,6 +111,7 @@ CAMPAIGN_DTYPE = "float32"
 TABLES = ("table2_crossings.csv", "table2_probes.csv", "table2_groups.csv", "table2_paper_comparison.csv",
           "table2_paper_claims.csv", "table2_dtype_crossings.csv", "table2_summary.md")
 DTYPES = ("float32", "bfloat16")
+OTHER_DTYPE = next(d for d in DTYPES if d != CAMPAIGN_DTYPE)  # the comparison's: its store sits beside
 
 
 # -----------------------------------------------------------------------------
@@ -443,7 +444,7 @@ def dtype_crossings(args, out: Path, units: list[Unit], cross: pd.DataFrame) -> 
     decided; the hours are each search's own evaluation time, so their ratio is the measured
     price of the campaign's dtype. Also the other dtype's probes (None without its stores), for
     the figures."""
-    other = next(d for d in DTYPES if d != CAMPAIGN_DTYPE)
+    other = OTHER_DTYPE
     theirs = {g: st for g, st in group_states(args, out, units, other).items() if st.folder.is_dir()}
     mine = [u for u in units if u.group in theirs]
     keys = ["model", "task", "ablation", "score_fn"]
@@ -602,10 +603,9 @@ def write_figures(out: Path, probes: pd.DataFrame, cross: pd.DataFrame, other: p
             got = theirs.iloc[0:0]  # none of the campaign's yet (an empty probes table has few columns)
         within = cross[(cross.model == m) & (cross.task == t) & (cross.ablation == a)].rename(
             columns={"status": "crossing_status"})
-        label = next(d for d in DTYPES if d != CAMPAIGN_DTYPE)
-        fig = crossing_probes(got, within, theirs if theirs is not None and len(theirs) else None, label)
+        fig = crossing_probes(got, within, theirs if theirs is not None and len(theirs) else None, OTHER_DTYPE)
         fig.suptitle(f"{m} / {t} / {a} ({CAMPAIGN_DTYPE}): probes (interval on Δ when decided) and the crossing"
-                     + (f"; hollow: the {label} search" if theirs is not None and len(theirs) else ""))
+                     + (f"; hollow: the {OTHER_DTYPE} search" if theirs is not None and len(theirs) else ""))
         name = f"figures/table2_{m}__{t}__{a}.png"
         with atomic_path(out / name, make_parents=True) as tmp:
             fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
@@ -616,8 +616,7 @@ def write_figures(out: Path, probes: pd.DataFrame, cross: pd.DataFrame, other: p
 def dtype_text(out: Path, dtypes: pd.DataFrame) -> list[str]:
     """The summary's dtype section: the curves searched in both dtypes (``dtype_crossings``) and
     the probe-by-probe check (table2_dtype_check.csv) when there is one."""
-    dtype = CAMPAIGN_DTYPE
-    other = next(d for d in DTYPES if d != dtype)
+    dtype, other = CAMPAIGN_DTYPE, OTHER_DTYPE
     lines = ["## bf16 vs fp32", "", f"The campaign's curves are searched in {dtype}."]
     both = dtypes[dtypes["same_crossing"].notna()] if len(dtypes) else dtypes
     if len(both):
