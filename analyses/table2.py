@@ -22,7 +22,8 @@ store beside the campaign's, ``<model>__<task>__bfloat16/``; every table is the 
 dtype's, and table2_dtype_crossings.csv sets each curve decided in both dtypes side by side.
 
 Each unit is skipped when the store (or its ledger) already decides it; else the group's
-thresholds are read (or computed: one scoring pass over the population, not interruptible) and
+thresholds are read (or computed: one scoring pass over the population, in ``SCORE_SHARDS``
+shards each stored as it ends, so a pass longer than one run resumes at its next shard) and
 the curve is searched, every batch stored as it is evaluated. ``--time-limit``: no batch starts
 after it (the run stops between batches and exits 0; the next run resumes, evaluating nothing
 twice). After every finished unit (and at the stop) the group's ledger
@@ -32,8 +33,8 @@ ledgers alone, no model. With ``--commit-every M``: every M minutes (checked aft
 after each batch within one, the ledger written first) and at the end, a git commit of the
 results only: the tables, the figures, and per pair the ledgers, the scoring-pass log, the
 thresholds and the static scores (never the per-item store, never anything outside OUT: the
-paths are named, no ``git add -A``). A group whose scoring pass may not fit the time left
-(``--pass-minutes``) waits for a longer run; with ``--dtype bfloat16`` a CPU without native bf16
+paths are named, no ``git add -A``). A shard of a scoring pass starts only while its share of
+``--pass-minutes`` fits the time left (else the group waits for a later run); with ``--dtype bfloat16`` a CPU without native bf16
 only rebuilds the tables (``--allow-emulated`` to run there anyway).
 
 Outputs (OUT, beside the old 200-question tables, which this script never writes):
@@ -77,7 +78,8 @@ from lens_heads.sweep.adaptive import PENDING, SearchConfig, SearchRun, SearchSt
     curves_of, prepare_search, run_probe, search_config, search_curve, search_tables  # noqa: E402
 from lens_heads.sweep.ledger import Ledger  # noqa: E402
 from lens_heads.sweep.plan import SweepPlan, stored_static  # noqa: E402
-from lens_heads.sweep.run import read_thresholds  # noqa: E402
+from lens_heads.sweep.run import check_one_weights, read_thresholds  # noqa: E402
+from lens_heads.sweep.units import score_in_shards  # noqa: E402
 from lens_heads.viz.study import ModelRef  # noqa: E402
 
 MODELS = ("smollm2-135m", "gemma-3-270m", "qwen2.5-coder-0.5b")
@@ -95,11 +97,15 @@ PAPER_ROW = {"model": "Qwen2.5-0.5B", "task": "mmlu", "base_accuracy": 47.49, "a
 PAPER_RANDOM = (0.5, 1.9)
 PAPER_AVERAGES = {"awft": 4.61, "best_non_awft": 12.18}
 
-# Minutes a group's one scoring pass (thresholds + static scores over the whole population, not
-# interruptible) may take at most, by task: a run whose time limit leaves less skips the group's
-# units for now and goes on with the next group's (a longer run takes them). From the unablated
-# passes measured in fp32 on a 2-core AVX2 EPYC (analyses/results/README.md): Qwen/MMLU's 500 took
-# ~2 h (its 2,000: ~8 h), Gemma/WinoGrande ~30 min, PIQA 10-30 min.
+# A group's scoring pass (thresholds + static scores over the whole population) runs in shards of
+# whole batches (``sweep.units.score_in_shards``), each stored as it ends, so a pass longer than one
+# session resumes at its next shard; bit-identical to one pass (docs/methods.md §8). Fixed per task:
+# the shard count is part of each shard's store key (changing it orphans shards already stored).
+SCORE_SHARDS = {"piqa": 4, "winogrande": 8, "mmlu": 64}
+# Minutes a group's whole scoring pass may take, by task: a shard starts only while its share
+# (PASS_MINUTES / SCORE_SHARDS) fits in the time left. From the unablated passes measured in fp32 on
+# a 2-core AVX2 EPYC (analyses/results/README.md): Qwen/MMLU's 500 took ~2 h (its 2,000: ~8 h),
+# Gemma/WinoGrande ~30 min, PIQA 10-30 min.
 PASS_MINUTES = {"piqa": 30.0, "winogrande": 60.0, "mmlu": 480.0}
 
 # The campaign's dtype: float32. The full-size dtype check (table2_dtype_check.csv, 6 Dec) found bf16
@@ -269,9 +275,29 @@ class GroupState:
             return False
         return search_curve(run, self.curves[curve], pending=True).status != PENDING
 
+    def score(self, model, start_by: float | None) -> bool:
+        """The group's thresholds and static scores by the scoring pass's ``SCORE_SHARDS`` shards,
+        resuming at the next missing one; no shard starts after ``start_by``. Each computed shard
+        is timed into passes.csv. True once the thresholds are whole (merged and stored; the static
+        scores with them, or ``prepare`` scores what they lack)."""
+        task = self.load_task()
+        gcfg, _ = search_config(self.cfg, self.search)
+        identity = gcfg.identity(model, task)
+        store = ResultStore(self.folder)
+        check_one_weights(store, identity)
+        n = SCORE_SHARDS.get(self.group.task, 1)
+
+        def logged(j: int, wall: float, cpu: float) -> None:
+            log_pass(self.passes_path, wall, cpu, self.dtype, f"scoring shard {j + 1} of {n}")
+            print(f"[{time.strftime('%H:%M:%S')}] {self.group.name}: scoring shard {j + 1} of {n} "
+                  f"stored ({wall:.0f} s)", flush=True)
+
+        self.replay = None
+        return score_in_shards(model, task, identity, gcfg, store, n, start_by, logged) is not None
+
     def prepare(self, model, deadline: float | None, progress: bool) -> SearchRun:
-        """The search with the model: the thresholds (one scoring pass when missing, timed into
-        passes.csv), the store, the ledger."""
+        """The search with the model: the thresholds (``score``'s shards; else one scoring pass,
+        timed into passes.csv), the store, the ledger."""
         if self.run is None:
             had = self.replayed() is not None
             t0, c0 = time.perf_counter(), time.process_time()
@@ -299,8 +325,9 @@ def _task(name: str):
     return _TASKS[name]
 
 
-def log_pass(path: Path, wall: float, cpu: float, dtype: str) -> None:
-    row = pd.DataFrame([{"what": "thresholds and static scores (one scoring pass)", "wall_seconds": round(wall, 1),
+def log_pass(path: Path, wall: float, cpu: float, dtype: str,
+             what: str = "thresholds and static scores (one scoring pass)") -> None:
+    row = pd.DataFrame([{"what": what, "wall_seconds": round(wall, 1),
                          "cpu_seconds": round(cpu, 1), "dtype": dtype, "cpu": cpu_name(),
                          "date": time.strftime("%Y-%m-%d")}])
     old = pd.read_csv(path) if path.is_file() else None
@@ -874,10 +901,10 @@ def parse_args(argv):
                    help="the three models' specs, in the order SmolLM2, Gemma, Qwen (default the zoo's); "
                         "NAME=SPEC keeps the table's name for another spec")
     p.add_argument("--pass-minutes", dest="pass_minutes_text", default="",
-                   help="TASK=MINUTES,...: how long a group's scoring pass may take (default "
+                   help="TASK=MINUTES,...: how long a group's whole scoring pass may take (default "
                         + ", ".join(f"{k}={v:g}" for k, v in PASS_MINUTES.items())
-                        + "); with --time-limit, a group whose pass does not fit in the time left waits for a "
-                          "longer run")
+                        + "); the pass runs in shards (" + ", ".join(f"{k}={v}" for k, v in SCORE_SHARDS.items())
+                        + "), and with --time-limit a shard starts only while its share fits in the time left")
     p.add_argument("--no-figures", dest="figures", action="store_false")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--check-dtype", action="store_true",
@@ -954,6 +981,15 @@ def main(argv=None) -> int:
     evaluated, evaluated_s, stopped, last_commit = 0, 0.0, False, time.monotonic()
     loaded: dict[str, object] = {}
     skipped: set[Group] = set()
+
+    def load(name: str) -> None:
+        """``name``'s model into ``loaded``, alone (one model in memory at a time)."""
+        if name not in loaded:
+            loaded.clear()
+            for other in states.values():
+                other.run = None
+            loaded[name] = refs[name].model
+            refs[name].loaded = None  # only ``loaded`` holds it
     if args.check_dtype and not args.tabulate_only:
         check_dtype(args, out, todo, states, deadline)
     elif not args.tabulate_only:
@@ -964,20 +1000,23 @@ def main(argv=None) -> int:
             if deadline is not None and time.monotonic() >= deadline:
                 stopped = True
                 break
-            left = None if deadline is None else (deadline - time.monotonic()) / 60
-            if left is not None and st.replayed() is None and left < args.pass_minutes.get(u.group.task, 0.0):
-                if u.group not in skipped:
-                    print(f"[{time.strftime('%H:%M:%S')}] {u.group.name}: its scoring pass may take "
-                          f"{args.pass_minutes[u.group.task]:g} min and {left:.0f} are left: skipped for now",
-                          flush=True)
-                skipped.add(u.group)
+            if u.group in skipped:
                 continue
-            if u.group.model not in loaded:
-                loaded.clear()  # one model in memory at a time
-                for other in states.values():
-                    other.run = None
-                loaded[u.group.model] = refs[u.group.model].model
-                refs[u.group.model].loaded = None  # only ``loaded`` holds it
+            if st.replayed() is None:  # the thresholds first: the scoring pass, shard by shard
+                shard = args.pass_minutes.get(u.group.task, 0.0) / SCORE_SHARDS.get(u.group.task, 1)
+                start_by = None if deadline is None else deadline - 60 * shard
+                if start_by is not None and time.monotonic() >= start_by:
+                    why = (f"a shard of its scoring pass may take {shard:g} min and "
+                           f"{(deadline - time.monotonic()) / 60:.0f} are left")
+                else:
+                    load(u.group.model)
+                    why = None if st.score(loaded[u.group.model], start_by) else \
+                        f"its scoring pass is not whole yet (shards of ~{shard:.0f} min)"
+                if why is not None:
+                    print(f"[{time.strftime('%H:%M:%S')}] {u.group.name}: {why}: skipped for now", flush=True)
+                    skipped.add(u.group)
+                    continue
+            load(u.group.model)
             print(f"[{time.strftime('%H:%M:%S')}] {u.name}", flush=True)
             run = st.prepare(loaded[u.group.model], deadline, not args.no_progress)
             run.items.deadline = deadline

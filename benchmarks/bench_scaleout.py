@@ -64,9 +64,10 @@ def main() -> int:
     torch.set_num_threads(1)
     worker = Worker(job)
     worker.run(UnitRef("score", 0))  # the scoring pass, once
+    from lens_heads.batching import device_floor
     from lens_heads.sweep.units import merge_score_shards
 
-    merge_score_shards(ResultStore(base), worker.identity, cfg, 1)
+    merge_score_shards(ResultStore(base), worker.identity, cfg, 1, device_floor("cpu"))
     plan = worker.plan()
     refs = [UnitRef("part", i) for i in range(len(plan.all_units))]
     print(f"{len(refs)} part units of {args.chunk} questions, {len(plan.order)} points", flush=True)

@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -103,6 +104,55 @@ def test_scoring_shards_merge_to_the_unsharded_thresholds_bit_for_bit(tiny_model
     expected = compute_thresholds(model, inputs, cfg.score_ids, cfg.fractions, 3, progress=False)
     assert merged.thresholds == expected and stored_thresholds(store, identity, cfg).thresholds == expected
     assert merged.n_inputs == len(inputs) and not list((tmp_path / "s").glob("score_shards/*"))
+
+
+@pytest.mark.parametrize("n_shards", [1, 3])
+def test_scoring_shards_give_the_static_scores_of_the_unsharded_pass_bit_for_bit(tiny_model, task_file, tmp_path,
+                                                                               n_shards, monkeypatch):
+    """The static curves' dataset-level means come out of the thresholds' shards -- a ranking
+    scored by the pass (ahon_ln) and one only the static curve needs (aeqd_ln) -- equal to the
+    unsharded ``scoring_pass``'s bit for bit, with the random orders when the model is given;
+    ``score_in_shards`` stops before a shard at ``start_by`` and resumes at the next one."""
+    import time
+
+    from lens_heads import batching
+    from lens_heads.data import load_task
+    from lens_heads.results.store import ResultStore
+    from lens_heads.sweep.plan import static_key, static_rankings, stored_static, stored_thresholds
+    from lens_heads.sweep.records import StaticScoresRecord
+    from lens_heads.sweep.run import scoring_pass
+    from lens_heads.sweep.units import merge_score_shards, run_score_shard, score_in_shards
+
+    monkeypatch.setattr(batching, "MIN_BATCH_TOKENS", 8)  # batches close early: shards of uneven batches
+    model, task = tiny_model("llama"), load_task(f"file:{task_file}")
+    cfg = _cfg(task_file, threshold_batch_size=3, static_ids=["ahon_ln", "aeqd_ln", "random"])
+    cfg.validate()
+    identity = cfg.identity(model, task)
+    thresholds, n_inputs, static = scoring_pass(model, task, cfg, False, static_rankings(cfg))
+    assert set(static) == {"ahon_ln", "aeqd_ln", "random@0", "random@1"}
+
+    store = ResultStore(tmp_path / "with_model")
+    seen = []
+    assert score_in_shards(model, task, identity, cfg, store, n_shards, start_by=time.monotonic() - 1) is None
+    assert not list((tmp_path / "with_model").rglob("*.safetensors"))  # nothing started after start_by
+    run_score_shard(model, task, identity, cfg, store, 0, n_shards)  # an earlier sitting's shard
+    rec = score_in_shards(model, task, identity, cfg, store, n_shards, on_shard=lambda j, w, c: seen.append(j))
+    assert seen == list(range(1, n_shards))  # resumed at the next missing shard
+    assert rec.thresholds == thresholds and rec.n_inputs == n_inputs
+    got = stored_static(store, identity, cfg)
+    assert got.keys() == static.keys()
+    assert all(np.array_equal(np.array(got[r]), np.array(static[r]), equal_nan=True) for r in static)
+    assert store.load(static_key(identity, cfg, "aeqd_ln"), StaticScoresRecord).n_inputs == n_inputs
+
+    bare = ResultStore(tmp_path / "no_model")  # a launcher merges without a model: no random orders
+    for j in range(n_shards):
+        run_score_shard(model, task, identity, cfg, bare, j, n_shards)
+    merge_score_shards(bare, identity, cfg, n_shards, batching.batch_floor(model))
+    assert stored_thresholds(bare, identity, cfg).thresholds == thresholds
+    for r in static_rankings(cfg):
+        got = bare.load(static_key(identity, cfg, r), StaticScoresRecord)
+        assert (got is None) == r.startswith("random@")
+        assert got is None or np.array_equal(np.array(got.mean), np.array(static[r]), equal_nan=True)
 
 
 def test_local_launch_equals_run_sweep_and_resumes(tiny_model_dir, tiny_model, task_file, tmp_path, reference):

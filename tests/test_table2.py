@@ -184,16 +184,48 @@ def test_a_commit_takes_the_results_only(tiny_llama_2k, shared_data, tmp_path):
 
 def test_a_scoring_pass_that_does_not_fit_the_time_left_waits(tiny_llama_2k, shared_data, tmp_path, counted,
                                                              monkeypatch, capsys):
-    """With a time limit shorter than a group's scoring pass may take, the group is left for a
-    longer run (nothing loaded, nothing evaluated) and the tables say it is not started."""
+    """With a time limit shorter than a shard of a group's scoring pass may take, the group is left
+    for a longer run (nothing loaded, nothing evaluated) and the tables say it is not started."""
     from lens_heads import models
 
     t2 = script("table2")
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
-    assert t2.main(argv(tiny_llama_2k, tmp_path, "--time-limit", "5", "--pass-minutes", "piqa=60")) == 0
+    assert t2.main(argv(tiny_llama_2k, tmp_path, "--time-limit", "5", "--pass-minutes", "piqa=24")) == 0
     assert "skipped for now" in capsys.readouterr().out and counted == []
     cross = pd.read_csv(tmp_path / "table2_crossings.csv")
     assert (cross.status == "not started").all()
+
+
+def test_a_scoring_pass_killed_between_shards_resumes_at_the_next_shard(tiny_llama_2k, shared_data, tmp_path,
+                                                                       monkeypatch):
+    """The scoring pass runs in shards, each stored as it ends: a run killed in the pass keeps the
+    shards it finished, and the next run scores only the others before searching."""
+    from lens_heads.sweep import units
+
+    t2 = script("table2")
+    real, computed, kill = units.run_score_shard, [], [True]
+
+    def dies(model, task, identity, cfg, store, index, n_shards):
+        if kill[0] and len(computed) == 2:
+            raise KeyboardInterrupt  # killed as the third shard starts
+        out = real(model, task, identity, cfg, store, index, n_shards)
+        if out is units.Outcome.COMPUTED:
+            computed.append(index)
+        return out
+
+    monkeypatch.setattr(units, "run_score_shard", dies)
+    only = ["--only", "smollm2-135m/piqa/zero/random"]
+    with pytest.raises(KeyboardInterrupt):
+        t2.main(argv(tiny_llama_2k, tmp_path, *only))
+    store = tmp_path / "table2" / "store" / "smollm2-135m__piqa"
+    assert list(pd.read_csv(store / "passes.csv").what) == ["scoring shard 1 of 4", "scoring shard 2 of 4"]
+    kill[0] = False
+    assert t2.main(argv(tiny_llama_2k, tmp_path, *only)) == 0
+    assert computed == [0, 1, 2, 3]  # the two stored shards are not scored again
+    assert list(pd.read_csv(store / "passes.csv").what) == [f"scoring shard {j} of 4" for j in range(1, 5)]
+    cross = pd.read_csv(tmp_path / "table2_crossings.csv").set_index(["model", "ablation", "score_fn"])
+    assert cross.loc[("smollm2-135m", "zero", "random"), "status"] in ("resolved", "lower bound")
+    assert not list(store.glob("score_shards/*"))  # merged: the shards are discarded
 
 
 def test_the_dtype_check_runs_the_campaigns_probes_again_in_float32(tiny_llama_2k, shared_data, tmp_path):
@@ -312,7 +344,8 @@ def test_mean_ablation_shares_the_pairs_baseline_and_thresholds(tiny_llama_2k, s
     assert mean and all(a != "none" for a, _ in mean)  # the unablated answers: from the zero group's
     assert {d for _, d in mean} <= {d for _, d in zero}
     store = tmp_path / "table2" / "store" / "smollm2-135m__piqa"
-    assert len(pd.read_csv(store / "passes.csv")) == 1  # one scoring pass for the pair
+    passes = pd.read_csv(store / "passes.csv")  # one scoring pass for the pair, in its shards
+    assert list(passes.what) == [f"scoring shard {j} of {t2.SCORE_SHARDS['piqa']}" for j in range(1, 5)]
     assert (store / "ledger_zero.json").is_file() and (store / "ledger_mean_c4.json").is_file()
     cross = pd.read_csv(tmp_path / "table2_crossings.csv").set_index(["model", "ablation", "score_fn"])
     assert cross.loc[("smollm2-135m", "mean_c4", "random"), "status"] in ("resolved", "lower bound")

@@ -153,20 +153,27 @@ def compute_thresholds(model: LoadedModel, inputs: list[Tensor], score_ids: Sequ
     return thresholds_of(hs, score_ids, fractions, rule)
 
 
-def scoring_shards(inputs: Sequence[Tensor], batch_size: int, n_shards: int, floor: int | None) -> list[list[int]]:
-    """The inputs (their positions in ``inputs``) of each of ``n_shards`` shards of a scoring pass:
-    contiguous runs of whole batches in the pass's own order (longest first, stable; batches as
-    ``batching.batch_bounds`` forms them with ``floor``, the scoring model's ``batch_floor``). A
-    shard's inputs, scored on their own with the same batch size, form exactly the batches the
-    whole pass forms for them, so the merged per-input scores -- and the thresholds -- equal the
-    unsharded pass's bit for bit. Shards beyond the number of batches are empty."""
+def scoring_shard_batches(inputs: Sequence[Tensor], batch_size: int, n_shards: int,
+                          floor: int | None) -> list[list[list[int]]]:
+    """The batches (input positions in ``inputs``) of each of ``n_shards`` shards of a scoring
+    pass: contiguous runs of whole batches in the pass's own order (longest first, stable; batches
+    as ``batching.batch_bounds`` forms them with ``floor``, the scoring model's ``batch_floor``).
+    A shard's inputs, scored on their own with the same batch size, form exactly these batches,
+    so the merged per-input scores -- the thresholds, and the dataset-level means replayed batch by
+    batch -- equal the unsharded pass's bit for bit. Shards beyond the number of batches are empty."""
     if isinstance(n_shards, bool) or not isinstance(n_shards, int) or n_shards < 1:
         raise LensHeadsError(f"n_shards must be a positive integer, got {n_shards!r}")
     order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))  # score_heads' order
     bounds = batch_bounds([len(inputs[i]) for i in order], batch_size, floor)
     batches = [order[a:b] for a, b in zip(bounds, bounds[1:])]
     cuts = [round(j * len(batches) / n_shards) for j in range(n_shards + 1)]
-    return [[i for b in batches[cuts[j]:cuts[j + 1]] for i in b] for j in range(n_shards)]
+    return [batches[cuts[j]:cuts[j + 1]] for j in range(n_shards)]
+
+
+def scoring_shards(inputs: Sequence[Tensor], batch_size: int, n_shards: int, floor: int | None) -> list[list[int]]:
+    """The inputs (their positions in ``inputs``) of each shard of ``scoring_shard_batches``, in
+    the pass's order."""
+    return [[i for b in shard for i in b] for shard in scoring_shard_batches(inputs, batch_size, n_shards, floor)]
 
 
 def thresholds_of(hs, score_ids: Sequence[str], fractions: Sequence[float],

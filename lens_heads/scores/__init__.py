@@ -56,6 +56,7 @@ from lens_heads.scores.dataset import (
     HeadScores,
     context_length,
     least_active,
+    pooled_mean,
     prepare_inputs,
     score_heads,
     score_metadata,
@@ -65,5 +66,5 @@ from lens_heads.scores.dataset import (
 __all__ = [
     "PAPER_SCORES", "SCORES", "Acts", "BatchGeometry", "ScoreFn", "base", "derived", "layer_normalised",
     "register_score", "resolve_score_ids", "revision_key", "ScoreCollector", "ZTransform", "wasserstein_distances",
-    "HeadScores", "context_length", "least_active", "prepare_inputs", "score_heads", "score_metadata",
+    "HeadScores", "context_length", "least_active", "pooled_mean", "prepare_inputs", "score_heads", "score_metadata",
 ]

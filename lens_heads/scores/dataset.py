@@ -10,7 +10,7 @@ import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping, Sequence
+from typing import TYPE_CHECKING, Iterable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -87,6 +87,19 @@ class _Moments:
     def std(self) -> Tensor:
         """Sample standard deviation (ddof=1; NaN with fewer than two defined values)."""
         return torch.where(self.n > 1, (self.m2 / (self.n - 1).clamp_min(1)).sqrt(), float("nan"))
+
+
+def pooled_mean(batches: Iterable[Tensor]) -> Tensor:
+    """The dataset-level mean ``score_heads`` reports for one function, replayed from its per-input
+    scores batch by batch (``[batch, layer, head]`` each, in the pass's order): the same running
+    merge, so the same float64 values bit for bit (NaN where no input defines the score)."""
+    moments = None
+    for x in batches:
+        moments = moments or _Moments(tuple(x.shape[1:]))
+        moments.add(x)
+    if moments is None:
+        raise LensHeadsError("no batches to pool")
+    return moments.mean_or_nan()
 
 
 @dataclass

@@ -59,7 +59,7 @@ def read_thresholds(store: ResultStore, identity: RunIdentity, cfg: SweepConfig,
     return None if rec is None else rec.thresholds
 
 
-def _random_values(model: LoadedModel, seed: int) -> list:
+def random_ranking(model: LoadedModel, seed: int) -> list:
     """[layer][head] seeded uniform values (NaN for heads a pruned layer lacks): ranked, a
     random order of the heads -- the static random-heads curve of seed ``seed``."""
     import hashlib
@@ -102,11 +102,11 @@ def scoring_pass(model: LoadedModel, task, cfg: SweepConfig, progress: bool,
         if sid in rankings:
             static[sid] = hs.mean[sid].tolist()
         n_inputs = n_inputs or hs.n
-    static.update({r: _random_values(model, int(r.split("@")[1])) for r in rankings if r.startswith(f"{RANDOM}@")})
+    static.update({r: random_ranking(model, int(r.split("@")[1])) for r in rankings if r.startswith(f"{RANDOM}@")})
     return {sid: computed[sid] for sid in cfg.score_ids}, n_inputs, {r: static[r] for r in rankings}
 
 
-def _put_static(store: ResultStore, identity: RunIdentity, cfg: SweepConfig, static: StaticScores,
+def put_static(store: ResultStore, identity: RunIdentity, cfg: SweepConfig, static: StaticScores,
                 n_inputs: int) -> None:
     for r, values in static.items():
         store.save(static_key(identity, cfg, r), StaticScoresRecord(values, n_inputs))
@@ -129,7 +129,7 @@ def ensure_thresholds(model: LoadedModel, store: ResultStore, identity: RunIdent
             if mine and not path.is_file():
                 computed, n_inputs, static = scoring_pass(model, task, cfg, progress,
                                                           _missing_static(store, identity, cfg))
-                _put_static(store, identity, cfg, static, n_inputs)
+                put_static(store, identity, cfg, static, n_inputs)
                 found = put_thresholds(store, identity, cfg, computed, n_inputs).thresholds
         if found is None:
             wait_for(path, CLAIM_POLL_S)
@@ -150,7 +150,7 @@ def static_pass(model: LoadedModel, store: ResultStore, identity: RunIdentity, c
         if not mine or _missing_static(store, identity, cfg) != missing:
             return Outcome.HELD
         _, n_inputs, static = scoring_pass(model, task, replace(cfg, score_ids=[]), progress, missing)
-        _put_static(store, identity, cfg, static, n_inputs)
+        put_static(store, identity, cfg, static, n_inputs)
     return Outcome.COMPUTED
 
 

@@ -6,11 +6,13 @@ exists. ``UnitRef`` names a unit (``score/3``: shard 3 of the thresholds' scorin
 ``part/17``: the 18th part of ``SweepPlan.all_units``), with one parser and one printer.
 
 * phase ``score``: the thresholds' scoring pass in ``n_shards`` shards of whole batches
-  (``thresholds.scoring_shards``); ``merge_score_shards`` turns the stored shards into the
-  thresholds record, bit-identical to the unsharded pass, with no model.
+  (``thresholds.scoring_shard_batches``); ``merge_score_shards`` turns the stored shards into the
+  thresholds record, bit-identical to the unsharded pass, with no model, and stores the static
+  curves' dataset-level scores from the same shards. ``score_in_shards`` runs them one after
+  another in one process, a pass longer than one sitting resuming at its next shard.
 * phase ``static`` (one unit, ``static/0``, only with static curves): the dataset-level scores
-  the static curves rank heads by (``run.static_pass``: input- and question-level scores, random
-  orders), one pass by one worker, as ``run_sweep`` stores them.
+  the static curves rank heads by that the shards did not give (``run.static_pass``: question-
+  level scores, random orders), by one worker, as ``run_sweep`` stores them.
 * phase ``part``: every part of every point (``SweepPlan``), as ``run_sweep`` runs them.
 * phase ``curve`` (an adaptive search, ``SweepJob.search``): one curve's bisection, its probes'
   batches claimed and stored as parts (``adaptive.run_curve_unit``); a curve another worker is
@@ -27,8 +29,9 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Callable, Literal
 
 import torch
 
@@ -37,15 +40,16 @@ from lens_heads.files.claims import claim
 from lens_heads.errors import LensHeadsError
 from lens_heads.results.keys import RunIdentity, StoreKey
 from lens_heads.results.store import ResultStore
-from lens_heads.sweep.config import SweepConfig
-from lens_heads.sweep.plan import SweepPlan, put_thresholds, thresholds_key
+from lens_heads.sweep.config import RANDOM, SweepConfig
+from lens_heads.sweep.plan import SweepPlan, put_thresholds, static_key, static_rankings, thresholds_key
 from lens_heads.sweep.records import ThresholdsRecord
 from lens_heads.sweep.run import Outcome
 from lens_heads.scores import SCORES
+from lens_heads.scores.functions import input_level
 from lens_heads.sweep.plan import stored_thresholds
 from lens_heads.sweep.run import CLAIM_POLL_S
 from lens_heads.forward.task_requests import task_inputs
-from lens_heads.interventions.thresholds import scoring_shards, thresholds_from_scores
+from lens_heads.interventions.thresholds import scoring_shard_batches, thresholds_from_scores
 from lens_heads.data import load_task
 from lens_heads.models.load import model_digest
 from lens_heads.sweep.plan import stored_static
@@ -53,7 +57,7 @@ from lens_heads.sweep.run import read_thresholds
 from lens_heads import scores as scoring
 from lens_heads import models
 from lens_heads.sweep import run as sweep_run
-from lens_heads.sweep.run import run_static_unit
+from lens_heads.sweep.run import put_static, random_ranking, run_static_unit
 from lens_heads.sweep.adaptive import SearchConfig, run_curve_unit
 
 if TYPE_CHECKING:
@@ -92,10 +96,17 @@ def shard_key(identity: RunIdentity, cfg: SweepConfig, index: int, n_shards: int
     return thresholds_key(identity, cfg).shard(index, n_shards, cfg.threshold_batch_size, floor)
 
 
+def shard_score_ids(cfg: SweepConfig) -> list[str]:
+    """What a shard scores: the thresholds' functions, then the input-level rankings of the
+    static curves (their dataset-level means come out of the same shards)."""
+    return list(dict.fromkeys([*cfg.score_ids, *input_level(static_rankings(cfg))]))
+
+
 def run_score_shard(model: LoadedModel, task, identity: RunIdentity, cfg: SweepConfig, store: ResultStore, index: int,
                     n_shards: int) -> Outcome:
     """Score shard ``index`` of ``n_shards`` and store its per-input scores (with their input
-    positions), unless it or the thresholds are stored or another live process holds it."""
+    positions and the sizes of its batches), unless it or the thresholds are stored or another
+    live process holds it."""
     floor = batch_floor(model)
     key, done = shard_key(identity, cfg, index, n_shards, floor), thresholds_key(identity, cfg)
     if store.has(key) or store.has(done):
@@ -105,28 +116,44 @@ def run_score_shard(model: LoadedModel, task, identity: RunIdentity, cfg: SweepC
             return Outcome.HELD
         if store.has(key) or store.has(done):
             return Outcome.STORED
-        import torch
-
         inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.protocol)
-        idx = scoring_shards(inputs, cfg.threshold_batch_size, n_shards, floor)[index]
+        batches = scoring_shard_batches(inputs, cfg.threshold_batch_size, n_shards, floor)[index]
+        idx = [i for b in batches for i in b]
         tensors = {"input_index": torch.tensor(idx, dtype=torch.long),
+                   "batch_sizes": torch.tensor([len(b) for b in batches], dtype=torch.long),
                    "n_inputs": torch.tensor([len(inputs)], dtype=torch.long)}
         if idx:
-            hs = scoring.score_heads(model, [inputs[i] for i in idx], scores=list(cfg.score_ids),
-                             batch_size=cfg.threshold_batch_size, keep_per_input=True, progress=False)
-            tensors.update({f"score.{sid}": hs.per_input[sid] for sid in cfg.score_ids})
+            ids = shard_score_ids(cfg)
+            hs = scoring.score_heads(model, [inputs[i] for i in idx], scores=ids,
+                                     batch_size=cfg.threshold_batch_size, keep_per_input=True, progress=False)
+            tensors.update({f"score.{sid}": hs.per_input[sid] for sid in ids})
         store.put_tensors(key, tensors)
     return Outcome.COMPUTED
 
 
+def _static_from_shards(shards: list[dict], missing: list[str], model: LoadedModel | None) -> dict[str, list]:
+    """The static rankings of ``missing`` that the shards (or, with ``model``, its geometry) give:
+    an input-level score's dataset-level mean replayed batch by batch in the pass's order
+    (``scores.pooled_mean``: the unsharded pass's values bit for bit); ``random@SEED``'s order."""
+    out = {}
+    for r in missing:
+        if r.startswith(f"{RANDOM}@"):
+            if model is not None:
+                out[r] = random_ranking(model, int(r.split("@")[1]))
+        elif all("batch_sizes" in s for s in shards) and any(f"score.{r}" in s for s in shards):
+            batches = (b for s in shards if f"score.{r}" in s
+                       for b in s[f"score.{r}"].split(s["batch_sizes"].tolist()))
+            out[r] = scoring.pooled_mean(batches).tolist()
+    return out
+
+
 def merge_score_shards(store: ResultStore, identity: RunIdentity, cfg: SweepConfig,
-                       n_shards: int, floor: int | None) -> ThresholdsRecord | None:
+                       n_shards: int, floor: int | None, model: LoadedModel | None = None) -> ThresholdsRecord | None:
     """The thresholds from the stored shards cut with ``floor`` (then stored, and the shards
     discarded); None while a shard is missing. No model needed: per-input scores are put back in
-    input order and pooled exactly as ``compute_thresholds`` pools them."""
-    import torch
-
-
+    input order and pooled exactly as ``compute_thresholds`` pools them. The static curves'
+    dataset-level scores the store lacks are stored from the same shards (``random@SEED`` only
+    with ``model``: its geometry), so they take no second pass."""
     rec = stored_thresholds(store, identity, cfg)
     if rec is not None:
         return rec
@@ -146,10 +173,31 @@ def merge_score_shards(store: ResultStore, identity: RunIdentity, cfg: SweepConf
         per_input[sid] = full
     computed = thresholds_from_scores(per_input, {sid: SCORES[sid].inactive_when for sid in cfg.score_ids},
                                       cfg.fractions, cfg.protocol.threshold_rule)
+    missing = [r for r in static_rankings(cfg) if not store.has(static_key(identity, cfg, r))]
+    put_static(store, identity, cfg, _static_from_shards(shards, missing, model), n)
     rec = put_thresholds(store, identity, cfg, computed, n)
     for k in keys:
         store.discard(k)
     return rec
+
+
+def score_in_shards(model: LoadedModel, task, identity: RunIdentity, cfg: SweepConfig, store: ResultStore,
+                    n_shards: int, start_by: float | None = None,
+                    on_shard: Callable[[int, float, float], None] | None = None) -> ThresholdsRecord | None:
+    """The thresholds (and the static curves' scores) by the scoring pass's ``n_shards`` shards,
+    one after another in this process, each stored as it ends: a pass longer than one sitting
+    resumes at the next missing shard. No shard starts after ``start_by`` (``time.monotonic``);
+    shards another live process holds are left to it. ``on_shard(index, wall, cpu)`` after each
+    computed shard. The merged record, or None while a shard is missing."""
+    for j in range(n_shards):
+        if stored_thresholds(store, identity, cfg) is not None:
+            break
+        if start_by is not None and time.monotonic() >= start_by:
+            return None
+        t0, c0 = time.perf_counter(), time.process_time()
+        if run_score_shard(model, task, identity, cfg, store, j, n_shards) is Outcome.COMPUTED and on_shard:
+            on_shard(j, time.perf_counter() - t0, time.process_time() - c0)
+    return merge_score_shards(store, identity, cfg, n_shards, batch_floor(model), model)
 
 
 # -----------------------------------------------------------------------------
@@ -246,9 +294,6 @@ class Worker:
     def run_all(self, refs: list[UnitRef]) -> int:
         """Run ``refs`` in order, then come back to those another process held until every one
         is stored; the number this worker computed."""
-        import time
-
-
         before, pending = self.computed, list(refs)
         while pending:
             held = [r for r in pending if self.run(r) is Outcome.HELD]
