@@ -155,6 +155,41 @@ def test_scoring_shards_give_the_static_scores_of_the_unsharded_pass_bit_for_bit
         assert got is None or np.array_equal(np.array(got.mean), np.array(static[r]), equal_nan=True)
 
 
+def test_a_static_mean_is_taken_from_the_shards_only_when_every_shard_scored_it(tiny_model, task_file, tmp_path,
+                                                                             monkeypatch):
+    """Static ids are not part of a shard's key: a pass begun without a static curve and resumed
+    with it has shards without that ranking. Its mean is then left to the static pass (equal to
+    the unsharded pass's), never pooled from the shards that have it; the random orders a static
+    pass adds alone record the population's count, as a whole pass does."""
+    from lens_heads import batching
+    from lens_heads.data import load_task
+    from lens_heads.results.store import ResultStore
+    from lens_heads.sweep.plan import static_key, static_rankings, stored_static
+    from lens_heads.sweep.records import StaticScoresRecord
+    from lens_heads.sweep.run import run_static_unit, scoring_pass
+    from lens_heads.sweep.units import merge_score_shards, run_score_shard, shard_key
+
+    monkeypatch.setattr(batching, "MIN_BATCH_TOKENS", 8)
+    model, task = tiny_model("llama"), load_task(f"file:{task_file}")
+    without = _cfg(task_file, threshold_batch_size=3, extra_ablations=[])
+    with_static = _cfg(task_file, threshold_batch_size=3, extra_ablations=[], static_ids=["aeqd_ln", "random"])
+    identity, floor = with_static.identity(model, task), batching.batch_floor(model)
+    assert shard_key(identity, with_static, 0, 3, floor) == shard_key(identity, without, 0, 3, floor)
+    _, n_inputs, static = scoring_pass(model, task, with_static, False, static_rankings(with_static))
+    store = ResultStore(tmp_path / "s")
+    run_score_shard(model, task, identity, without, store, 0, 3)  # the first sitting, no static curve
+    for j in (1, 2):
+        run_score_shard(model, task, identity, with_static, store, j, 3)  # resumed with one
+    merge_score_shards(store, identity, with_static, 3, floor)  # a launcher's merge: no model
+    assert stored_static(store, identity, with_static) is None
+    assert not store.has(static_key(identity, with_static, "aeqd_ln"))
+    run_static_unit(model, task, identity, with_static, store)
+    got = stored_static(store, identity, with_static)
+    assert all(np.array_equal(np.array(got[r]), np.array(static[r]), equal_nan=True) for r in static)
+    for r in static_rankings(with_static):
+        assert store.load(static_key(identity, with_static, r), StaticScoresRecord).n_inputs == n_inputs
+
+
 def test_local_launch_equals_run_sweep_and_resumes(tiny_model_dir, tiny_model, task_file, tmp_path, reference):
     from lens_heads.sweep.executors import LocalConfig, job_for, launch
 

@@ -150,6 +150,8 @@ def static_pass(model: LoadedModel, store: ResultStore, identity: RunIdentity, c
         if not mine or _missing_static(store, identity, cfg) != missing:
             return Outcome.HELD
         _, n_inputs, static = scoring_pass(model, task, replace(cfg, score_ids=[]), progress, missing)
+        if not n_inputs and (rec := stored_thresholds(store, identity, cfg)) is not None:
+            n_inputs = rec.n_inputs  # random orders alone (no forward): the population's count, as a whole pass
         put_static(store, identity, cfg, static, n_inputs)
     return Outcome.COMPUTED
 

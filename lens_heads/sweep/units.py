@@ -140,7 +140,10 @@ def _static_from_shards(shards: list[dict], missing: list[str], model: LoadedMod
         if r.startswith(f"{RANDOM}@"):
             if model is not None:
                 out[r] = random_ranking(model, int(r.split("@")[1]))
-        elif all("batch_sizes" in s for s in shards) and any(f"score.{r}" in s for s in shards):
+        elif any(f"score.{r}" in s for s in shards) and all(
+                "batch_sizes" in s and (f"score.{r}" in s or not len(s["input_index"])) for s in shards):
+            # every shard with inputs scored it: shards of a sweep without this static curve share
+            # the key (static ids are not part of it) and leave the ranking to the static pass
             batches = (b for s in shards if f"score.{r}" in s
                        for b in s[f"score.{r}"].split(s["batch_sizes"].tolist()))
             out[r] = scoring.pooled_mean(batches).tolist()
@@ -186,18 +189,22 @@ def score_in_shards(model: LoadedModel, task, identity: RunIdentity, cfg: SweepC
                     on_shard: Callable[[int, float, float], None] | None = None) -> ThresholdsRecord | None:
     """The thresholds (and the static curves' scores) by the scoring pass's ``n_shards`` shards,
     one after another in this process, each stored as it ends: a pass longer than one sitting
-    resumes at the next missing shard. No shard starts after ``start_by`` (``time.monotonic``);
+    resumes at the next missing shard. No shard starts after ``start_by`` (``time.monotonic``;
+    the merge of shards all stored still happens);
     shards another live process holds are left to it. ``on_shard(index, wall, cpu)`` after each
     computed shard. The merged record, or None while a shard is missing."""
+    floor = batch_floor(model)
     for j in range(n_shards):
         if stored_thresholds(store, identity, cfg) is not None:
             break
+        if store.has(shard_key(identity, cfg, j, n_shards, floor)):
+            continue
         if start_by is not None and time.monotonic() >= start_by:
             return None
         t0, c0 = time.perf_counter(), time.process_time()
         if run_score_shard(model, task, identity, cfg, store, j, n_shards) is Outcome.COMPUTED and on_shard:
             on_shard(j, time.perf_counter() - t0, time.process_time() - c0)
-    return merge_score_shards(store, identity, cfg, n_shards, batch_floor(model), model)
+    return merge_score_shards(store, identity, cfg, n_shards, floor, model)
 
 
 # -----------------------------------------------------------------------------
