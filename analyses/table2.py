@@ -275,6 +275,15 @@ class GroupState:
             return False
         return search_curve(run, self.curves[curve], pending=True).status != PENDING
 
+    def pass_progress(self) -> str:
+        """How far a scoring pass still in shards has come, from passes.csv alone (committed, so a
+        fresh machine reads the same): "k of n shards", or "" before the first shard."""
+        if not self.passes_path.is_file():
+            return ""
+        n = SCORE_SHARDS.get(self.group.task, 1)
+        done = pd.read_csv(self.passes_path)["what"].str.fullmatch(rf"scoring shard \d+ of {n}").sum()
+        return f"{done} of {n} shards" if done else ""
+
     def score(self, model, start_by: float | None) -> bool:
         """The group's thresholds and static scores by the scoring pass's ``SCORE_SHARDS`` shards,
         resuming at the next missing one; no shard starts after ``start_by``. Each computed shard
@@ -360,9 +369,10 @@ def unit_row(u: Unit, st: GroupState, outcome, within: dict | None, probes: pd.D
            "range_pct": 100 * st.cfg.fractions[-1], "alpha": st.search.alpha, "margin_pts": 100 * st.search.margin}
     if outcome is None:
         n = len(st.doc_ids())
+        scored = st.pass_progress()
         return {**row, "n_population": n, "status": "not started",
-                "reason": "not run yet" if not (st.folder / "thresholds").is_dir()
-                else "not run yet (thresholds stored)",
+                "reason": "not run yet (thresholds stored)" if (st.folder / "thresholds").is_dir()
+                else f"not run yet (scoring pass: {scored} stored)" if scored else "not run yet",
                 "grid7_items": GRID7 * n * (len(st.cfg.random_seeds) if u.curve in ("random", "static:random") else 1)}
     grid = st.replayed().grid
     levels = st.curves[u.curve].levels
@@ -405,8 +415,9 @@ def tabulate(args, units: list[Unit], states: dict[Group, GroupState]):
         st = states[g]
         run = st.replayed()
         if run is None:
+            scored = st.pass_progress()
             group_rows.append({"group": g.name, "model": g.model, "task": g.task, "ablation": g.ablation,
-                               "status": "not started"})
+                               "status": f"scoring pass: {scored} stored" if scored else "not started"})
             continue
         mine = [u for u in units if u.group == g]
         curves = [st.curves[u.curve] for u in mine]

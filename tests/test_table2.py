@@ -219,6 +219,11 @@ def test_a_scoring_pass_killed_between_shards_resumes_at_the_next_shard(tiny_lla
         t2.main(argv(tiny_llama_2k, tmp_path, *only))
     store = tmp_path / "table2" / "store" / "smollm2-135m__piqa"
     assert list(pd.read_csv(store / "passes.csv").what) == ["scoring shard 1 of 4", "scoring shard 2 of 4"]
+    assert t2.main(argv(tiny_llama_2k, tmp_path, *only, "--tabulate-only")) == 0  # the tables say how far it got
+    groups = pd.read_csv(tmp_path / "table2_groups.csv").set_index("group")
+    assert groups.loc["smollm2-135m__piqa__zero", "status"] == "scoring pass: 2 of 4 shards stored"
+    cross = pd.read_csv(tmp_path / "table2_crossings.csv").set_index(["model", "ablation", "score_fn"])
+    assert cross.loc[("smollm2-135m", "zero", "random"), "reason"] == "not run yet (scoring pass: 2 of 4 shards stored)"
     kill[0] = False
     assert t2.main(argv(tiny_llama_2k, tmp_path, *only)) == 0
     assert computed == [0, 1, 2, 3]  # the two stored shards are not scored again
