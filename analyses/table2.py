@@ -301,7 +301,6 @@ class GroupState:
             print(f"[{time.strftime('%H:%M:%S')}] {self.group.name}: scoring shard {j + 1} of {n} "
                   f"stored ({wall:.0f} s)", flush=True)
 
-        self.replay = None
         return score_in_shards(model, task, identity, gcfg, store, n, start_by, logged) is not None
 
     def prepare(self, model, deadline: float | None, progress: bool) -> SearchRun:

@@ -107,7 +107,7 @@ def scoring_pass(model: LoadedModel, task, cfg: SweepConfig, progress: bool,
 
 
 def put_static(store: ResultStore, identity: RunIdentity, cfg: SweepConfig, static: StaticScores,
-                n_inputs: int) -> None:
+               n_inputs: int) -> None:
     for r, values in static.items():
         store.save(static_key(identity, cfg, r), StaticScoresRecord(values, n_inputs))
 
