@@ -338,7 +338,7 @@ def test_crossing_probes_sets_another_searchs_probes_beside_each_curves_own():
         return {"score_fn": fn, "pct": pct, "delta_lo": lo, "delta_hi": hi, "decision": decision, "step": step,
                 "n_items": n}
 
-    mine = pd.DataFrame([probe("awft", 30.0, -0.05, -0.02, "outside"), probe("awft", 15.0, -0.004, 0.01, "within", 2)])
+    mine = pd.DataFrame([probe("awft", 30.0, -0.05, -0.02, "outside"), probe("awft", 15.0, -0.004, 0.01, "within", 2, 1838)])
     other = pd.DataFrame([probe("awft", 30.0, -0.06, -0.03, "outside"), probe("ahon", 2.0, -0.002, 0.0, "within"),
                           probe("ahon", 3.0, -0.03, -0.02, "outside", 2), probe("ahon", 1.0, -0.001, 0.0, "within", 3)])
     within = pd.DataFrame({"score_fn": ["ahon", "awft"], "crossing_pct": [2.0, float("nan")],
@@ -356,6 +356,10 @@ def test_crossing_probes_sets_another_searchs_probes_beside_each_curves_own():
     assert markers(axes[0], hollow=True) == sorted([-0.1, -2.5, -0.05]) and markers(axes[0], hollow=False) == []
     assert markers(axes[1], hollow=True) == [-4.5] and markers(axes[1], hollow=False) == sorted([-3.5, 0.3])
     assert axes[0].get_legend().get_texts()[0].get_text() == "bfloat16"
+    # the search's own probes: the step alone where a probe read the whole population (here the
+    # most any probe read), its questions too where it stopped early
+    assert sorted(t.get_text() for t in axes[1].texts) == ["1: n=64", "2"]
+    assert axes[1].get_yscale() == "symlog"
     alone = crossing_probes(mine, within)  # without it: the search's own curves only
     assert [ax.get_title() for ax in alone.get_axes()] == ["awft"]
     before = crossing_probes(mine.iloc[0:0], within, other, "bfloat16")  # none of the search's own yet

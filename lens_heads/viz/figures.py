@@ -17,6 +17,7 @@ import pandas as pd
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch
+from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
 from lens_heads.errors import LensHeadsError
 from lens_heads.surgery.head_classes import CLASSES
@@ -181,8 +182,12 @@ def crossing_probes(probes: pd.DataFrame, within: pd.DataFrame | None = None, ot
                     other_label: str = "other") -> Figure:
     """An adaptive search (``probes.csv``): one panel per curve, each probe at its fraction with
     its interval on Δ (points) when it stopped, coloured by its decision (within green, outside
-    red, unresolved grey) and labelled with its step and the questions it read; the -margin line
-    and, from ``within`` (its ``crossing_pct`` / ``margin_pts`` columns), the crossing.
+    red, unresolved grey) and labelled with its step, and with the questions it read where it
+    stopped before the whole population (``n_population`` of ``probes`` or ``within``, else the
+    most any probe read); the -margin line and, from ``within`` (its ``crossing_pct`` /
+    ``margin_pts`` columns), the crossing. The Δ axis is linear within twice the margin and
+    logarithmic beyond, so the probes that decide a crossing stay legible beside those 20
+    points out.
 
     ``other``: the probes of the same search run another way (another dtype), drawn thin and
     hollow a little to the right of each fraction, labelled ``other_label`` (panels for the
@@ -200,6 +205,8 @@ def crossing_probes(probes: pd.DataFrame, within: pd.DataFrame | None = None, ot
     fig = Figure(figsize=(4.2 * cols, 3.2 * rows), layout="constrained")
     colour = {"within": "tab:green", "outside": "tab:red", "unresolved": "grey"}
     rows_of = {} if within is None else {r["score_fn"]: r for _, r in within.iterrows()}
+    census = next((float(f["n_population"].max()) for f in (probes, within) if f is not None and "n_population" in f
+                   and len(f)), float(probes["n_items"].max()) if len(probes) else 0.0)
     for i, name in enumerate(curves):
         ax = fig.add_subplot(rows, cols, i + 1)
         got = probes[probes["score_fn"] == name]
@@ -208,8 +215,9 @@ def crossing_probes(probes: pd.DataFrame, within: pd.DataFrame | None = None, ot
             c = colour.get(p["decision"], "grey")
             ax.plot([p["pct"], p["pct"]], [lo, hi], color=c, lw=3, solid_capstyle="butt")
             ax.plot([p["pct"]], [(lo + hi) / 2], "o", color=c, ms=4)  # an exhausted probe's interval is a point
-            ax.annotate(f"{int(p['step'])}: n={int(p['n_items'])}", (p["pct"], hi), textcoords="offset points",
-                        xytext=(3, 2), fontsize=7)
+            n = int(p["n_items"])
+            ax.annotate(f"{int(p['step'])}" + (f": n={n}" if n < census else ""), (p["pct"], hi),
+                        textcoords="offset points", xytext=(3, 2), fontsize=7)
         if other is not None:
             theirs = other[other["score_fn"] == name]
             shift = 0.006 * float(np.nanmax([*probes["pct"], *other["pct"], 1.0]))
@@ -225,6 +233,10 @@ def crossing_probes(probes: pd.DataFrame, within: pd.DataFrame | None = None, ot
         margin = float(row["margin_pts"]) if row is not None and "margin_pts" in row else 1.0
         ax.axhline(0.0, color="black", lw=0.8)
         ax.axhline(-margin, color="black", lw=0.8, ls=":")
+        ax.set_yscale("symlog", linthresh=2 * margin, linscale=2)
+        ax.yaxis.set_major_locator(FixedLocator([s * v for s in (-1, 1) for v in (1, 2, 5, 10, 20, 50, 100)] + [0]))
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.yaxis.set_minor_locator(NullLocator())
         if row is not None and "crossing_pct" in row and np.isfinite(float(row["crossing_pct"])):
             ax.axvline(float(row["crossing_pct"]), color="tab:blue", lw=1, ls="--")
             name = f"{name}: {float(row['crossing_pct']):g} % ({row['crossing_status']})"
