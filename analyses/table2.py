@@ -40,7 +40,8 @@ only rebuilds the tables (``--allow-emulated`` to run there anyway).
 Outputs (OUT, beside the old 200-question tables, which this script never writes):
 table2_crossings.csv (a row per unit: crossing, status and reason, intervals, probes, items and
 hours spent, the fixed 7-point grid's cost), table2_probes.csv, table2_groups.csv (per group:
-the unablated items, the population, the scoring pass, totals), table2_paper_comparison.csv,
+the unablated items, the population, the scoring pass, totals), table2_remaining.csv (per group:
+an estimate of the items and hours its undecided rows still need), table2_paper_comparison.csv,
 table2_paper_claims.csv, table2_dtype_crossings.csv, table2_dtype_check.csv (``--check-dtype``:
 a bfloat16 search's probes again in float32), table2_runs.csv (one row
 per run that computed something: machine, dtype, items, hours), table2_summary.md and
@@ -89,6 +90,7 @@ STATIC = "static:ahon_ln"
 OUTPUT_NORM = ("ahon", "ahon_ln", "lthon", "lthon_ln")  # the paper's output-norm scores
 ZERO, MEAN = "zero", "mean_c4"
 REPLACEMENT = {ZERO: None, MEAN: "mean:c4"}
+RESOLVING_STAGES = 4  # stages 1-4 (PIQA x 3 models, Qwen/MMLU's FIRST curves) resolve the issue
 GRID7 = 6  # the fixed grid's ablated points per curve (0-30 % in 5s; the unablated point is shared)
 
 # The paper's numbers (arXiv 2504.03889, Table 2 and its text)
@@ -108,14 +110,22 @@ SCORE_SHARDS = {"piqa": 4, "winogrande": 8, "mmlu": 64}
 # Gemma/WinoGrande ~30 min, PIQA 10-30 min.
 PASS_MINUTES = {"piqa": 30.0, "winogrande": 60.0, "mmlu": 480.0}
 
+# CPU seconds per item of a pair's ablated evaluation relative to SmolLM2/PIQA's, for the pairs the
+# campaign has not timed yet (float32, one torch thread, the same run: benchmarks/results/
+# bench_campaign_rates.md, 7 Dec). Only the remaining-compute estimate reads them; Gemma/PIQA's
+# 1.63 against the campaign's own 1.93 shows how far such a ratio can be off (~20 %, low).
+RATE_VS_SMOLLM2_PIQA = {("smollm2-135m", "piqa"): 1.0, ("gemma-3-270m", "piqa"): 1.63,
+                        ("qwen2.5-coder-0.5b", "piqa"): 3.02, ("qwen2.5-coder-0.5b", "mmlu"): 22.89,
+                        ("gemma-3-270m", "winogrande"): 3.26}
+
 # The campaign's dtype: float32. The full-size dtype check (table2_dtype_check.csv, 6 Dec) found bf16
 # moving a decision at the crossing (SmolLM2/PIQA AHON(LN) at 15 %: bf16 -1.41 pt, fp32 -0.49 pt on the
 # same 1,838 questions), so the curves are searched in float32; a pair's store for any other dtype sits
 # beside its float32 one, suffixed with the dtype (``store_folder``).
 CAMPAIGN_DTYPE = "float32"
 
-TABLES = ("table2_crossings.csv", "table2_probes.csv", "table2_groups.csv", "table2_paper_comparison.csv",
-          "table2_paper_claims.csv", "table2_dtype_crossings.csv", "table2_summary.md")
+TABLES = ("table2_crossings.csv", "table2_probes.csv", "table2_groups.csv", "table2_remaining.csv",
+          "table2_paper_comparison.csv", "table2_paper_claims.csv", "table2_dtype_crossings.csv", "table2_summary.md")
 DTYPES = ("float32", "bfloat16")
 OTHER_DTYPE = next(d for d in DTYPES if d != CAMPAIGN_DTYPE)  # the comparison's: its store sits beside
 
@@ -278,11 +288,22 @@ class GroupState:
     def pass_progress(self) -> str:
         """How far a scoring pass still in shards has come, from passes.csv alone (committed, so a
         fresh machine reads the same): "k of n shards", or "" before the first shard."""
-        if not self.passes_path.is_file():
-            return ""
-        n = SCORE_SHARDS.get(self.group.task, 1)
-        done = pd.read_csv(self.passes_path)["what"].str.fullmatch(rf"scoring shard \d+ of {n}").sum()
+        done, n = self.pass_shards()
         return f"{done} of {n} shards" if done else ""
+
+    def pass_shards(self) -> tuple[int, int]:
+        """(shards stored, shards) of the scoring pass, from passes.csv alone."""
+        n = SCORE_SHARDS.get(self.group.task, 1)
+        if not self.passes_path.is_file():
+            return 0, n
+        return int(pd.read_csv(self.passes_path)["what"].str.fullmatch(rf"scoring shard \d+ of {n}").sum()), n
+
+    def pass_left(self) -> float:
+        """The share of the scoring pass still to run: 0 once the thresholds are stored."""
+        if (self.folder / "thresholds").is_dir():
+            return 0.0
+        done, n = self.pass_shards()
+        return 1 - done / n
 
     def score(self, model, start_by: float | None) -> bool:
         """The group's thresholds and static scores by the scoring pass's ``SCORE_SHARDS`` shards,
@@ -416,7 +437,8 @@ def tabulate(args, units: list[Unit], states: dict[Group, GroupState]):
         if run is None:
             scored = st.pass_progress()
             group_rows.append({"group": g.name, "model": g.model, "task": g.task, "ablation": g.ablation,
-                               "status": f"scoring pass: {scored} stored" if scored else "not started"})
+                               "status": f"scoring pass: {scored} stored" if scored else "not started",
+                               "scoring_pass_left": round(st.pass_left(), 6)})
             continue
         mine = [u for u in units if u.group == g]
         curves = [st.curves[u.curve] for u in mine]
@@ -440,7 +462,7 @@ def tabulate(args, units: list[Unit], states: dict[Group, GroupState]):
             "unablated_accuracy_on_known": float(np.mean([q.correct for q in known.values()])) if known else math.nan,
             "pair_unablated_eval_hours": round(base_seconds / 3600, 6),
             "pair_scoring_pass_hours": round(float(passes["wall_seconds"].sum()) / 3600, 4) if passes is not None
-            else math.nan})
+            else math.nan, "scoring_pass_left": 0.0})
     for u in units:
         st = states[u.group]
         if u.group in outcomes and u.curve in outcomes[u.group]:
@@ -705,8 +727,68 @@ def _dtype_row(r: pd.Series, dtype: str) -> pd.Series:
     return pd.Series({c: r[f"{c}_{dtype}"] for c in ("bracket_low_pct", "bracket_high_pct")})
 
 
+def remaining(cross: pd.DataFrame, groups: pd.DataFrame) -> tuple[pd.DataFrame, dict]:
+    """An estimate of the compute each group still needs: (a row per stage of the work list, with
+    the hours through it, ``basis``).
+
+    Items: a row not decided yet needs the median items a decided row of its kind needed (random
+    heads apart: three seeds a probe), as a multiple of its population, less what it has read.
+    Seconds per item: the group's own (its evaluations' stored timings), else its pair's other
+    group's, else SmolLM2/PIQA's zero-ablation rate times ``RATE_VS_SMOLLM2_PIQA``. A pair whose
+    scoring pass is not whole adds its missing shards at one census probe's cost, once per pair."""
+    decided = cross[cross.status.isin(["resolved", "lower bound"]) & (cross["eval_items"].fillna(0) > 0)] \
+        if "eval_items" in cross else cross.iloc[0:0]
+    is_random = decided.score_fn.isin(["random", "static:random"])
+
+    def factor(rows: pd.DataFrame) -> float:
+        return float(np.median(rows["eval_items"].astype(float) / rows["n_population"].astype(float))) \
+            if len(rows) else math.nan
+
+    f_curve, f_random = factor(decided[~is_random]), factor(decided[is_random])
+    spent = cross.assign(_items=cross.get("eval_items", pd.Series(dtype=float)).astype(float).fillna(0.0),
+                         _secs=cross.get("eval_seconds", pd.Series(dtype=float)).astype(float).fillna(0.0))
+    by_group = spent.groupby(["model", "task", "ablation"], sort=False)[["_items", "_secs"]].sum()
+    by_pair = spent.groupby(["model", "task"], sort=False)[["_items", "_secs"]].sum()
+
+    def rate(model: str, task: str, ablation: str) -> tuple[float, str]:
+        g = by_group.loc[(model, task, ablation)]
+        if g["_items"] > 0:
+            return float(g["_secs"] / g["_items"]), "measured"
+        p = by_pair.loc[(model, task)]
+        if p["_items"] > 0:
+            return float(p["_secs"] / p["_items"]), "the pair's other group"
+        ref = by_group.loc[("smollm2-135m", "piqa", ZERO)] if ("smollm2-135m", "piqa", ZERO) in by_group.index \
+            else None
+        ratio = RATE_VS_SMOLLM2_PIQA.get((model, task))
+        if ref is None or not ref["_items"] or ratio is None:
+            return math.nan, "no rate measured"
+        return float(ref["_secs"] / ref["_items"] * ratio), f"SmolLM2/PIQA's x {ratio:g}"
+
+    pass_left = dict(zip(groups["group"], groups["scoring_pass_left"])) if len(groups) else {}
+    rows, passes_counted = [], set()
+    for (stage, m, t, a), g in spent.groupby(["stage", "model", "task", "ablation"], sort=True):  # the work order
+        left = g[~g.status.isin(["resolved", "lower bound"])]
+        f = np.where(left.score_fn.isin(["random", "static:random"]), f_random, f_curve)
+        items = float(np.clip(f * left["n_population"].astype(float) - left["_items"], 0, None).sum()) \
+            if len(left) else 0.0
+        sec, basis = rate(m, t, a)
+        name = f"{m}__{t}__{a}"
+        N = float(g["n_population"].astype(float).max())
+        pass_items = 0.0 if (m, t) in passes_counted else N * float(pass_left.get(name, 1.0))
+        passes_counted.add((m, t))  # a pair's two groups share one pass
+        rows.append({"stage": stage, "group": name, "rows_left": len(left), "est_items": round(items),
+                     "seconds_per_item": round(sec, 4) if math.isfinite(sec) else math.nan, "rate_basis": basis,
+                     "est_eval_hours": round(items * sec / 3600, 2) if math.isfinite(sec) else math.nan,
+                     "est_pass_hours": round(pass_items * sec / 3600, 2) if math.isfinite(sec) else math.nan})
+    out = pd.DataFrame(rows)
+    if len(out):
+        out["est_hours"] = (out["est_eval_hours"] + out["est_pass_hours"]).round(2)
+        out["through_here_hours"] = out["est_hours"].cumsum().round(2)  # this stage and every one before it
+    return out, {"items_per_population": f_curve, "items_per_population_random": f_random}
+
+
 def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame, comparison: pd.DataFrame,
-                 dtypes: pd.DataFrame, figures: list[str], args) -> str:
+                 dtypes: pd.DataFrame, figures: list[str], args, left: tuple[pd.DataFrame, dict] | None = None) -> str:
     done = cross[cross.status.isin(["resolved", "lower bound"])]
     cross = cross.astype(object).where(cross.notna(), None)  # blank cells, not <NA>
     groups = groups.astype(object).where(groups.notna(), None)
@@ -743,6 +825,20 @@ def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame
                   "share one unablated point and one scoring pass (the pair_ columns); grid7 is the fixed "
                   "7-point grid (0-30 % in 5s) on the same population, at the row's measured seconds per item.", "",
                   markdown_table(groups, 3, gcols), ""]
+    if left is not None and len(left[0]):
+        est, basis = left
+        through = est.loc[est["stage"] <= RESOLVING_STAGES, "est_hours"].sum()
+        lines += ["## What remains (an estimate)", "",
+                  f"A row not decided yet is taken to need the median items a decided row needed: "
+                  f"{basis['items_per_population']:.2f} x its population (random heads, three seeds a probe: "
+                  f"{basis['items_per_population_random']:.2f} x), less what it has read; at the group's measured "
+                  f"seconds per item, else its pair's, else SmolLM2/PIQA's scaled by the ratio "
+                  f"benchmarks/bench_campaign_rates.py measured (one torch thread). A scoring pass not yet whole "
+                  f"adds its missing share at one census probe's cost. Hours are one campaign process's, on one "
+                  f"core: **{through:.0f} h** through stage {RESOLVING_STAGES} (what resolves issue 55: PIQA for "
+                  f"the three models, Qwen/MMLU's first four curves), **{est['est_hours'].sum():.0f} h** for "
+                  f"every row (table2_remaining.csv).",
+                  "", markdown_table(est.astype(object).where(est.notna(), None), 2, list(est.columns)), ""]
     lines += dtype_text(Path(args.out), dtypes)
     if figures:
         lines += ["## Figures", ""] + [f"- [{f}]({f})" for f in figures] + [""]
@@ -759,11 +855,14 @@ def write_tables(out: Path, args, units: list[Unit], states: dict[Group, GroupSt
     write_csv(dtypes, out / "table2_dtype_crossings.csv")
     write_csv(probes, out / "table2_probes.csv")
     write_csv(groups, out / "table2_groups.csv")
+    left, basis = remaining(cross, groups)
+    write_csv(left, out / "table2_remaining.csv")
     write_csv(comparison, out / "table2_paper_comparison.csv")
     write_csv(claims, out / "table2_paper_claims.csv")
     figures = (write_figures(out, probes, cross, other_probes)
                if args.figures and (len(probes) or other_probes is not None and len(other_probes)) else [])
-    atomic_write_text(out / "table2_summary.md", summary_text(cross, groups, claims, comparison, dtypes, figures, args))
+    atomic_write_text(out / "table2_summary.md", summary_text(cross, groups, claims, comparison, dtypes, figures, args,
+                                                              (left, basis)))
     return cross
 
 

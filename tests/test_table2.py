@@ -339,6 +339,47 @@ def test_the_summary_keeps_curves_decided_in_one_dtype_apart_from_those_decided_
     assert "\n\n1 curve is decided in bfloat16 and not yet in float32: lthon (m/piqa/zero) [10, 11) %." in text
 
 
+def test_the_remaining_estimate_prices_each_undecided_row_at_the_median_decided_rows_items(monkeypatch):
+    """Items: a decided row's median items per population member (random heads apart) times the
+    row's population, less what it read; seconds per item: the group's own, else its pair's, else
+    SmolLM2/PIQA's times the benchmarked ratio; a pass not whole once per pair, at that rate."""
+    t2 = script("table2")
+    monkeypatch.setitem(t2.RATE_VS_SMOLLM2_PIQA, ("qwen2.5-coder-0.5b", "mmlu"), 20.0)
+    nan = float("nan")
+
+    def row(m, t, a, fn, status, n, items=nan, secs=nan):
+        return {"stage": {("piqa", "zero"): 1, ("mmlu", "zero"): 4, ("piqa", "mean_c4"): 7}.get((t, a), 10), "model": m, "task": t, "ablation": a, "score_fn": fn, "status": status, "n_population": n,
+                "eval_items": items, "eval_seconds": secs}
+
+    s, q = "smollm2-135m", "qwen2.5-coder-0.5b"
+    cross = pd.DataFrame([
+        row(s, "piqa", "zero", "random", "resolved", 100, 600, 60.0),  # 6 x N
+        row(s, "piqa", "zero", "awft", "resolved", 100, 300, 30.0),  # 3 x N
+        row(s, "piqa", "zero", "ahon", "pending", 100, 100, 10.0),  # needs 3 x 100 - 100
+        row(s, "piqa", "zero", "lthon", "not started", 100),  # needs 300
+        row(s, "piqa", "mean_c4", "awft", "not started", 100),  # 300, at the pair's rate
+        row(q, "mmlu", "zero", "random", "not started", 200),  # 6 x 200
+        row(q, "mmlu", "zero", "awft", "not started", 200),  # 3 x 200
+        row(q, "mmlu", "mean_c4", "awft", "not started", 200)])  # 600; the pass counted once
+    groups = pd.DataFrame({"group": [f"{s}__piqa__zero", f"{s}__piqa__mean_c4", f"{q}__mmlu__zero",
+                                     f"{q}__mmlu__mean_c4"], "status": ["started", "started",
+                                                                        "scoring pass: 1 of 4 shards stored",
+                                                                        "scoring pass: 1 of 4 shards stored"],
+                           "scoring_pass_left": [0.0, 0.0, 0.75, 0.75]})
+    est, basis = t2.remaining(cross, groups)
+    assert basis == {"items_per_population": 3.0, "items_per_population_random": 6.0}
+    got = est.set_index("group")
+    assert got["rows_left"].tolist() == [2, 2, 1, 1]  # the work list's order: stages 1, 4, 7, 10
+    assert got["est_items"].tolist() == [500, 1800, 300, 600]
+    assert got["seconds_per_item"].tolist() == [0.1, 2.0, 0.1, 2.0]  # 100 s over 1,000 items; x 20
+    assert got["rate_basis"].tolist() == ["measured", "SmolLM2/PIQA's x 20", "the pair's other group",
+                                          "SmolLM2/PIQA's x 20"]
+    assert got["est_pass_hours"].tolist() == [0.0, round(0.75 * 200 * 2.0 / 3600, 2), 0.0, 0.0]
+    assert got.loc[f"{q}__mmlu__zero", "est_hours"] == round(1.0 + 0.75 * 200 * 2.0 / 3600, 2)
+    assert est["stage"].tolist() == [1, 4, 7, 10]  # the hours summed along the work list
+    assert est["through_here_hours"].iloc[-1] == round(est["est_hours"].sum(), 2)
+
+
 def test_mean_ablation_shares_the_pairs_baseline_and_thresholds(tiny_llama_2k, shared_data, tmp_path, counted):
     t2 = script("table2")
     assert t2.main(argv(tiny_llama_2k, tmp_path, "--only", "smollm2-135m/piqa/zero/random")) == 0
