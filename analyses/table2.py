@@ -90,6 +90,8 @@ STATIC = "static:ahon_ln"
 OUTPUT_NORM = ("ahon", "ahon_ln", "lthon", "lthon_ln")  # the paper's output-norm scores
 ZERO, MEAN = "zero", "mean_c4"
 REPLACEMENT = {ZERO: None, MEAN: "mean:c4"}
+DECIDED = ("resolved", "lower bound")  # the statuses that settle a row
+RANDOM_CURVES = ("random", "static:random")  # three seeds a probe
 RESOLVING_STAGES = 4  # stages 1-4 (PIQA x 3 models, Qwen/MMLU's FIRST curves) resolve the issue
 GRID7 = 6  # the fixed grid's ablated points per curve (0-30 % in 5s; the unablated point is shared)
 
@@ -393,7 +395,7 @@ def unit_row(u: Unit, st: GroupState, outcome, within: dict | None, probes: pd.D
         return {**row, "n_population": n, "status": "not started",
                 "reason": "not run yet (thresholds stored)" if (st.folder / "thresholds").is_dir()
                 else f"not run yet (scoring pass: {scored} stored)" if scored else "not run yet",
-                "grid7_items": GRID7 * n * (len(st.cfg.random_seeds) if u.curve in ("random", "static:random") else 1)}
+                "grid7_items": GRID7 * n * (len(st.cfg.random_seeds) if u.curve in RANDOM_CURVES else 1)}
     grid = st.replayed().grid
     levels = st.curves[u.curve].levels
     status = outcome.status
@@ -412,7 +414,7 @@ def unit_row(u: Unit, st: GroupState, outcome, within: dict | None, probes: pd.D
     grid_items = GRID7 * N * levels
     per_item = seconds / items if items else math.nan
     return {**row, "status": status, "reason": reason,
-            "crossing_pct": within["crossing_pct"] if status in ("resolved", "lower bound") else math.nan,
+            "crossing_pct": within["crossing_pct"] if status in DECIDED else math.nan,
             "bracket_low_pct": 100 * grid[lo], "bracket_high_pct": math.inf if hi >= len(grid) else 100 * grid[hi],
             "within_delta_lo_pts": 100 * at.lo if at else (0.0 if lo == 0 else math.nan),
             "within_delta_hi_pts": 100 * at.hi if at else (0.0 if lo == 0 else math.nan),
@@ -512,12 +514,12 @@ def dtype_crossings(args, out: Path, units: list[Unit], cross: pd.DataFrame) -> 
     if not mine:
         return pd.DataFrame(columns=out_cols), None
     them, their_probes, _ = tabulate(args, mine, theirs)
-    them = them[them.status.isin(["resolved", "lower bound"])]
+    them = them[them.status.isin(DECIDED)]
     # every column on both sides (a table with no curve started has no crossing columns), so each
     # side's values come out under its own suffix
     both = cross.reindex(columns=keys + cols).merge(them.reindex(columns=keys + cols), on=keys, how="inner",
                                                     suffixes=(f"_{CAMPAIGN_DTYPE}", f"_{other}"))
-    decided = both[f"status_{CAMPAIGN_DTYPE}"].isin(["resolved", "lower bound"])
+    decided = both[f"status_{CAMPAIGN_DTYPE}"].isin(DECIDED)
     same = (both[f"bracket_low_pct_{CAMPAIGN_DTYPE}"] == both[f"bracket_low_pct_{other}"]) & (
         both[f"bracket_high_pct_{CAMPAIGN_DTYPE}"] == both[f"bracket_high_pct_{other}"])
     both["same_crossing"] = pd.Series(same, dtype="boolean").where(decided, pd.NA)
@@ -531,7 +533,7 @@ def dtype_crossings(args, out: Path, units: list[Unit], cross: pd.DataFrame) -> 
 
 
 def _decided(r) -> bool:
-    return r is not None and r["status"] in ("resolved", "lower bound")
+    return r is not None and r["status"] in DECIDED
 
 
 def _bracket(r) -> str:
@@ -736,9 +738,9 @@ def remaining(cross: pd.DataFrame, groups: pd.DataFrame) -> tuple[pd.DataFrame, 
     Seconds per item: the group's own (its evaluations' stored timings), else its pair's other
     group's, else SmolLM2/PIQA's zero-ablation rate times ``RATE_VS_SMOLLM2_PIQA``. A pair whose
     scoring pass is not whole adds its missing shards at one census probe's cost, once per pair."""
-    decided = cross[cross.status.isin(["resolved", "lower bound"]) & (cross["eval_items"].fillna(0) > 0)] \
+    decided = cross[cross.status.isin(DECIDED) & (cross["eval_items"].fillna(0) > 0)] \
         if "eval_items" in cross else cross.iloc[0:0]
-    is_random = decided.score_fn.isin(["random", "static:random"])
+    is_random = decided.score_fn.isin(RANDOM_CURVES)
 
     def factor(rows: pd.DataFrame) -> float:
         return float(np.median(rows["eval_items"].astype(float) / rows["n_population"].astype(float))) \
@@ -757,18 +759,17 @@ def remaining(cross: pd.DataFrame, groups: pd.DataFrame) -> tuple[pd.DataFrame, 
         p = by_pair.loc[(model, task)]
         if p["_items"] > 0:
             return float(p["_secs"] / p["_items"]), "the pair's other group"
-        ref = by_group.loc[("smollm2-135m", "piqa", ZERO)] if ("smollm2-135m", "piqa", ZERO) in by_group.index \
-            else None
+        ref = ("smollm2-135m", "piqa", ZERO)
         ratio = RATE_VS_SMOLLM2_PIQA.get((model, task))
-        if ref is None or not ref["_items"] or ratio is None:
+        if ref not in by_group.index or not by_group.loc[ref, "_items"] or ratio is None:
             return math.nan, "no rate measured"
-        return float(ref["_secs"] / ref["_items"] * ratio), f"SmolLM2/PIQA's x {ratio:g}"
+        return float(by_group.loc[ref, "_secs"] / by_group.loc[ref, "_items"] * ratio), f"SmolLM2/PIQA's x {ratio:g}"
 
     pass_left = dict(zip(groups["group"], groups["scoring_pass_left"])) if len(groups) else {}
     rows, passes_counted = [], set()
     for (stage, m, t, a), g in spent.groupby(["stage", "model", "task", "ablation"], sort=True):  # the work order
-        left = g[~g.status.isin(["resolved", "lower bound"])]
-        f = np.where(left.score_fn.isin(["random", "static:random"]), f_random, f_curve)
+        left = g[~g.status.isin(DECIDED)]
+        f = np.where(left.score_fn.isin(RANDOM_CURVES), f_random, f_curve)
         items = float(np.clip(f * left["n_population"].astype(float) - left["_items"], 0, None).sum()) \
             if len(left) else 0.0
         sec, basis = rate(m, t, a)
@@ -789,7 +790,7 @@ def remaining(cross: pd.DataFrame, groups: pd.DataFrame) -> tuple[pd.DataFrame, 
 
 def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame, comparison: pd.DataFrame,
                  dtypes: pd.DataFrame, figures: list[str], args, left: tuple[pd.DataFrame, dict] | None = None) -> str:
-    done = cross[cross.status.isin(["resolved", "lower bound"])]
+    done = cross[cross.status.isin(DECIDED)]
     cross = cross.astype(object).where(cross.notna(), None)  # blank cells, not <NA>
     groups = groups.astype(object).where(groups.notna(), None)
     lines = ["# Table 2 at paper resolution: adaptive crossings on the full benchmarks", "",

@@ -67,7 +67,6 @@ def main() -> int:
         ap.error(f"the first pair must be {REFERENCE[0]}/{REFERENCE[1]} and float32 among --dtypes: "
                  "every ratio is against it")
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     rows: list[tuple[str, str, str, int, float, float]] = []
     for model_name, task_name in pairs:
@@ -94,7 +93,7 @@ def main() -> int:
     lines += ["", "CPU s: this process's CPU time (one torch thread), so another job on the core slows the wall "
               "clock, not the figure; the ratios are what carry to another machine. A question is every choice "
               "of it scored (MMLU: its 5-shot prompt once, the four letters read at its end)."]
-    atomic_write_text(out, "\n".join(lines) + "\n")
+    atomic_write_text(out, "\n".join(lines) + "\n", make_parents=True)
     print("\n".join(lines))
     return 0
 
