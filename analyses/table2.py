@@ -47,6 +47,10 @@ a bfloat16 search's probes again in float32), table2_runs.csv (one row
 per run that computed something: machine, dtype, items, hours), table2_summary.md and
 figures/table2_<group>.png. Rerunning with nothing left to compute (or ``--tabulate-only``)
 rewrites every one of them byte for byte.
+
+Hours are compute hours (docs/methods.md §13, "Cost per curve"): on a CPU the evaluating
+process's CPU time, so a campaign run sharing its core with other work is not billed for it;
+records and scoring passes logged before CPU time was kept count their wall time.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ from common import markdown_table, out_folder, script_main, split_list, write_cs
 
 from lens_heads.data import load_task  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
+from lens_heads.evaluation.timing import compute_seconds  # noqa: E402
 from lens_heads.files.atomic import atomic_path, atomic_write_text  # noqa: E402
 from lens_heads.forward.task_requests import select_records  # noqa: E402
 from lens_heads.models import check_device  # noqa: E402
@@ -320,7 +325,7 @@ class GroupState:
         n = SCORE_SHARDS.get(self.group.task, 1)
 
         def logged(j: int, wall: float, cpu: float) -> None:
-            log_pass(self.passes_path, wall, cpu, self.dtype, f"scoring shard {j + 1} of {n}")
+            log_pass(self.passes_path, wall, cpu, self.dtype, self.ref.device, f"scoring shard {j + 1} of {n}")
             print(f"[{time.strftime('%H:%M:%S')}] {self.group.name}: scoring shard {j + 1} of {n} "
                   f"stored ({wall:.0f} s)", flush=True)
 
@@ -335,7 +340,8 @@ class GroupState:
             self.run, curves = prepare_search(model, self.cfg, self.search, self.folder, self.load_task(),
                                               progress, self.ledger(), deadline)
             if not had:
-                log_pass(self.passes_path, time.perf_counter() - t0, time.process_time() - c0, self.dtype)
+                log_pass(self.passes_path, time.perf_counter() - t0, time.process_time() - c0, self.dtype,
+                         self.ref.device)
             self.curves = {c.name: c for c in curves}
             self.replay = None  # rebuilt from the store when tabulating
         return self.run
@@ -356,13 +362,21 @@ def _task(name: str):
     return _TASKS[name]
 
 
-def log_pass(path: Path, wall: float, cpu: float, dtype: str,
+def log_pass(path: Path, wall: float, cpu: float, dtype: str, device: str,
              what: str = "thresholds and static scores (one scoring pass)") -> None:
     row = pd.DataFrame([{"what": what, "wall_seconds": round(wall, 1),
                          "cpu_seconds": round(cpu, 1), "dtype": dtype, "cpu": cpu_name(),
-                         "date": time.strftime("%Y-%m-%d")}])
+                         "date": time.strftime("%Y-%m-%d"), "device": str(device).split(":")[0]}])
     old = pd.read_csv(path) if path.is_file() else None
     write_csv(row if old is None else pd.concat([old, row], ignore_index=True), path)
+
+
+def pass_seconds(passes: pd.DataFrame) -> float:
+    """What a pair's scoring passes cost (``compute_seconds`` per row of passes.csv: CPU seconds on
+    a CPU, wall seconds on an accelerator; rows logged before the device column ran on a CPU)."""
+    device = passes["device"] if "device" in passes else pd.Series("cpu", index=passes.index)
+    return float(sum(compute_seconds({"seconds": w, "cpu_seconds": c, "device": d if isinstance(d, str) else "cpu"})
+                     for w, c, d in zip(passes["wall_seconds"], passes["cpu_seconds"], device)))
 
 
 def cpu_name() -> str:
@@ -463,7 +477,7 @@ def tabulate(args, units: list[Unit], states: dict[Group, GroupState]):
             "dtype": st.dtype, "n_population": N, "unablated_items_known": len(known),
             "unablated_accuracy_on_known": float(np.mean([q.correct for q in known.values()])) if known else math.nan,
             "pair_unablated_eval_hours": round(base_seconds / 3600, 6),
-            "pair_scoring_pass_hours": round(float(passes["wall_seconds"].sum()) / 3600, 4) if passes is not None
+            "pair_scoring_pass_hours": round(pass_seconds(passes) / 3600, 4) if passes is not None
             else math.nan, "scoring_pass_left": 0.0})
     for u in units:
         st = states[u.group]

@@ -539,3 +539,78 @@ def test_the_batches_call_back_between_them(model2k, shared_data, tmp_path, coun
     for c in curves:
         adaptive.search_curve(run, c)
     assert len(seen) == len(counted) // 8 and seen == sorted(seen) and seen[-1] == len(counted)
+
+
+def test_a_curves_cost_counts_cpu_time_not_waiting(model2k, shared_data, tmp_path, monkeypatch):
+    """Each evaluation records its wall and CPU seconds and its device; a curve's cost and the
+    ledger count the CPU seconds (docs/methods.md §13, "Cost per curve"), so time the process
+    spends off the CPU -- here a sleep inside every evaluation, standing for another job on its
+    core -- adds nothing, while the wall clock counts it."""
+    import time
+
+    from lens_heads.evaluation import evaluate as evaluation
+    from lens_heads.evaluation.timing import compute_seconds
+    from lens_heads.data import load_task
+    from lens_heads.results.keys import Kind
+    from lens_heads.results.store import ResultStore
+    from lens_heads.sweep.adaptive import search_config, tabulate_search
+    from lens_heads.sweep.ledger import Ledger
+    from lens_heads.sweep.records import PointRecord
+
+    real, nap = evaluation.loglikelihoods, 0.3
+
+    def off_cpu(*args, **kwargs):
+        time.sleep(nap)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(evaluation, "loglikelihoods", off_cpu)
+    cfg = SweepConfig(**{**CFG, "score_ids": ["awft"], "random_seeds": []})
+    search = SearchConfig(margin=0.05, resolution=0.25, batch=8, alpha=0.2)
+    run_search(model2k, cfg, search, tmp_path, progress=False, ledger=tmp_path / "ledger.json")
+    parts = [PointRecord.from_json(d) for d in ResultStore(tmp_path).records(Kind.PART)]
+    assert parts
+    for p in parts:
+        c = p.eval_config
+        assert c["device"] == "cpu" and c["cpu_seconds"] > 0 and compute_seconds(c) == c["cpu_seconds"]
+        assert c["seconds"] >= c["cpu_seconds"] + nap - 0.05  # the nap is wall time, not CPU time
+    ablated = [p for p in parts if p.eval_config["ablation"] != "none"]
+    cpu = sum(round(1000 * p.eval_config["cpu_seconds"]) for p in ablated) / 1000
+    wall = sum(p.eval_config["seconds"] for p in ablated)
+    task = load_task("piqa")
+    gcfg, grid = search_config(cfg, search)
+    found = tabulate_search(tmp_path, gcfg.identity(model2k, task), gcfg, None, search, grid, task=task, costs=True)
+    row = found.within.iloc[0]
+    assert row.eval_items == sum(len(p.questions) for p in ablated)
+    assert row.eval_seconds == pytest.approx(cpu, abs=1e-6) and row.eval_seconds < wall - nap * len(ablated) + 0.05
+    book = Ledger.load(tmp_path / "ledger.json", [r.doc_id for r in _records(cfg)])
+    assert sum(e.seconds for e in book.entries.values() if e.spec != "none") == pytest.approx(cpu, abs=1e-3)
+
+
+def test_compute_seconds_reads_cpu_time_on_a_cpu_and_the_wall_elsewhere():
+    from lens_heads.evaluation.timing import Stopwatch, compute_seconds
+    from lens_heads.sweep.records import PointRecord
+
+    assert compute_seconds({"seconds": 9.0, "cpu_seconds": 4.0, "device": "cpu"}) == 4.0
+    assert compute_seconds({"seconds": 9.0, "cpu_seconds": 4.0, "device": "cuda"}) == 9.0  # the host's CPU misses the GPU
+    assert compute_seconds({"seconds": 9.0}) == 9.0  # a record from before CPU time was recorded
+    assert compute_seconds({}) == 0.0
+    watch = Stopwatch.start()
+    sum(i * i for i in range(300_000))  # on the CPU
+    busy = watch.fields("cuda:1")
+    assert busy["device"] == "cuda" and 0 < busy["cpu_seconds"] <= busy["seconds"] + 0.01
+    # a point stored in parts: CPU time adds up only when every part recorded it
+    question = {"doc_id": 0, "pred": 1, "gold": 1, "correct": True, "lls": [-2.0, -1.0], "pred_norm": None,
+                "subject": None}
+    part = {"task": "piqa", "n_shot": 0, "metrics": {"acc": 1.0}, "zeroed_fraction": None, "questions": [question],
+            "point_hash": "x"}
+
+    def cfg(**timing):
+        return {"n_questions": 1, "n_requests": 2, "zeroed_units": None, **timing}
+
+    both = [PointRecord.from_json({**part, "eval_config": cfg(seconds=2.0, cpu_seconds=1.5, device="cpu")}),
+            PointRecord.from_json({**part, "eval_config": cfg(seconds=3.0, cpu_seconds=2.5, device="cpu")})]
+    merged = PointRecord.merge(both, None).eval_config
+    assert merged["seconds"] == 5.0 and merged["cpu_seconds"] == 4.0 and compute_seconds(merged) == 4.0
+    old = [both[0], PointRecord.from_json({**part, "eval_config": cfg(seconds=3.0)})]
+    merged = PointRecord.merge(old, None).eval_config
+    assert "cpu_seconds" not in merged and compute_seconds(merged) == 5.0

@@ -439,3 +439,18 @@ def test_this_repository_ignores_the_per_item_store_and_not_what_the_campaign_co
     for p in (f"{pair}/points/x.json", f"{pair}/parts/x.json", f"{pair}/score_shards/x.safetensors",
               f"{pair}/parts/x.json.claim", f"{pair}__bfloat16/points/x.json", f"{pair}__bfloat16/parts/x.json"):
         assert ignored(p), p
+
+
+def test_a_pairs_scoring_pass_hours_are_cpu_time_on_a_cpu_and_wall_time_on_a_gpu(tmp_path):
+    """passes.csv logs both clocks and the device; the pass hours count the CPU time of CPU passes
+    (rows logged before the device column ran on a CPU) and the wall time of accelerator passes."""
+    t2 = script("table2")
+    path = tmp_path / "passes.csv"
+    pd.DataFrame([{"what": "old", "wall_seconds": 534.4, "cpu_seconds": 446.7, "dtype": "float32", "cpu": "x",
+                   "date": "2026-12-06"}]).to_csv(path, index=False)
+    assert t2.pass_seconds(pd.read_csv(path)) == pytest.approx(446.7)
+    t2.log_pass(path, 100.0, 90.0, "float32", "cpu", "shard 1")
+    t2.log_pass(path, 50.0, 49.0, "float32", "cuda:0", "shard 2")
+    passes = pd.read_csv(path)
+    assert list(passes.device.fillna("")) == ["", "cpu", "cuda"]
+    assert t2.pass_seconds(passes) == pytest.approx(446.7 + 90.0 + 50.0)

@@ -15,7 +15,6 @@ import contextlib
 import json
 import math
 import os
-import time
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Sequence
@@ -29,6 +28,7 @@ from lens_heads.data.tasks import DEFAULT_SEED, Task
 from lens_heads.forward.engine import encode_pair, forward, loglikelihoods_tokens, token_nll
 from lens_heads.errors import LensHeadsError
 from lens_heads.progress import progress_bar
+from lens_heads.evaluation.timing import Stopwatch
 from lens_heads.forward.task_requests import chat_format, resolve_task, select_records, task_requests
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ def evaluate_task(
     them, as lm-eval 0.4.13); ``engine_kwargs`` go to ``loglikelihoods_tokens``
     (``reuse_prefix``, ``last_only``, ``min_prefix``, ``pack``).
     """
-    t0 = time.perf_counter()
+    watch = Stopwatch.start()
     task = resolve_task(task)
     k = task.spec.n_shot if n_shot is None else int(n_shot)
     records = select_records(task, limit, seed, doc_ids)
@@ -139,7 +139,7 @@ def evaluate_task(
               "ablation": ablation.name if ablation is not None else "none",
               **({"calibrated": str(ablation.calibrated)} if getattr(ablation, "calibrated", None) else {}),
               **({"protocol": protocol.prompt_key()} if protocol is not None and protocol.prompt_key() else {}),
-              "zeroed_units": counts, "batch_size": batch_size, "seconds": round(time.perf_counter() - t0, 3)}
+              "zeroed_units": counts, "batch_size": batch_size, **watch.fields(model.device)}
     return TaskResult(task.name, k, metrics, questions, zf, config)
 
 

@@ -18,10 +18,10 @@ from typing import TYPE_CHECKING
 
 import json
 import os
-import time
 from dataclasses import asdict, dataclass, field
 
 from lens_heads.files.atomic import atomic_write_text
+from lens_heads.evaluation.timing import Stopwatch
 from lens_heads.data.lm_eval_tasks import RollingTask
 
 if TYPE_CHECKING:
@@ -59,7 +59,7 @@ def evaluate_rolling_task(model: LoadedModel, task: RollingTask, ablation=None, 
     (an ``Ablation``, a spec string or None) applied."""
     from lens_heads.evaluation.lm_eval_model import LensHeadsLM  # lm-eval is optional: imported when used
 
-    t0 = time.perf_counter()
+    watch = Stopwatch.start()
     lm = LensHeadsLM(model, ablation=ablation, batch_size=batch_size, progress=progress)
     lt = task.lm_task
     lt.build_all_requests(limit=limit)
@@ -80,5 +80,5 @@ def evaluate_rolling_task(model: LoadedModel, task: RollingTask, ablation=None, 
     revision = {"revision": model.source.revision} if model.source.revision else {}
     config = {"model": model.name, **revision, "dtype": str(model.dtype).removeprefix("torch."), "task": task.name,
               "source": task.source, "limit": limit, "n_docs": len(rows), "ablation": lm.ablation_spec,
-              "batch_size": batch_size, "seconds": round(time.perf_counter() - t0, 3)}
+              "batch_size": batch_size, **watch.fields(model.device)}
     return RollingResult(task.name, metrics, rows, zf, config)

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Sequence
 import numpy as np
 
 from lens_heads.evaluation import evaluate as evaluation
+from lens_heads.evaluation.timing import compute_seconds
 from lens_heads.interventions.ablation import parse_ablation
 from lens_heads.files.atomic import atomic_write_csv
 from lens_heads.files.claims import claim, wait_for
@@ -288,7 +289,7 @@ class StoreItems:
             zeroed[0] += share * units[0]
             zeroed[1] += share * units[1]
         cost[0] += share * len(rec.questions)
-        cost[1] += share * round(1000 * float(rec.eval_config.get("seconds") or 0.0))  # in ms: sums exact
+        cost[1] += share * round(1000 * compute_seconds(rec.eval_config))  # in ms: sums exact
 
     def pct_zeroed(self, spec: str) -> float:
         """% of (input, layer, head) units zeroed over the stored items of ``spec``'s point."""
@@ -337,7 +338,7 @@ class StoreItems:
                     rec = self._evaluate(spec, missing)
                     self.store.save(part, rec)
                     self.new += len(missing)
-                    self.new_seconds += float(rec.eval_config.get("seconds") or 0.0)
+                    self.new_seconds += compute_seconds(rec.eval_config)
                     evaluated = True
                 self._add(self._known[key.digest], self._zeroed[key.digest], self._cost[key.digest], rec)
         if mine:

@@ -67,6 +67,11 @@ class PointRecord:
         config = dict(parts[0].eval_config)
         for k in ("n_questions", "n_requests", "seconds"):
             config[k] = sum(p.eval_config[k] for p in parts)
+        if all(p.eval_config.get("cpu_seconds") is not None for p in parts) \
+                and len({p.eval_config.get("device") for p in parts}) == 1:
+            config["cpu_seconds"] = sum(p.eval_config["cpu_seconds"] for p in parts)
+        else:  # a part timed before CPU time was recorded, or on another device: wall time only
+            config.pop("cpu_seconds", None)
         config.update(limit=limit, doc_ids=None, n_parts=len(parts),
                       zeroed_units=None if zeroed is None else [zeroed, units])
         return cls(parts[0].task, parts[0].n_shot, metrics, zf, questions, config, parts[0].point_hash)

@@ -1,0 +1,52 @@
+"""What an evaluation cost: its wall seconds and the CPU seconds of the process that ran it
+(docs/methods.md §13, "Cost per curve").
+
+Wall time counts whatever else shares the machine: a campaign batch that shares its core with
+another job takes longer on the clock without costing more. So a record keeps both, and the
+cost a campaign adds up (``compute_seconds``) is the process's CPU time (all its threads:
+CPU-seconds) where the evaluation ran on a CPU, and the wall time where it ran on an
+accelerator, whose work the host's CPU time does not see.
+
+    watch = Stopwatch.start()
+    ...  # evaluate
+    config.update(watch.fields(model.device))   # seconds, cpu_seconds, device
+    compute_seconds(config)                      # what the evaluation cost
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+
+@dataclass(frozen=True)
+class Stopwatch:
+    """Wall (``time.perf_counter``) and process CPU (``time.process_time``) clocks at a start."""
+
+    wall0: float
+    cpu0: float
+
+    @classmethod
+    def start(cls) -> "Stopwatch":
+        return cls(time.perf_counter(), time.process_time())
+
+    def fields(self, device: str) -> dict[str, Any]:
+        """The record's timing fields: ``seconds`` (wall), ``cpu_seconds`` (this process's CPU
+        time, every thread) and ``device`` (the type the model ran on: cpu, cuda, mps)."""
+        return {"seconds": round(time.perf_counter() - self.wall0, 3),
+                "cpu_seconds": round(time.process_time() - self.cpu0, 3),
+                "device": str(device).split(":")[0]}
+
+
+def compute_seconds(config: Mapping[str, Any]) -> float:
+    """The seconds an evaluation record's ``config`` says it cost: its CPU seconds where it ran on
+    a CPU and recorded them, else its wall seconds (an accelerator's, or a record written before
+    CPU time was recorded; 0 when it has neither)."""
+    cpu = config.get("cpu_seconds")
+    if cpu is not None and config.get("device", "cpu") == "cpu":
+        return float(cpu)
+    return float(config.get("seconds") or 0.0)
+
+
+__all__ = ["Stopwatch", "compute_seconds"]
