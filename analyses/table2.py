@@ -435,6 +435,7 @@ def unit_row(u: Unit, st: GroupState, outcome, within: dict | None, probes: pd.D
             "within_pct_zeroed": at.pct_zeroed if at else (0.0 if lo == 0 else math.nan),
             "outside_delta_lo_pts": 100 * nxt.lo if nxt else math.nan,
             "outside_delta_hi_pts": 100 * nxt.hi if nxt else math.nan,
+            "outside_pct_zeroed": nxt.pct_zeroed if nxt else math.nan,
             "n_probes": len(outcome.probes), "probes": within["probes"],
             "item_reads": within["item_evaluations"], "eval_items": round(items),
             "eval_seconds": round(seconds, 3), "eval_hours": round(seconds / 3600, 6),
@@ -802,6 +803,26 @@ def remaining(cross: pd.DataFrame, groups: pd.DataFrame) -> tuple[pd.DataFrame, 
     return out, {"items_per_population": f_curve, "items_per_population_random": f_random}
 
 
+def coarse_steps_text(done: pd.DataFrame, resolution_pct: float) -> list[str]:
+    """The decided rows whose first point beyond the crossing zeroed more than a grid step past its
+    target: tied scores (a grouped-query head's value score repeats over the query heads sharing
+    its key/value head, docs/methods.md §3) move in blocks, so the bracket is coarser than it reads."""
+    if "outside_pct_zeroed" not in done.columns:
+        return []
+    high = done["bracket_high_pct"].astype(float)
+    coarse = done[np.isfinite(high) & (done["outside_pct_zeroed"].astype(float) > high + resolution_pct)]
+    if not len(coarse):
+        return []
+    lines = ["## Where a step zeroes more than it names", "",
+             "The bracket is in target fractions; the probe beyond it zeroed this share of the (question, layer, "
+             "head) units instead, because the function's scores tie in blocks (docs/methods.md §3). The crossing "
+             "then says no ablation the function can make up to that share stays within the margin.", ""]
+    for r in coarse.itertuples():
+        lines.append(f"- {r.model}/{r.task}/{r.ablation} {r.score_fn}: the probe at {r.bracket_high_pct:g} % zeroed "
+                     f"{r.outside_pct_zeroed:.2f} % (Δ {r.outside_delta_hi_pts:+.2f} pt at its upper end)")
+    return lines + [""]
+
+
 def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame, comparison: pd.DataFrame,
                  dtypes: pd.DataFrame, figures: list[str], args, left: tuple[pd.DataFrame, dict] | None = None) -> str:
     done = cross[cross.status.isin(DECIDED)]
@@ -830,13 +851,15 @@ def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame
             "bracket_high_pct", "within_delta_lo_pts", "within_delta_hi_pts", "n_probes", "item_reads", "eval_items",
             "eval_hours", "grid7_items", "grid7_est_hours", "reason"]
     lines += ["## Every row", "", markdown_table(cross, 3, [c for c in cols if c in cross.columns]), ""]
+    lines += coarse_steps_text(done, args.resolution)
     if "grid7_items" in groups.columns:
         gcols = [c for c in ("group", "status", "dtype", "n_population", "unablated_items_known",
                              "unablated_accuracy_on_known", "pair_unablated_eval_hours", "pair_scoring_pass_hours",
                              "curves_eval_items", "curves_eval_hours", "grid7_items", "grid7_est_hours")
                  if c in groups.columns]
-        lines += ["## Cost per group", "", "Hours are the evaluation's own timings stored with each batch "
-                  "(wall clock of the 2-core CPU that ran it, see table2_runs.csv for which); a pair's two groups "
+        lines += ["## Cost per group", "", "Hours are the evaluation's own timings stored with each batch: "
+                  "compute hours, the evaluating process's CPU time on a CPU (wall clock in batches stored before "
+                  "CPU time was recorded; table2_runs.csv says which machine ran them); a pair's two groups "
                   "share one unablated point and one scoring pass (the pair_ columns); grid7 is the fixed "
                   "7-point grid (0-30 % in 5s) on the same population, at the row's measured seconds per item.", "",
                   markdown_table(groups, 3, gcols), ""]

@@ -454,3 +454,20 @@ def test_a_pairs_scoring_pass_hours_are_cpu_time_on_a_cpu_and_wall_time_on_a_gpu
     passes = pd.read_csv(path)
     assert list(passes.device.fillna("")) == ["", "cpu", "cuda"]
     assert t2.pass_seconds(passes) == pytest.approx(446.7 + 90.0 + 50.0)
+
+
+def test_the_summary_names_the_rows_whose_next_step_zeroes_a_tied_block():
+    """A decided row whose first point beyond the crossing zeroed more than a grid step past its
+    target (tied scores zero in blocks) is listed with the share it zeroed; the others are not."""
+    t2 = script("table2")
+    done = pd.DataFrame([
+        {"model": "g", "task": "piqa", "ablation": "zero", "score_fn": "ftvvn", "bracket_high_pct": 1.0,
+         "outside_pct_zeroed": 5.5556, "outside_delta_hi_pts": -1.14},
+        {"model": "g", "task": "piqa", "ablation": "zero", "score_fn": "avvn", "bracket_high_pct": 2.0,
+         "outside_pct_zeroed": 2.0003, "outside_delta_hi_pts": -1.25},
+        {"model": "g", "task": "piqa", "ablation": "zero", "score_fn": "ahon", "bracket_high_pct": float("inf"),
+         "outside_pct_zeroed": float("nan"), "outside_delta_hi_pts": float("nan")}])
+    text = "\n".join(t2.coarse_steps_text(done, 1.0))
+    assert "g/piqa/zero ftvvn: the probe at 1 % zeroed 5.56 %" in text
+    assert "avvn" not in text and "ahon" not in text
+    assert t2.coarse_steps_text(done.iloc[1:], 1.0) == []
