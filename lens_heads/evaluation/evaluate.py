@@ -28,7 +28,7 @@ from lens_heads.data.tasks import DEFAULT_SEED, Task
 from lens_heads.forward.engine import encode_pair, forward, loglikelihoods_tokens, token_nll
 from lens_heads.errors import LensHeadsError
 from lens_heads.progress import progress_bar
-from lens_heads.evaluation.timing import Stopwatch
+from lens_heads.evaluation.timing import Stopwatch, device_type
 from lens_heads.forward.task_requests import chat_format, resolve_task, select_records, task_requests
 
 if TYPE_CHECKING:
@@ -139,7 +139,7 @@ def evaluate_task(
               "ablation": ablation.name if ablation is not None else "none",
               **({"calibrated": str(ablation.calibrated)} if getattr(ablation, "calibrated", None) else {}),
               **({"protocol": protocol.prompt_key()} if protocol is not None and protocol.prompt_key() else {}),
-              "zeroed_units": counts, "batch_size": batch_size, **watch.fields(model.device)}
+              "zeroed_units": counts, "batch_size": batch_size, **watch.fields(device_type(model))}
     return TaskResult(task.name, k, metrics, questions, zf, config)
 
 

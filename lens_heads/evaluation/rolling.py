@@ -21,7 +21,7 @@ import os
 from dataclasses import asdict, dataclass, field
 
 from lens_heads.files.atomic import atomic_write_text
-from lens_heads.evaluation.timing import Stopwatch
+from lens_heads.evaluation.timing import Stopwatch, device_type
 from lens_heads.data.lm_eval_tasks import RollingTask
 
 if TYPE_CHECKING:
@@ -80,5 +80,5 @@ def evaluate_rolling_task(model: LoadedModel, task: RollingTask, ablation=None, 
     revision = {"revision": model.source.revision} if model.source.revision else {}
     config = {"model": model.name, **revision, "dtype": str(model.dtype).removeprefix("torch."), "task": task.name,
               "source": task.source, "limit": limit, "n_docs": len(rows), "ablation": lm.ablation_spec,
-              "batch_size": batch_size, **watch.fields(model.device)}
+              "batch_size": batch_size, **watch.fields(device_type(model))}
     return RollingResult(task.name, metrics, rows, zf, config)

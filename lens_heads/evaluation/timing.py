@@ -9,8 +9,13 @@ accelerator, whose work the host's CPU time does not see.
 
     watch = Stopwatch.start()
     ...  # evaluate
-    config.update(watch.fields(model.device))   # seconds, cpu_seconds, device
-    compute_seconds(config)                      # what the evaluation cost
+    config.update(watch.fields(device_type(model)))   # seconds, cpu_seconds, device
+    compute_seconds(config)                            # what the evaluation cost
+
+A record merged from parts (a sweep point stored in batches) keeps the sum of its parts' costs
+as ``compute_seconds``, so merging never changes what a point cost, whatever clocks its parts
+were timed on. CPU time is not immune to a neighbour: a job sharing the core leaves it nearly
+unchanged where it doubles the wall clock, but contention for caches and memory still shows.
 """
 
 from __future__ import annotations
@@ -39,14 +44,25 @@ class Stopwatch:
                 "device": str(device).split(":")[0]}
 
 
+def device_type(model) -> str:
+    """The kind of device a loaded model computes on: ``cuda`` (or ``mps``) when a device map puts
+    any of its modules on an accelerator, even with the embedding on the CPU; else its device's."""
+    placed = (getattr(getattr(model, "hf_model", None), "hf_device_map", None) or {}).values()
+    kinds = {"cuda" if isinstance(d, int) else str(d).split(":")[0] for d in placed} - {"cpu", "disk", "meta"}
+    return sorted(kinds)[0] if kinds else str(model.device).split(":")[0]
+
+
 def compute_seconds(config: Mapping[str, Any]) -> float:
-    """The seconds an evaluation record's ``config`` says it cost: its CPU seconds where it ran on
-    a CPU and recorded them, else its wall seconds (an accelerator's, or a record written before
-    CPU time was recorded; 0 when it has neither)."""
+    """The seconds an evaluation record's ``config`` says it cost: a merged record's
+    ``compute_seconds`` (its parts' costs, summed); else its CPU seconds where it ran on a CPU and
+    recorded them, else its wall seconds (an accelerator's, or a record written before CPU time
+    was recorded; 0 when it has neither)."""
+    if config.get("compute_seconds") is not None:
+        return float(config["compute_seconds"])
     cpu = config.get("cpu_seconds")
     if cpu is not None and config.get("device", "cpu") == "cpu":
         return float(cpu)
     return float(config.get("seconds") or 0.0)
 
 
-__all__ = ["Stopwatch", "compute_seconds"]
+__all__ = ["Stopwatch", "compute_seconds", "device_type"]

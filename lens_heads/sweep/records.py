@@ -11,6 +11,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
 
+from lens_heads.evaluation.timing import compute_seconds
 from lens_heads.evaluation.evaluate import QuestionResult, accuracy_metrics
 
 
@@ -67,11 +68,15 @@ class PointRecord:
         config = dict(parts[0].eval_config)
         for k in ("n_questions", "n_requests", "seconds"):
             config[k] = sum(p.eval_config[k] for p in parts)
-        if all(p.eval_config.get("cpu_seconds") is not None for p in parts) \
-                and len({p.eval_config.get("device") for p in parts}) == 1:
-            config["cpu_seconds"] = sum(p.eval_config["cpu_seconds"] for p in parts)
-        else:  # a part timed before CPU time was recorded, or on another device: wall time only
+        # what the parts cost, each on its own clock (docs/methods.md §13): merging changes no cost
+        config["compute_seconds"] = sum(round(1000 * compute_seconds(p.eval_config)) for p in parts) / 1000  # ms: exact
+        if all(p.eval_config.get("cpu_seconds") is not None for p in parts):
+            config["cpu_seconds"] = round(sum(p.eval_config["cpu_seconds"] for p in parts), 3)
+        else:
             config.pop("cpu_seconds", None)
+        devices = {p.eval_config.get("device") for p in parts}
+        if len(devices) > 1:
+            config["device"] = "mixed"
         config.update(limit=limit, doc_ids=None, n_parts=len(parts),
                       zeroed_units=None if zeroed is None else [zeroed, units])
         return cls(parts[0].task, parts[0].n_shot, metrics, zf, questions, config, parts[0].point_hash)
