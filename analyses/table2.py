@@ -810,7 +810,8 @@ def coarse_steps_text(done: pd.DataFrame, resolution_pct: float) -> list[str]:
     if "outside_pct_zeroed" not in done.columns:
         return []
     high = done["bracket_high_pct"].astype(float)
-    coarse = done[np.isfinite(high) & (done["outside_pct_zeroed"].astype(float) > high + resolution_pct)]
+    step = done["resolution_pct"].astype(float) if "resolution_pct" in done.columns else resolution_pct
+    coarse = done[np.isfinite(high) & (done["outside_pct_zeroed"].astype(float) > high + step)]
     if not len(coarse):
         return []
     lines = ["## Where a step zeroes more than it names", "",
