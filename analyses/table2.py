@@ -3,7 +3,11 @@ crossing searched adaptively (docs/methods.md §12-13) on the full benchmark, as
 campaign over many sessions that commits as it goes.
 
     export LENS_HEADS_DATA=/work/shared/data HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-    nohup nice -n 19 python analyses/table2.py --time-limit 170 --commit-every 60 --no-progress > /tmp/table2.log 2>&1 &
+    nohup python analyses/table2.py --workers 2 --time-limit 140 --commit-every 30 --no-progress > /tmp/table2.log 2>&1 &
+
+``--workers N`` runs N worker processes (this script with ``--worker``), each pinned to one CPU
+core with one torch thread and given one stage of the work list whose pair no other worker
+holds; this process schedules them in the work list's order, rebuilds the tables and commits.
 
 The work list (``work_list``), in the order of issue 55, so that every session leaves finished
 rows: PIQA for SmolLM2, Gemma and Qwen (the twelve paper functions, random heads over three
@@ -75,6 +79,7 @@ from lens_heads.data import load_task  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
 from lens_heads.evaluation.timing import compute_seconds  # noqa: E402
 from lens_heads.files.atomic import atomic_path, atomic_write_text  # noqa: E402
+from lens_heads.files.claims import claim  # noqa: E402
 from lens_heads.forward.task_requests import select_records  # noqa: E402
 from lens_heads.models import check_device  # noqa: E402
 from lens_heads.models.load import native_bf16  # noqa: E402
@@ -1053,6 +1058,11 @@ def parse_args(argv):
                         + ", ".join(f"{k}={v:g}" for k, v in PASS_MINUTES.items())
                         + "); the pass runs in shards (" + ", ".join(f"{k}={v}" for k, v in SCORE_SHARDS.items())
                         + "), and with --time-limit a shard starts only while its share fits in the time left")
+    p.add_argument("--workers", type=int, default=1,
+                   help="campaign processes side by side, one pair (model/task) each, each pinned to its own CPU "
+                        "core with one torch thread; this process schedules the pairs in work-list order, "
+                        "rebuilds the tables and commits (default 1: this process computes)")
+    p.add_argument("--worker", action="store_true", help=__import__("argparse").SUPPRESS)  # one of --workers'
     p.add_argument("--no-figures", dest="figures", action="store_false")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--check-dtype", action="store_true",
@@ -1085,6 +1095,10 @@ def parse_args(argv):
             args.pass_minutes[task.strip()] = float(minutes)
         except ValueError:
             raise LensHeadsError(f"--pass-minutes: write TASK=MINUTES, got {item!r}") from None
+    if args.workers < 1:
+        raise LensHeadsError("--workers must be >= 1")
+    if args.workers > 1 and (args.check_dtype or args.worker):
+        raise LensHeadsError("--workers runs the work list: not with --check-dtype")
     for name in ("time_limit", "commit_every"):
         v = getattr(args, name)
         if v is not None and not v > 0:
@@ -1126,6 +1140,8 @@ def main(argv=None) -> int:
         else:
             print(f"warning: bfloat16 is emulated on this machine ({cpu_name()}): running anyway, slowly",
                   file=sys.stderr)
+    if args.workers > 1 and not args.tabulate_only:
+        return run_workers(args, sys.argv[1:] if argv is None else list(argv), out, units, todo, deadline)
     evaluated, evaluated_s, stopped, last_commit = 0, 0.0, False, time.monotonic()
     loaded: dict[str, object] = {}
     skipped: set[Group] = set()
@@ -1175,6 +1191,9 @@ def main(argv=None) -> int:
                 if args.commit_every is None or time.monotonic() - last_commit < 60 * args.commit_every:
                     return
                 st.save_ledger()
+                if args.worker:  # the --workers parent tabulates and commits
+                    last_commit = time.monotonic()
+                    return
                 write_tables(out, args, units, tables())
                 commit_results(out, f"table2: {u.name} running; the campaign's ledgers and tables so far")
                 last_commit = time.monotonic()
@@ -1191,6 +1210,10 @@ def main(argv=None) -> int:
                 evaluated += run.items.new - new0
                 evaluated_s += run.items.new_seconds - s0
                 st.save_ledger()
+            if args.worker:
+                if stopped:
+                    break
+                continue
             write_tables(out, args, units, tables())
             if args.commit_every is not None and time.monotonic() - last_commit >= 60 * args.commit_every:
                 commit_results(out, f"table2: {u.name} {'stopped at the time limit' if stopped else 'decided'}; "
@@ -1200,6 +1223,9 @@ def main(argv=None) -> int:
                 break
     if evaluated:
         log_run(out, args, evaluated, evaluated_s, time.monotonic() - t0, stopped)
+    if args.worker:
+        print(("stopped at the time limit. " if stopped else "") + f"{evaluated} items evaluated", flush=True)
+        return 0
     write_tables(out, args, units, tables())
     if args.commit_every is not None and not args.tabulate_only:
         commit_results(out, "table2: the campaign's ledgers and tables at the end of a run"
@@ -1209,8 +1235,111 @@ def main(argv=None) -> int:
     return 0
 
 
+# -----------------------------------------------------------------------------
+# --workers: pairs side by side, one process and one core each
+
+
+WORKER_DROP = {"--workers": 1, "--only": 1, "--time-limit": 1, "--worker": 0}  # option -> values it takes
+
+
+def worker_argv(argv: list[str], names: list[str], minutes: float | None, commit_every: float | None) -> list[str]:
+    """A worker's command line: this run's options without ``WORKER_DROP``'s, then its own units
+    (``--only``), the time left and ``--worker`` (it saves its ledgers every ``--commit-every``
+    but writes no tables and makes no commit: the parent does)."""
+    kept, skip = [], 0
+    for a in argv:
+        if skip:
+            skip -= 1
+            continue
+        name = a.split("=", 1)[0]
+        if name in WORKER_DROP:
+            skip = WORKER_DROP[name] if "=" not in a else 0
+            continue
+        kept.append(a)
+    kept += ["--only", ",".join(names), "--worker"]
+    if minutes is not None:
+        kept += ["--time-limit", f"{minutes:.3f}"]
+    if commit_every is not None and "--commit-every" not in [a.split("=", 1)[0] for a in kept]:
+        kept += ["--commit-every", f"{commit_every:g}"]
+    return kept
+
+
+def run_workers(args, argv: list[str], out: Path, units: list[Unit], todo: list[Unit], deadline) -> int:
+    """``--workers N``: the work list's stages with undecided units of ``todo``, in order, each
+    searched by a worker process (this script with ``--worker``) pinned to one core with one
+    torch thread; a free core takes the first stage whose pair (model, task) no worker holds, so
+    no two workers share a pair's store, ledgers and scoring-pass log, and the issue's order
+    holds as far as the pairs allow. A worker that ends (its stage decided, or its scoring pass
+    waiting for a later run) frees its core. Every ``--commit-every`` minutes and at the end this
+    process rebuilds the tables from the stores and ledgers and commits them."""
+    states = group_states(args, out, units, args.dtype)
+    stages: dict[int, list[Unit]] = {}
+    for u in todo:
+        if not states[u.group].decided(u.curve):
+            stages.setdefault(u.stage, []).append(u)
+    jobs = [((us[0].group.model, us[0].group.task), [u.name for u in us]) for us in stages.values()]
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    running: dict[int, tuple[subprocess.Popen, tuple[str, str]]] = {}
+    failed: list[str] = []
+    last_commit = time.monotonic()
+
+    def tabulate_and_commit(message: str) -> None:
+        write_tables(out, args, units, group_states(args, out, units, CAMPAIGN_DTYPE))
+        if args.commit_every is not None:
+            commit_results(out, message)
+
+    try:
+        while jobs or running:
+            for slot in range(args.workers):
+                left = None if deadline is None else (deadline - time.monotonic()) / 60
+                busy = {pair for _, pair in running.values()}
+                ready = [j for j in jobs if j[0] not in busy]
+                if slot in running or not ready or (left is not None and left < 0.5):
+                    continue
+                pair, names = ready[0]
+                jobs.remove(ready[0])
+                core = cores[slot % len(cores)]
+                cmd = [sys.executable, str(Path(__file__).resolve()),
+                       *worker_argv(argv, names, left, args.commit_every)]
+                pin = (lambda c=core: os.sched_setaffinity(0, {c})) if hasattr(os, "sched_setaffinity") else None
+                print(f"[{time.strftime('%H:%M:%S')}] worker {slot} on core {core}: {pair[0]}/{pair[1]}, "
+                      f"{len(names)} units", flush=True)
+                running[slot] = (subprocess.Popen(cmd, env=env, preexec_fn=pin), pair)
+            if deadline is not None and time.monotonic() >= deadline:
+                jobs.clear()  # the workers stop themselves between batches
+            time.sleep(2.0)
+            for slot, (proc, pair) in list(running.items()):
+                if proc.poll() is not None:
+                    del running[slot]
+                    if proc.returncode != 0:
+                        failed.append(f"{pair[0]}/{pair[1]} (exit {proc.returncode})")
+            if args.commit_every is not None and time.monotonic() - last_commit >= 60 * args.commit_every:
+                tabulate_and_commit("table2: the workers' ledgers and tables so far")
+                last_commit = time.monotonic()
+    finally:
+        for proc, _ in running.values():  # interrupted: the workers stop too (their stores keep every batch)
+            proc.terminate()
+    tabulate_and_commit("table2: the campaign's ledgers and tables at the end of a --workers run")
+    if failed:
+        print(f"workers failed: {', '.join(failed)}; the others' results are in {out}", file=sys.stderr)
+        return 1
+    print(f"workers done; tables in {out}")
+    return 0
+
+
 def log_run(out: Path, args, items: int, eval_seconds: float, wall: float, stopped: bool) -> None:
+    """One row of table2_runs.csv, appended under a claim (--workers' processes log side by side)."""
     path = out / "table2_runs.csv"
+    while True:
+        with claim(path) as mine:
+            if mine:
+                _append_run(path, args, items, eval_seconds, wall, stopped)
+                return
+        time.sleep(0.2)
+
+
+def _append_run(path: Path, args, items: int, eval_seconds: float, wall: float, stopped: bool) -> None:
     row = pd.DataFrame([{"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "dtype": args.dtype,
                          "items_evaluated": items, "eval_hours": round(eval_seconds / 3600, 6),
                          "wall_hours": round(wall / 3600, 4), "stopped_at_time_limit": stopped,

@@ -471,3 +471,44 @@ def test_the_summary_names_the_rows_whose_next_step_zeroes_a_tied_block():
     assert "g/piqa/zero ftvvn: the probe at 1 % zeroed 5.56 %" in text
     assert "avvn" not in text and "ahon" not in text
     assert t2.coarse_steps_text(done.iloc[1:], 1.0) == []
+
+
+def test_workers_search_pairs_side_by_side_as_one_process_would(tiny_llama_2k, shared_data, tmp_path):
+    """``--workers 2``: two worker processes, one pair each, pinned to a core; the parent's tables
+    equal a single process's (timings aside), the workers evaluate what it did, no item twice,
+    and each logs its own run."""
+    t2 = script("table2")
+    only = ("--only", "smollm2-135m/piqa/zero,gemma-3-270m/piqa/zero")
+    assert t2.main(argv(tiny_llama_2k, tmp_path / "ref", *only)) == 0
+    assert t2.main(argv(tiny_llama_2k, tmp_path / "run", *only, "--workers", "2")) == 0
+    drop = ["eval_seconds", "eval_hours", "grid7_est_hours"]
+    a, b = (pd.read_csv(tmp_path / o / "table2_crossings.csv").drop(columns=drop) for o in ("ref", "run"))
+    pd.testing.assert_frame_equal(a, b)
+    assert set(a.loc[a.model.isin(["smollm2-135m", "gemma-3-270m"]) & (a.task == "piqa") & (a.ablation == "zero"),
+                     "status"]) <= {"resolved", "lower bound"}
+    for name in ("table2_probes.csv", "table2_paper_claims.csv"):
+        pd.testing.assert_frame_equal(*(pd.read_csv(tmp_path / o / name) for o in ("ref", "run")))
+    ref, run = (pd.read_csv(tmp_path / o / "table2_runs.csv") for o in ("ref", "run"))
+    assert len(run) == 2 and run.items_evaluated.sum() == ref.items_evaluated.sum() > 0
+    pairs = [{n.split("/")[0] for n in only.split(",")} for only in run["only"]]
+    assert sorted(map(sorted, pairs)) == [["gemma-3-270m"], ["smollm2-135m"]]  # one pair a worker
+    # the per-item store: every question of every point stored once, in one of its parts
+    from lens_heads.results.keys import Kind
+    from lens_heads.results.store import ResultStore
+    from lens_heads.sweep.records import PointRecord
+
+    for pair in ("smollm2-135m__piqa", "gemma-3-270m__piqa"):
+        seen: dict[str, list[int]] = {}
+        for data in ResultStore(tmp_path / "run" / "table2" / "store" / pair).records(Kind.PART):
+            rec = PointRecord.from_json(data)
+            seen.setdefault(rec.point_hash, []).extend(q.doc_id for q in rec.questions)
+        assert seen and all(len(ids) == len(set(ids)) for ids in seen.values())
+
+
+def test_a_workers_command_line_keeps_the_options_and_takes_its_own_units():
+    t2 = script("table2")
+    got = t2.worker_argv(["--out", "o", "--workers", "2", "--only=smollm2", "--time-limit", "60", "--limit", "32",
+                          "--commit-every", "30"], ["a/piqa/zero/awft", "a/piqa/zero/random"], 12.5, 30.0)
+    assert got == ["--out", "o", "--limit", "32", "--commit-every", "30", "--only",
+                   "a/piqa/zero/awft,a/piqa/zero/random", "--worker", "--time-limit", "12.500"]
+    assert t2.worker_argv(["--workers=3"], ["u"], None, None) == ["--only", "u", "--worker"]
