@@ -192,6 +192,8 @@ def work_list(args, only: bool = True) -> list[Unit]:
     units = [Unit(g, c, i + 1) for i, (g, curves) in enumerate(stages) for c in curves]
     if only and args.only:
         units = [u for u in units if any(u.name.startswith(o) for o in args.only)]
+    if only and getattr(args, "units", None):  # a --workers worker's units, by exact name
+        units = [u for u in units if u.name in set(args.units)]
     return units
 
 
@@ -1063,6 +1065,7 @@ def parse_args(argv):
                         "core with one torch thread; this process schedules the pairs in work-list order, "
                         "rebuilds the tables and commits (default 1: this process computes)")
     p.add_argument("--worker", action="store_true", help=__import__("argparse").SUPPRESS)  # one of --workers'
+    p.add_argument("--units", default="", help=__import__("argparse").SUPPRESS)  # a worker's units, exact names
     p.add_argument("--no-figures", dest="figures", action="store_false")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--check-dtype", action="store_true",
@@ -1097,8 +1100,14 @@ def parse_args(argv):
             raise LensHeadsError(f"--pass-minutes: write TASK=MINUTES, got {item!r}") from None
     if args.workers < 1:
         raise LensHeadsError("--workers must be >= 1")
-    if args.workers > 1 and (args.check_dtype or args.worker):
-        raise LensHeadsError("--workers runs the work list: not with --check-dtype")
+    if args.workers > 1:
+        if args.check_dtype:
+            raise LensHeadsError("--workers runs the work list, not --check-dtype")
+        if args.device != "cpu":
+            raise LensHeadsError("--workers pins CPU cores; on a GPU run one process (--workers 1)")
+        if args.workers > len(usable_cores()):
+            raise LensHeadsError(f"--workers {args.workers}: only {len(usable_cores())} CPU cores are usable here")
+    args.units = [n.strip() for n in args.units.split(",") if n.strip()]
     for name in ("time_limit", "commit_every"):
         v = getattr(args, name)
         if v is not None and not v > 0:
@@ -1161,7 +1170,7 @@ def main(argv=None) -> int:
             st = states[u.group]
             if st.decided(u.curve):
                 continue
-            if deadline is not None and time.monotonic() >= deadline:
+            if (deadline is not None and time.monotonic() >= deadline) or (args.worker and orphaned()):
                 stopped = True
                 break
             if u.group in skipped:
@@ -1188,6 +1197,8 @@ def main(argv=None) -> int:
             def checkpoint(st=st, u=u) -> None:
                 """Within a long curve: the ledger, the tables and a commit, every --commit-every."""
                 nonlocal last_commit
+                if args.worker and orphaned():
+                    run.items.deadline = 0.0  # the parent is gone: stop before the next batch (ledger saved)
                 if args.commit_every is None or time.monotonic() - last_commit < 60 * args.commit_every:
                     return
                 st.save_ledger()
@@ -1239,13 +1250,19 @@ def main(argv=None) -> int:
 # --workers: pairs side by side, one process and one core each
 
 
-WORKER_DROP = {"--workers": 1, "--only": 1, "--time-limit": 1, "--worker": 0}  # option -> values it takes
+WORKER_DROP = {"--workers": 1, "--only": 1, "--units": 1, "--time-limit": 1, "--worker": 0}  # option -> values
+WORKER_GRACE_S = 900  # past the deadline, a worker still running (a batch, a scoring shard) is stopped
+PARENT_ENV = "LENS_HEADS_TABLE2_PARENT"  # a worker's parent pid: a worker whose parent is gone stops
+
+
+def usable_cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
 
 
 def worker_argv(argv: list[str], names: list[str], minutes: float | None, commit_every: float | None) -> list[str]:
     """A worker's command line: this run's options without ``WORKER_DROP``'s, then its own units
-    (``--only``), the time left and ``--worker`` (it saves its ledgers every ``--commit-every``
-    but writes no tables and makes no commit: the parent does)."""
+    by exact name (``--units``), the time left and ``--worker`` (it saves its ledgers every
+    ``--commit-every`` but writes no tables and makes no commit: the parent does)."""
     kept, skip = [], 0
     for a in argv:
         if skip:
@@ -1256,12 +1273,30 @@ def worker_argv(argv: list[str], names: list[str], minutes: float | None, commit
             skip = WORKER_DROP[name] if "=" not in a else 0
             continue
         kept.append(a)
-    kept += ["--only", ",".join(names), "--worker"]
+    kept += ["--units", ",".join(names), "--worker"]
     if minutes is not None:
         kept += ["--time-limit", f"{minutes:.3f}"]
     if commit_every is not None and "--commit-every" not in [a.split("=", 1)[0] for a in kept]:
         kept += ["--commit-every", f"{commit_every:g}"]
     return kept
+
+
+def spawn_worker(cmd: list[str], core: int) -> subprocess.Popen:
+    """A worker process with one torch thread, pinned to ``core`` once started."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", PARENT_ENV: str(os.getpid())}
+    proc = subprocess.Popen(cmd, env=env)
+    if hasattr(os, "sched_setaffinity"):
+        try:
+            os.sched_setaffinity(proc.pid, {core})
+        except OSError:  # already gone: its exit code says why
+            pass
+    return proc
+
+
+def orphaned() -> bool:
+    """A worker whose ``--workers`` parent is gone (it stops between batches, its ledger saved)."""
+    parent = os.environ.get(PARENT_ENV)
+    return parent is not None and str(os.getppid()) != parent
 
 
 def run_workers(args, argv: list[str], out: Path, units: list[Unit], todo: list[Unit], deadline) -> int:
@@ -1271,17 +1306,20 @@ def run_workers(args, argv: list[str], out: Path, units: list[Unit], todo: list[
     no two workers share a pair's store, ledgers and scoring-pass log, and the issue's order
     holds as far as the pairs allow. A worker that ends (its stage decided, or its scoring pass
     waiting for a later run) frees its core. Every ``--commit-every`` minutes and at the end this
-    process rebuilds the tables from the stores and ledgers and commits them."""
+    process rebuilds the tables from the stores and ledgers and commits them. SIGTERM or Ctrl-C
+    stop the workers too; a worker still running ``WORKER_GRACE_S`` past the deadline is stopped."""
+    import signal
+
     states = group_states(args, out, units, args.dtype)
     stages: dict[int, list[Unit]] = {}
     for u in todo:
         if not states[u.group].decided(u.curve):
             stages.setdefault(u.stage, []).append(u)
     jobs = [((us[0].group.model, us[0].group.task), [u.name for u in us]) for us in stages.values()]
-    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    cores = usable_cores()
     running: dict[int, tuple[subprocess.Popen, tuple[str, str]]] = {}
     failed: list[str] = []
+    stopped = False
     last_commit = time.monotonic()
 
     def tabulate_and_commit(message: str) -> None:
@@ -1289,6 +1327,10 @@ def run_workers(args, argv: list[str], out: Path, units: list[Unit], todo: list[
         if args.commit_every is not None:
             commit_results(out, message)
 
+    def on_term(signum, frame):
+        raise SystemExit(143)
+
+    previous = signal.signal(signal.SIGTERM, on_term)
     try:
         while jobs or running:
             for slot in range(args.workers):
@@ -1299,15 +1341,20 @@ def run_workers(args, argv: list[str], out: Path, units: list[Unit], todo: list[
                     continue
                 pair, names = ready[0]
                 jobs.remove(ready[0])
-                core = cores[slot % len(cores)]
-                cmd = [sys.executable, str(Path(__file__).resolve()),
-                       *worker_argv(argv, names, left, args.commit_every)]
-                pin = (lambda c=core: os.sched_setaffinity(0, {c})) if hasattr(os, "sched_setaffinity") else None
+                core = cores[slot]
                 print(f"[{time.strftime('%H:%M:%S')}] worker {slot} on core {core}: {pair[0]}/{pair[1]}, "
                       f"{len(names)} units", flush=True)
-                running[slot] = (subprocess.Popen(cmd, env=env, preexec_fn=pin), pair)
+                cmd = [sys.executable, str(Path(__file__).resolve()),
+                       *worker_argv(argv, names, left, args.commit_every)]
+                running[slot] = (spawn_worker(cmd, core), pair)
             if deadline is not None and time.monotonic() >= deadline:
+                stopped = stopped or bool(jobs or running)
                 jobs.clear()  # the workers stop themselves between batches
+                if time.monotonic() >= deadline + WORKER_GRACE_S:
+                    for proc, pair in running.values():
+                        print(f"worker on {pair[0]}/{pair[1]} still running {WORKER_GRACE_S // 60} min past the "
+                              f"time limit: stopped", file=sys.stderr)
+                        proc.terminate()
             time.sleep(2.0)
             for slot, (proc, pair) in list(running.items()):
                 if proc.poll() is not None:
@@ -1318,13 +1365,20 @@ def run_workers(args, argv: list[str], out: Path, units: list[Unit], todo: list[
                 tabulate_and_commit("table2: the workers' ledgers and tables so far")
                 last_commit = time.monotonic()
     finally:
+        signal.signal(signal.SIGTERM, previous)
         for proc, _ in running.values():  # interrupted: the workers stop too (their stores keep every batch)
             proc.terminate()
-    tabulate_and_commit("table2: the campaign's ledgers and tables at the end of a --workers run")
+        for proc, _ in running.values():
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    tabulate_and_commit("table2: the campaign's ledgers and tables at the end of a --workers run"
+                        + (" (stopped at the time limit)" if stopped else ""))
     if failed:
         print(f"workers failed: {', '.join(failed)}; the others' results are in {out}", file=sys.stderr)
         return 1
-    print(f"workers done; tables in {out}")
+    print(("stopped at the time limit; rerun to resume. " if stopped else "") + f"workers done; tables in {out}")
     return 0
 
 
@@ -1339,12 +1393,20 @@ def log_run(out: Path, args, items: int, eval_seconds: float, wall: float, stopp
         time.sleep(0.2)
 
 
+def units_label(names: list[str]) -> str:
+    """A worker's units for the run log: their common group and how many (``g/t/zero/ (4 units)``)."""
+    if not names:
+        return ""
+    groups = sorted({n.rsplit("/", 1)[0] for n in names})
+    return ",".join(f"{g}/ ({sum(n.startswith(g + '/') for n in names)} units)" for g in groups)
+
+
 def _append_run(path: Path, args, items: int, eval_seconds: float, wall: float, stopped: bool) -> None:
     row = pd.DataFrame([{"date": time.strftime("%Y-%m-%d %H:%M"), "cpu": cpu_name(), "dtype": args.dtype,
                          "items_evaluated": items, "eval_hours": round(eval_seconds / 3600, 6),
                          "wall_hours": round(wall / 3600, 4), "stopped_at_time_limit": stopped,
                          "batch_size": args.batch_size,
-                         "only": ",".join(args.only)}])
+                         "only": ",".join(args.only) if args.only else units_label(args.units)}])
     old = pd.read_csv(path) if path.is_file() else None
     frame = row if old is None else pd.concat([old, row], ignore_index=True)
     frame["batch_size"] = frame["batch_size"].astype("Int64")  # blank in rows logged before it was

@@ -78,7 +78,8 @@ def test_bad_arguments_get_one_line_and_exit_2_before_any_work(tmp_path):
 
     out = tmp_path / "out"
     for extra, says in ((["--check-dtype"], "add --dtype bfloat16"), (["--dtype", "float16"], "--dtype:"),
-                        (["--time-limit", "0"], "--time-limit must be > 0")):
+                        (["--time-limit", "0"], "--time-limit must be > 0"),
+                        (["--workers", "999"], "CPU cores are usable here")):
         got = subprocess.run([sys.executable, str(ANALYSES / "table2.py"), "--out", str(out), *extra],
                              capture_output=True, text=True, timeout=120)
         assert got.returncode == 2, (extra, got.stderr)
@@ -509,6 +510,45 @@ def test_a_workers_command_line_keeps_the_options_and_takes_its_own_units():
     t2 = script("table2")
     got = t2.worker_argv(["--out", "o", "--workers", "2", "--only=smollm2", "--time-limit", "60", "--limit", "32",
                           "--commit-every", "30"], ["a/piqa/zero/awft", "a/piqa/zero/random"], 12.5, 30.0)
-    assert got == ["--out", "o", "--limit", "32", "--commit-every", "30", "--only",
+    assert got == ["--out", "o", "--limit", "32", "--commit-every", "30", "--units",
                    "a/piqa/zero/awft,a/piqa/zero/random", "--worker", "--time-limit", "12.500"]
-    assert t2.worker_argv(["--workers=3"], ["u"], None, None) == ["--only", "u", "--worker"]
+    assert t2.worker_argv(["--workers=3"], ["u"], None, None) == ["--units", "u", "--worker"]
+
+
+def test_the_workers_take_stages_in_order_never_two_on_one_pair(tiny_llama_2k, shared_data, tmp_path, monkeypatch):
+    """The scheduler, with workers faked: stages start in the work list's order, a stage waits
+    while another worker holds its pair (Qwen/MMLU's stage 6 after its stage 4, even with a core
+    free), each worker gets its stage's units by exact name (stage 4's awft, not stage 6's
+    awft_ln) on a core no live worker has."""
+    t2 = script("table2")
+    live, started = {}, []
+
+    class Worker:
+        def __init__(self, cmd, core):
+            self.units = cmd[cmd.index("--units") + 1].split(",")
+            self.pair, self.core, self.polls, self.returncode = tuple(self.units[0].split("/")[:2]), core, 0, None
+            assert all(w.pair != self.pair and w.core != core for w in live.values())
+            live[id(self)] = self
+            started.append(self)
+
+        def poll(self):
+            self.polls += 1
+            if self.polls >= (3 if self.pair == ("qwen2.5-coder-0.5b", "mmlu") else 1):  # MMLU's stage 4 runs long
+                self.returncode = 0
+                live.pop(id(self), None)
+            return self.returncode
+
+    monkeypatch.setattr(t2, "spawn_worker", Worker)
+    monkeypatch.setattr(t2.time, "sleep", lambda s: None)
+    only = "qwen2.5-coder-0.5b/piqa/zero,qwen2.5-coder-0.5b/mmlu/zero,gemma-3-270m/winogrande/zero"
+    args = t2.parse_args(argv(tiny_llama_2k, tmp_path, "--only", only, "--scores", "ahon_ln,awft,awft_ln",
+                              "--workers", "2", "--no-figures"))
+    units, todo = t2.work_list(args, only=False), t2.work_list(args)
+    assert t2.run_workers(args, ["--workers", "2"], tmp_path, units, todo, None) == 0
+    order = [(w.pair, w.units) for w in started]
+    mmlu = "qwen2.5-coder-0.5b/mmlu/zero/"
+    assert [p for p, _ in order] == [("qwen2.5-coder-0.5b", "piqa"), ("qwen2.5-coder-0.5b", "mmlu"),
+                                     ("gemma-3-270m", "winogrande"), ("qwen2.5-coder-0.5b", "mmlu")]
+    assert order[1][1] == [mmlu + c for c in ("random", "awft", "ahon_ln")]
+    assert order[3][1] == [mmlu + c for c in ("awft_ln", "static:ahon_ln")]
+    assert (tmp_path / "table2_crossings.csv").is_file()  # the parent tabulates at the end
