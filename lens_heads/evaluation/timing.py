@@ -22,7 +22,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
 
 
 @dataclass(frozen=True)
@@ -44,7 +47,7 @@ class Stopwatch:
                 "device": str(device).split(":")[0]}
 
 
-def device_type(model) -> str:
+def device_type(model: LoadedModel) -> str:
     """The kind of device a loaded model computes on: ``cuda`` (or ``mps``) when a device map puts
     any of its modules on an accelerator, even with the embedding on the CPU; else its device's."""
     placed = (getattr(getattr(model, "hf_model", None), "hf_device_map", None) or {}).values()
