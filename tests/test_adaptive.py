@@ -467,6 +467,20 @@ def test_a_replay_of_a_running_search_shows_its_curves_pending(model2k, shared_d
     # a pending curve's cost is what its stored parts took, read from their own timings
     row = found.within.iloc[0]
     assert row.eval_items == first.n_items and row.eval_seconds > 0
+    # a replay beside a live search reads what is stored and never waits for a part another
+    # process holds (it would follow that search batch by batch): every part claimed elsewhere
+    import contextlib
+
+    def taken(path, *args, **kwargs):
+        return contextlib.nullcontext(False)
+
+    def no_wait(*args, **kwargs):
+        raise AssertionError("a replay waited for another process")
+
+    monkeypatch.setattr(adaptive, "claim", taken)
+    monkeypatch.setattr(adaptive, "wait_for", no_wait)
+    again = tabulate_search(tmp_path, identity, gcfg, None, search, grid, task=task, pending=True, costs=True)
+    pd.testing.assert_frame_equal(again.probes, found.probes)
 
 
 def test_mean_ablation_runs_through_the_search(model2k, shared_data, tmp_path, counted):

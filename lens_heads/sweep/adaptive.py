@@ -322,17 +322,24 @@ class StoreItems:
         return np.array([float(known[d].correct) for d in doc_ids])
 
     def _fetch(self, spec: str, key: StoreKey, missing: list[int]) -> None:
-        """Evaluate ``missing`` under ``spec`` as one claimed part (or wait for the process that holds it)."""
+        """Evaluate ``missing`` under ``spec`` as one claimed part (or wait for the process that holds it).
+        Without a model (a replay of the store) only what is stored is read: a part another process
+        is still evaluating is missing, not waited for (else a replay beside a running search would
+        follow it batch by batch)."""
         part = key.part(missing)
         path = self.store.path(part)
+        if self.model is None:
+            rec = self.store.load(part, PointRecord)
+            if rec is None:
+                raise ItemsMissing(f"{self.store.root}: items of {spec} are not stored; the search's "
+                                   f"tables are rebuilt from a complete store only")
+            self._add(self._known[key.digest], self._zeroed[key.digest], self._cost[key.digest], rec)
+            return
         evaluated = False
         with claim(path) as mine:
             if mine:
                 rec = self.store.load(part, PointRecord)
                 if rec is None:
-                    if self.model is None:
-                        raise ItemsMissing(f"{self.store.root}: items of {spec} are not stored; the search's "
-                                           f"tables are rebuilt from a complete store only")
                     if self.deadline is not None and time.monotonic() >= self.deadline:
                         raise SearchStopped(f"the search's time is up before {len(missing)} items of {spec}")
                     rec = self._evaluate(spec, missing)
