@@ -77,7 +77,7 @@ from common import markdown_table, out_folder, script_main, split_list, write_cs
 
 from lens_heads.data import load_task  # noqa: E402
 from lens_heads.errors import LensHeadsError  # noqa: E402
-from lens_heads.evaluation.timing import compute_seconds  # noqa: E402
+from lens_heads.evaluation.timing import compute_seconds, device_kind  # noqa: E402
 from lens_heads.files.atomic import atomic_path, atomic_write_text  # noqa: E402
 from lens_heads.files.claims import claim  # noqa: E402
 from lens_heads.forward.task_requests import select_records  # noqa: E402
@@ -193,7 +193,8 @@ def work_list(args, only: bool = True) -> list[Unit]:
     if only and args.only:
         units = [u for u in units if any(u.name.startswith(o) for o in args.only)]
     if only and getattr(args, "units", None):  # a --workers worker's units, by exact name
-        units = [u for u in units if u.name in set(args.units)]
+        names = set(args.units)
+        units = [u for u in units if u.name in names]
     return units
 
 
@@ -373,7 +374,7 @@ def log_pass(path: Path, wall: float, cpu: float, dtype: str, device: str,
              what: str = "thresholds and static scores (one scoring pass)") -> None:
     row = pd.DataFrame([{"what": what, "wall_seconds": round(wall, 1),
                          "cpu_seconds": round(cpu, 1), "dtype": dtype, "cpu": cpu_name(),
-                         "date": time.strftime("%Y-%m-%d"), "device": str(device).split(":")[0]}])
+                         "date": time.strftime("%Y-%m-%d"), "device": device_kind(device)}])
     old = pd.read_csv(path) if path.is_file() else None
     write_csv(row if old is None else pd.concat([old, row], ignore_index=True), path)
 
@@ -1221,15 +1222,12 @@ def main(argv=None) -> int:
                 evaluated += run.items.new - new0
                 evaluated_s += run.items.new_seconds - s0
                 st.save_ledger()
-            if args.worker:
-                if stopped:
-                    break
-                continue
-            write_tables(out, args, units, tables())
-            if args.commit_every is not None and time.monotonic() - last_commit >= 60 * args.commit_every:
-                commit_results(out, f"table2: {u.name} {'stopped at the time limit' if stopped else 'decided'}; "
-                                    f"the campaign's ledgers and tables so far")
-                last_commit = time.monotonic()
+            if not args.worker:  # a --workers parent tabulates and commits for its workers
+                write_tables(out, args, units, tables())
+                if args.commit_every is not None and time.monotonic() - last_commit >= 60 * args.commit_every:
+                    commit_results(out, f"table2: {u.name} {'stopped at the time limit' if stopped else 'decided'}; "
+                                        f"the campaign's ledgers and tables so far")
+                    last_commit = time.monotonic()
             if stopped:
                 break
     if evaluated:

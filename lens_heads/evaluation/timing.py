@@ -44,15 +44,20 @@ class Stopwatch:
         time, every thread) and ``device`` (the type the model ran on: cpu, cuda, mps)."""
         return {"seconds": round(time.perf_counter() - self.wall0, 3),
                 "cpu_seconds": round(time.process_time() - self.cpu0, 3),
-                "device": str(device).split(":")[0]}
+                "device": device_kind(device)}
+
+
+def device_kind(device) -> str:
+    """A device's kind, without its index: ``cuda:1`` -> ``cuda``."""
+    return str(device).split(":")[0]
 
 
 def device_type(model: LoadedModel) -> str:
     """The kind of device a loaded model computes on: ``cuda`` (or ``mps``) when a device map puts
     any of its modules on an accelerator, even with the embedding on the CPU; else its device's."""
     placed = (getattr(getattr(model, "hf_model", None), "hf_device_map", None) or {}).values()
-    kinds = {"cuda" if isinstance(d, int) else str(d).split(":")[0] for d in placed} - {"cpu", "disk", "meta"}
-    return sorted(kinds)[0] if kinds else str(model.device).split(":")[0]
+    kinds = {"cuda" if isinstance(d, int) else device_kind(d) for d in placed} - {"cpu", "disk", "meta"}
+    return sorted(kinds)[0] if kinds else device_kind(model.device)
 
 
 def compute_seconds(config: Mapping[str, Any]) -> float:
@@ -68,4 +73,4 @@ def compute_seconds(config: Mapping[str, Any]) -> float:
     return float(config.get("seconds") or 0.0)
 
 
-__all__ = ["Stopwatch", "compute_seconds", "device_type"]
+__all__ = ["Stopwatch", "compute_seconds", "device_kind", "device_type"]
