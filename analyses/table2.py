@@ -101,6 +101,7 @@ OUTPUT_NORM = ("ahon", "ahon_ln", "lthon", "lthon_ln")  # the paper's output-nor
 ZERO, MEAN = "zero", "mean_c4"
 REPLACEMENT = {ZERO: None, MEAN: "mean:c4"}
 DECIDED = ("resolved", "lower bound")  # the statuses that settle a row
+CONSTANT = "constant scores"  # a score function with one threshold over the range: no crossing exists
 RANDOM_CURVES = ("random", "static:random")  # three seeds a probe
 RESOLVING_STAGES = 4  # stages 1-4 (PIQA x 3 models, Qwen/MMLU's FIRST curves) resolve the issue
 GRID7 = 6  # the fixed grid's ablated points per curve (0-30 % in 5s; the unablated point is shared)
@@ -245,6 +246,7 @@ class GroupState:
     run: SearchRun | None = None  # with a model, once prepared
     replay: SearchRun | None = None  # without one, from the store and the ledger
     curves: dict = field(default_factory=dict)
+    thresholds: dict | None = None  # the score functions' stored thresholds, once replayed
 
     @property
     def ledger_path(self) -> Path:
@@ -290,15 +292,29 @@ class GroupState:
         if thresholds is None or (gcfg.static_ids and static is None):
             return None
         plan = SweepPlan.build(identity, gcfg, task, thresholds, static)
+        self.thresholds = thresholds
         self.replay = SearchRun(plan, self.search, grid, StoreItems(store, plan, ledger=self.ledger()))
         self.curves = {c.name: c for c in curves_of(plan, grid)}
         return self.replay
 
     def decided(self, curve: str) -> bool:
+        """Whether the curve needs no more evaluations: its search is settled, or its scores are
+        one value over the whole range (``constant``: every probe would be the same ablation)."""
         run = self.replayed()
         if run is None:
             return False
-        return search_curve(run, self.curves[curve], pending=True).status != PENDING
+        return self.constant(curve) is not None or search_curve(run, self.curves[curve], pending=True).status != PENDING
+
+    def constant(self, curve: str) -> float | None:
+        """The one threshold a score function has at every fraction of the range (None when it
+        has several, or is not a score curve). Then its pooled scores tie over the whole range:
+        every probe zeroes the same units, and there is no crossing to search for. Gemma-3-270m's
+        FTVVN(LN) and AVVN(LN) are such: one key/value head per layer makes a value norm ÷ the
+        layer's mean exactly 1 for every head (docs/methods.md §3)."""
+        if self.replayed() is None or curve not in (self.thresholds or {}):
+            return None
+        values = {t for f, t in self.thresholds[curve].items() if t is not None and 0 < float(f) <= self.cfg.fractions[-1]}
+        return values.pop() if len(values) == 1 else None
 
     def pass_progress(self) -> str:
         """How far a scoring pass still in shards has come, from passes.csv alone (committed, so a
@@ -421,6 +437,20 @@ def unit_row(u: Unit, st: GroupState, outcome, within: dict | None, probes: pd.D
     grid = st.replayed().grid
     levels = st.curves[u.curve].levels
     status = outcome.status
+    tied = st.constant(u.curve)
+    if tied is not None:  # no crossing exists; what the one probe (if read) zeroed and cost stays
+        last = outcome.probes[-1] if outcome.probes and outcome.probes[-1].n else None
+        items, seconds = cost
+        return {**row, "n_population": N, "status": CONSTANT,
+                "reason": f"scores tie at {tied:g} at every fraction of 1-{fmt_pct(100 * grid[-1])} %: every probe is "
+                          f"the same ablation" + (f" (it zeroed {last.pct_zeroed:.2f} % of the units, Δ in "
+                                                  f"[{100 * last.lo:+.2f}, {100 * last.hi:+.2f}] pt)" if last else "")
+                          + ", so no crossing exists",
+                "outside_pct_zeroed": last.pct_zeroed if last else math.nan,
+                "outside_delta_lo_pts": 100 * last.lo if last else math.nan,
+                "outside_delta_hi_pts": 100 * last.hi if last else math.nan,
+                "n_probes": len([p for p in outcome.probes if p.n]), "eval_items": round(items),
+                "eval_seconds": round(seconds, 3), "eval_hours": round(seconds / 3600, 6)}
     if status == PENDING and len(outcome.probes) == 1 and outcome.probes[0].n == 0:
         return {**row, "n_population": N, "status": "not started", "reason": "not run yet (thresholds stored)"}
     lo, hi = outcome.bracket
@@ -600,7 +630,7 @@ def paper_claims(cross: pd.DataFrame) -> pd.DataFrame:
     pairs = list(dict.fromkeys(zip(zero.model, zero.task)))
     best_lo, best_hi, pending_pairs = [], [], []
     for m, t in pairs:
-        g = zero[(zero.model == m) & (zero.task == t)].set_index("score_fn")
+        g = zero[(zero.model == m) & (zero.task == t) & (zero.status != CONSTANT)].set_index("score_fn")  # no crossing
         dec = {fn: r for fn, r in g.iterrows() if _decided(r)}
         open_ = [fn for fn, r in g.iterrows() if not _decided(r)]
         # (1) output-norm scores beat AWFT
@@ -791,7 +821,7 @@ def remaining(cross: pd.DataFrame, groups: pd.DataFrame) -> tuple[pd.DataFrame, 
     pass_left = dict(zip(groups["group"], groups["scoring_pass_left"])) if len(groups) else {}
     rows, passes_counted = [], set()
     for (stage, m, t, a), g in spent.groupby(["stage", "model", "task", "ablation"], sort=True):  # the work order
-        left = g[~g.status.isin(DECIDED)]
+        left = g[~g.status.isin((*DECIDED, CONSTANT))]  # a constant row has nothing left to search
         f = np.where(left.score_fn.isin(RANDOM_CURVES), f_random, f_curve)
         items = float(np.clip(f * left["n_population"].astype(float) - left["_items"], 0, None).sum()) \
             if len(left) else 0.0
@@ -849,7 +879,10 @@ def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame
              f"within at c, beyond at c' (inf: within up to the range's end, a lower bound).", "",
              f"**Progress**: {len(done)} of {len(cross)} rows decided; "
              f"{int((cross.status == PENDING).sum())} running; {int((cross.status == 'not started').sum())} not "
-             f"started; {int((cross.status == 'unresolved').sum())} unresolved.", "",
+             f"started; {int((cross.status == 'unresolved').sum())} unresolved"
+             + (f"; {int((cross.status == CONSTANT).sum())} with constant scores (no crossing exists: the "
+                f"function gives every head of the model the same score)" if (cross.status == CONSTANT).any() else "")
+             + ".", "",
              "## The paper's claims", ""]
     for r in claims.itertuples():
         lines.append(f"- **{r.verdict}** — {r.claim} ({r.model}{'/' + r.task if r.task else ''}): {r.reason}")

@@ -6,6 +6,7 @@ without the per-item store; a commit takes the results folder's named files only
 
 from __future__ import annotations
 
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -552,3 +553,31 @@ def test_the_workers_take_stages_in_order_never_two_on_one_pair(tiny_llama_2k, s
     assert order[1][1] == [mmlu + c for c in ("random", "awft", "ahon_ln")]
     assert order[3][1] == [mmlu + c for c in ("awft_ln", "static:ahon_ln")]
     assert (tmp_path / "table2_crossings.csv").is_file()  # the parent tabulates at the end
+
+
+def test_a_function_with_constant_scores_is_settled_without_a_crossing(monkeypatch):
+    """A row whose scores tie over the whole range (Gemma-3-270m's FTVVN(LN): one key/value head
+    per layer) has no crossing: it costs nothing more in the estimate and neither blocks nor
+    enters the claims, which are judged from the other functions alone."""
+    t2 = script("table2")
+
+    def row(fn, status, lo=math.nan, hi=math.nan, items=300, secs=30.0):
+        return {"stage": 2, "model": "gemma-3-270m", "task": "piqa", "ablation": "zero", "score_fn": fn,
+                "status": status, "n_population": 100, "eval_items": items, "eval_seconds": secs,
+                "bracket_low_pct": lo, "bracket_high_pct": hi, "crossing_pct": lo}
+
+    from lens_heads.scores import PAPER_SCORES
+
+    fns = [f for f in PAPER_SCORES if f != "ftvvn_ln"]
+    cross = pd.DataFrame([row("random", "resolved", 0.0, 1.0)]
+                         + [row(fn, "resolved", 20.0 if fn == "ahon" else 2.0, 21.0 if fn == "ahon" else 3.0)
+                            for fn in fns] + [row("ftvvn_ln", t2.CONSTANT, items=100, secs=10.0)])
+    groups = pd.DataFrame({"group": ["gemma-3-270m__piqa__zero"], "status": ["started"], "scoring_pass_left": [0.0]})
+    est, _ = t2.remaining(cross, groups)
+    assert est["rows_left"].tolist() == [0] and est["est_items"].tolist() == [0]
+    claims = t2.paper_claims(cross).set_index("claim")
+    best = claims[claims.index.str.startswith("more than 12 %")].iloc[0]
+    assert best["verdict"] == "confirmed" and "[20.00, 21.00)" in best["reason"]  # ahon, the constant row left out
+    assert "ftvvn_ln" not in " ".join(claims["reason"])
+    pending = t2.paper_claims(cross.assign(status=cross.status.replace({t2.CONSTANT: "pending"})))
+    assert pending.iloc[-1]["verdict"] == "not resolved at this size"  # the same row still running holds it back
