@@ -11,7 +11,6 @@ References are independent: hand-computed thresholds, a transcription of the aut
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 import torch
