@@ -246,7 +246,6 @@ class GroupState:
     run: SearchRun | None = None  # with a model, once prepared
     replay: SearchRun | None = None  # without one, from the store and the ledger
     curves: dict = field(default_factory=dict)
-    thresholds: dict | None = None  # the score functions' stored thresholds, once replayed
 
     @property
     def ledger_path(self) -> Path:
@@ -292,7 +291,6 @@ class GroupState:
         if thresholds is None or (gcfg.static_ids and static is None):
             return None
         plan = SweepPlan.build(identity, gcfg, task, thresholds, static)
-        self.thresholds = thresholds
         self.replay = SearchRun(plan, self.search, grid, StoreItems(store, plan, ledger=self.ledger()))
         self.curves = {c.name: c for c in curves_of(plan, grid)}
         return self.replay
@@ -311,9 +309,11 @@ class GroupState:
         every probe zeroes the same units, and there is no crossing to search for. Gemma-3-270m's
         FTVVN(LN) and AVVN(LN) are such: one key/value head per layer makes a value norm ÷ the
         layer's mean exactly 1 for every head (docs/methods.md §3)."""
-        if self.replayed() is None or curve not in (self.thresholds or {}):
+        run = self.replayed()
+        thresholds = run.plan.thresholds if run is not None else {}
+        if curve not in thresholds:
             return None
-        values = {t for f, t in self.thresholds[curve].items() if t is not None and 0 < float(f) <= self.cfg.fractions[-1]}
+        values = {t for f, t in thresholds[curve].items() if t is not None and 0 < float(f) <= self.cfg.fractions[-1]}
         return values.pop() if len(values) == 1 else None
 
     def pass_progress(self) -> str:
