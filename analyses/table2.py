@@ -85,7 +85,7 @@ from lens_heads.models import check_device  # noqa: E402
 from lens_heads.models.load import native_bf16  # noqa: E402
 from lens_heads.results.store import ResultStore  # noqa: E402
 from lens_heads.sweep import SweepConfig  # noqa: E402
-from lens_heads.sweep.adaptive import PENDING, SearchConfig, SearchRun, SearchStopped, StoreItems, curve_cost, \
+from lens_heads.sweep.adaptive import CONSTANT, PENDING, SearchConfig, SearchRun, SearchStopped, StoreItems, curve_cost, \
     curves_of, prepare_search, run_probe, search_config, search_curve, search_tables  # noqa: E402
 from lens_heads.sweep.ledger import Ledger  # noqa: E402
 from lens_heads.sweep.plan import SweepPlan, stored_static  # noqa: E402
@@ -101,7 +101,6 @@ OUTPUT_NORM = ("ahon", "ahon_ln", "lthon", "lthon_ln")  # the paper's output-nor
 ZERO, MEAN = "zero", "mean_c4"
 REPLACEMENT = {ZERO: None, MEAN: "mean:c4"}
 DECIDED = ("resolved", "lower bound")  # the statuses that settle a row
-CONSTANT = "constant scores"  # a score function with one threshold over the range: no crossing exists
 RANDOM_CURVES = ("random", "static:random")  # three seeds a probe
 RESOLVING_STAGES = 4  # stages 1-4 (PIQA x 3 models, Qwen/MMLU's FIRST curves) resolve the issue
 GRID7 = 6  # the fixed grid's ablated points per curve (0-30 % in 5s; the unablated point is shared)
@@ -296,25 +295,19 @@ class GroupState:
         return self.replay
 
     def decided(self, curve: str) -> bool:
-        """Whether the curve needs no more evaluations: its search is settled, or its scores are
-        one value over the whole range (``constant``: every probe would be the same ablation)."""
+        """Whether the curve needs no more evaluations: its search is settled (a ``constant scores``
+        curve, one ablation over the whole range, once its one probe is)."""
         run = self.replayed()
         if run is None:
             return False
-        return self.constant(curve) is not None or search_curve(run, self.curves[curve], pending=True).status != PENDING
+        return search_curve(run, self.curves[curve], pending=True).status != PENDING
 
-    def constant(self, curve: str) -> float | None:
-        """The one threshold a score function has at every fraction of the range (None when it
-        has several, or is not a score curve). Then its pooled scores tie over the whole range:
-        every probe zeroes the same units, and there is no crossing to search for. Gemma-3-270m's
+    def tied_threshold(self, curve: str) -> float:
+        """The one threshold a ``constant scores`` curve has at every fraction of the range. Gemma-3-270m's
         FTVVN(LN) and AVVN(LN) are such: one key/value head per layer makes a value norm ÷ the
         layer's mean exactly 1 for every head (docs/methods.md §3)."""
         run = self.replayed()
-        thresholds = run.plan.thresholds if run is not None else {}
-        if curve not in thresholds:
-            return None
-        values = {t for f, t in thresholds[curve].items() if t is not None and 0 < float(f) <= self.cfg.fractions[-1]}
-        return values.pop() if len(values) == 1 else None
+        return run.plan.thresholds[curve][float(run.grid[-1])]
 
     def pass_progress(self) -> str:
         """How far a scoring pass still in shards has come, from passes.csv alone (committed, so a
@@ -437,19 +430,14 @@ def unit_row(u: Unit, st: GroupState, outcome, within: dict | None, probes: pd.D
     grid = st.replayed().grid
     levels = st.curves[u.curve].levels
     status = outcome.status
-    tied = st.constant(u.curve)
-    if tied is not None:  # no crossing exists; what the one probe (if read) zeroed and cost stays
-        last = outcome.probes[-1] if outcome.probes and outcome.probes[-1].n else None
-        items, seconds = cost
+    if status == CONSTANT:  # no crossing exists; what its one (decided) probe zeroed and cost stays
+        one, (items, seconds) = outcome.probes[0], cost
         return {**row, "n_population": N, "status": CONSTANT,
-                "reason": f"scores tie at {tied:g} at every fraction of 1-{fmt_pct(100 * grid[-1])} %: every probe is "
-                          f"the same ablation" + (f" (it zeroed {last.pct_zeroed:.2f} % of the units, Δ in "
-                                                  f"[{100 * last.lo:+.2f}, {100 * last.hi:+.2f}] pt)" if last else "")
-                          + ", so no crossing exists",
-                "outside_pct_zeroed": last.pct_zeroed if last else math.nan,
-                "outside_delta_lo_pts": 100 * last.lo if last else math.nan,
-                "outside_delta_hi_pts": 100 * last.hi if last else math.nan,
-                "n_probes": len([p for p in outcome.probes if p.n]), "eval_items": round(items),
+                "reason": f"scores tie at {st.tied_threshold(u.curve):g} at every fraction of 1-{fmt_pct(100 * grid[-1])} %: "
+                          f"every fraction is the same ablation (its one probe zeroed {one.pct_zeroed:.2f} % of the units, Δ in "
+                          f"[{100 * one.lo:+.2f}, {100 * one.hi:+.2f}] pt), so no crossing exists",
+                "outside_pct_zeroed": one.pct_zeroed, "outside_delta_lo_pts": 100 * one.lo,
+                "outside_delta_hi_pts": 100 * one.hi, "n_probes": 1, "eval_items": round(items),
                 "eval_seconds": round(seconds, 3), "eval_hours": round(seconds / 3600, 6)}
     if status == PENDING and len(outcome.probes) == 1 and outcome.probes[0].n == 0:
         return {**row, "n_population": N, "status": "not started", "reason": "not run yet (thresholds stored)"}

@@ -652,3 +652,65 @@ def test_a_model_placed_over_devices_is_timed_as_the_accelerator_it_runs_on():
     assert device_type(placed("cpu", {"model.embed_tokens": "cpu", "model.layers": 0})) == "cuda"
     assert device_type(placed("cpu", {"model.embed_tokens": "cpu", "model.layers": "disk"})) == "cpu"
     assert device_type(placed("cuda:0", {"model.embed_tokens": "cuda:0", "lm_head": "cpu"})) == "cuda"
+
+
+@pytest.fixture(scope="module")
+def gemma2k(tiny_model_dir, tmp_path_factory):
+    """The tiny Gemma 3 (one key/value head per layer) with a 2,048-token window, for PIQA."""
+    import json
+    import shutil
+
+    import lens_heads as lh
+
+    folder = tmp_path_factory.mktemp("tiny-gemma3-2k")
+    shutil.copytree(tiny_model_dir("gemma3"), folder, dirs_exist_ok=True)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 2048}))
+    return lh.load_model(str(folder))
+
+
+def test_a_score_that_ties_over_the_range_is_one_probe_and_no_crossing(gemma2k, shared_data, tmp_path, counted,
+                                                                       capsys):
+    """One key/value head per layer makes FTVVN(LN) (a value norm ÷ its layer's mean) the same for
+    every head, so every fraction of its curve is the same ablation. The search probes it once and
+    reports ``constant scores`` with no crossing; that probe's Δ is what zeroing every head does,
+    measured here by another route (a static set of every head); AHON(LN) beside it is bisected."""
+    from types import SimpleNamespace
+
+    from lens_heads.cli.sweep import report_search
+    from lens_heads.data import load_task
+    from lens_heads.evaluation.evaluate import evaluate_task
+    from lens_heads.forward.task_requests import select_records
+    from lens_heads.interventions.ablation import parse_ablation
+    from lens_heads.interventions.specs import StaticHeads
+
+    model = gemma2k
+    cfg = SweepConfig(task="piqa", score_ids=["ftvvn_ln", "ahon_ln"], random_seeds=[], limit=32, fractions=[0, 0.5],
+                      chunk_questions=16, batch_size=16)
+    search = SearchConfig(margin=0.02, resolution=0.1, batch=32)  # one batch of all 32: every probe exact
+    found = run_search(model, cfg, search, tmp_path, progress=False)
+    rows = found.within.set_index("score_fn")
+    tied = rows.loc["ftvvn_ln"]
+    assert tied["crossing_status"] == "constant scores" and math.isnan(tied["crossing_pct"]) and tied["n_probes"] == 1
+    assert rows.loc["ahon_ln", "crossing_status"] in ("resolved", "lower bound") and rows.loc["ahon_ln", "n_probes"] > 1
+    # its one ablation was evaluated once, on each question once
+    specs = {a for a, _ in counted if a.startswith("score:ftvvn_ln")}
+    assert len(specs) == 1 and len([1 for a, _ in counted if a in specs]) == 32
+    probe = found.probes[found.probes.score_fn == "ftvvn_ln"].iloc[0]
+    assert probe.n_items == 32 and probe.pct_zeroed == 100.0 and probe.fraction == 0.3
+    # the same Δ by another route: every head zeroed as a static set, against the unablated model
+    task = load_task("piqa")
+    ids = [r.doc_id for r in select_records(task, 32, cfg.seed)]  # the search's population
+    geometry = model.geometry
+    every = StaticHeads(tuple((layer, head) for layer in range(geometry.n_layers) for head in range(geometry.n_heads)))
+    kw = dict(n_shot=cfg.n_shot, seed=cfg.seed, batch_size=16, progress=False, doc_ids=ids, protocol=cfg.protocol)
+    zeroed = evaluate_task(model, task, ablation=parse_ablation(str(every), geometry), **kw)
+    plain = evaluate_task(model, task, **kw)
+    delta = np.mean([z.correct for z in zeroed.questions]) - np.mean([p.correct for p in plain.questions])
+    assert probe.delta_lo == pytest.approx(delta) and probe.delta_hi == pytest.approx(delta)
+    # the command line says so instead of a crossing
+    capsys.readouterr()
+    report_search(SimpleNamespace(out=tmp_path), found)
+    printed = capsys.readouterr().out
+    line = next(x for x in printed.splitlines() if "ftvvn_ln" in x)
+    assert "no crossing" in line and "100.00 % of the units" in line and "within 2 point" not in line

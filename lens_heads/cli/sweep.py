@@ -31,7 +31,7 @@ from lens_heads.sweep.executors import check_ray_address
 from lens_heads.sweep import run as sweep_run
 from lens_heads.sweep import executors
 from lens_heads.sweep.executors import job_for
-from lens_heads.sweep.adaptive import SearchConfig, run_search, search_config
+from lens_heads.sweep.adaptive import CONSTANT, SearchConfig, run_search, search_config
 
 
 def register(sub) -> None:
@@ -288,6 +288,13 @@ def search_from_args(args) -> SearchConfig | None:
 def report_search(args, found) -> int:
     """Print an adaptive search's crossings."""
     for _, row in found.within.iterrows():
+        if row["crossing_status"] == CONSTANT:
+            probe = found.probes[found.probes.score_fn == row["score_fn"]].iloc[-1]  # its one probe
+            print(f"  {row['score_fn']:<12} no crossing: its scores tie over the whole range, so every fraction is "
+                  f"the same ablation (it zeroes {probe.pct_zeroed:.2f} % of the units; Δ in "
+                  f"[{100 * probe.delta_lo:+.2f}, {100 * probe.delta_hi:+.2f}] pt, {probe.decision} after "
+                  f"{probe.n_items} items)")
+            continue
         where = ("unresolved between {:g} and {:g} %".format(row["bracket_low_pct"], row["bracket_high_pct"])
                  if row["crossing_status"] == "unresolved" else
                  f"{row['crossing_pct']:g} %" + (" or more (the range's end)" if row["crossing_status"] == "lower bound"

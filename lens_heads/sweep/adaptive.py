@@ -20,6 +20,12 @@ paired difference Δ(p) = acc(ablated) − acc(unablated) over the benchmark's N
   same batch;
 * ``search_curve``: the three together for one curve of a ``SweepPlan`` built on the search's
   grid; ``crossing_table`` turns the outcomes into ``within_1pt.csv`` rows and ``probes.csv``.
+
+A score function whose thresholds are one value at every fraction of the range (its scores tie
+over the whole range) makes every point of its curve the same ablation: Δ is one number, the
+fraction names no share of heads, and there is no crossing to search for. Such a curve
+(``Curve.constant``) takes one probe, which says what that ablation does, and is reported as
+``constant scores`` with no crossing (docs/methods.md §3, §13).
 """
 
 from __future__ import annotations
@@ -54,6 +60,7 @@ if TYPE_CHECKING:
 
 WITHIN, OUTSIDE, UNRESOLVED = "within", "outside", "unresolved"
 PENDING = "pending"  # a probe (and its curve) whose items are not all stored yet: a replay of a running search
+CONSTANT = "constant scores"  # a curve whose every point in the range is the same ablation: no crossing exists
 _EXACT = 1e-9  # Δ == -margin counts as within (the grid's ``acc >= base - tol``), float rounding aside
 
 
@@ -131,9 +138,10 @@ class ProbeOutcome:
 
 @dataclass
 class CurveOutcome:
-    """A curve's search: the crossing's grid index (None when unresolved), its status
-    (``resolved``, ``lower bound``: within up to the grid's end, ``unresolved``), the bracket
-    (last index known within, first known outside; ``n_grid`` for beyond the grid) and the probes."""
+    """A curve's search: the crossing's grid index (None when unresolved or constant), its status
+    (``resolved``, ``lower bound``: within up to the grid's end, ``unresolved``, ``constant
+    scores``: one ablation over the whole range, one probe), the bracket (last index known
+    within, first known outside; ``n_grid`` for beyond the grid) and the probes."""
 
     crossing: int | None
     status: str
@@ -419,6 +427,12 @@ class Curve:
     def levels(self) -> int:
         return len(self.specs[-1])
 
+    @property
+    def constant(self) -> bool:
+        """Whether every grid point after 0 is the same ablation (two or more of them): a score
+        whose thresholds tie over the whole range, so Δ does not depend on the fraction."""
+        return len(self.specs) > 2 and len(set(self.specs[1:])) == 1
+
 
 def curves_of(plan: SweepPlan, grid: Sequence[float]) -> list[Curve]:
     """The plan's curves on ``grid`` (its fractions), in the plan's order: per-input functions,
@@ -524,7 +538,12 @@ def search_curve(run: SearchRun, curve: Curve, pending: bool = False) -> CurveOu
     """Bisect ``curve`` on the run's grid, each probe decided sequentially on the store's items,
     then read the points the store holds whole that were not probed (``stored_points``).
     ``pending`` (a replay with no model): the first probe whose items are not all stored ends the
-    curve as ``pending``, with its interval so far, instead of raising ``ItemsMissing``."""
+    curve as ``pending``, with its interval so far, instead of raising ``ItemsMissing``.
+    A ``constant`` curve takes the bisection's first probe only: every other probe would be the
+    same ablation, so it is ``constant scores`` with no crossing, and no point is read twice."""
+    if curve.constant:
+        got = run_probe(run, curve, len(run.grid) // 2, pending)
+        return CurveOutcome(None, PENDING if got.decision == PENDING else CONSTANT, (0, len(run.grid)), [got])
     out = bisect_crossing(len(run.grid), lambda index: run_probe(run, curve, index, pending))
     out.stored = stored_points(run, curve, (p.index for p in out.probes))
     return out
@@ -753,7 +772,7 @@ def tabulate_search(out_dir, identity: RunIdentity, gcfg: SweepConfig, plan: Swe
     return SearchResult(within, probes, outcomes, complete=all(o.status != PENDING for o in outcomes.values()))
 
 
-__all__ = ["ItemsMissing", "SearchStopped", "PENDING", "curve_cost", "SearchConfig", "ProbeOutcome", "CurveOutcome", "Curve", "SearchRun", "SearchResult", "StoreItems",
+__all__ = ["ItemsMissing", "SearchStopped", "PENDING", "CONSTANT", "curve_cost", "SearchConfig", "ProbeOutcome", "CurveOutcome", "Curve", "SearchRun", "SearchResult", "StoreItems",
            "bisect_crossing", "decide_probe", "stored_points", "item_order", "max_probes", "curves_of", "prepare_search",
            "run_curve_unit", "run_probe", "run_search", "search_config", "search_curve", "search_tables", "tabulate_search", "WITHIN", "OUTSIDE",
            "UNRESOLVED"]

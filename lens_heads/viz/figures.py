@@ -240,6 +240,8 @@ def crossing_probes(probes: pd.DataFrame, within: pd.DataFrame | None = None, ot
         if row is not None and "crossing_pct" in row and np.isfinite(float(row["crossing_pct"])):
             ax.axvline(float(row["crossing_pct"]), color="tab:blue", lw=1, ls="--")
             name = f"{name}: {float(row['crossing_pct']):g} % ({row['crossing_status']})"
+        elif row is not None and row.get("crossing_status") == "constant scores":  # one ablation over the range
+            name = f"{name}: no crossing (constant scores)"
         top = float(row["range_pct"]) if row is not None and "range_pct" in row else float(
             pd.concat([got["pct"], other.loc[other["score_fn"] == name, "pct"] if other is not None else got["pct"]]).max())
         ax.set_xlim(-0.03 * top, 1.12 * top)
