@@ -49,7 +49,8 @@ an estimate of the items and hours its undecided rows still need), table2_paper_
 table2_paper_claims.csv, table2_dtype_crossings.csv, table2_dtype_check.csv (``--check-dtype``:
 a bfloat16 search's probes again in float32), table2_runs.csv (one row
 per run that computed something: machine, dtype, items, hours), table2_summary.md and
-figures/table2_<group>.png. Rerunning with nothing left to compute (or ``--tabulate-only``)
+figures/table2_<group>.png (each curve's probes) and figures/table2_overview__<ablation>.png (every pair's
+crossings side by side, the paper's MMLU row marked). Rerunning with nothing left to compute (or ``--tabulate-only``)
 rewrites every one of them byte for byte.
 
 Hours are compute hours (docs/methods.md §13, "Cost per curve"): on a CPU the evaluating
@@ -690,9 +691,10 @@ def paper_claims(cross: pd.DataFrame) -> pd.DataFrame:
 # Figures and the summary
 
 
-def write_figures(out: Path, probes: pd.DataFrame, cross: pd.DataFrame, other: pd.DataFrame | None = None) -> list[str]:
+def write_figures(out: Path, probes: pd.DataFrame, cross: pd.DataFrame, args,
+                  other: pd.DataFrame | None = None) -> list[str]:
     """A figure per group with probes: the campaign's, and ``other`` (the other dtype's search of
-    the same curves, from ``dtype_crossings``) beside them."""
+    the same curves, from ``dtype_crossings``) beside them; then the overviews (``write_overviews``)."""
     from lens_heads.viz.figures import crossing_probes
 
     keys = ["model", "task", "ablation"]
@@ -709,6 +711,29 @@ def write_figures(out: Path, probes: pd.DataFrame, cross: pd.DataFrame, other: p
         fig.suptitle(f"{m} / {t} / {a} ({CAMPAIGN_DTYPE}): probes (interval on Δ when decided) and the crossing"
                      + (f"; hollow: the {OTHER_DTYPE} search" if theirs is not None and len(theirs) else ""))
         name = f"figures/table2_{m}__{t}__{a}.png"
+        with atomic_path(out / name, make_parents=True) as tmp:
+            fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
+        names.append(name)
+    return names + write_overviews(out, cross, args)
+
+
+def write_overviews(out: Path, cross: pd.DataFrame, args) -> list[str]:
+    """Table 2 as a figure, one per ablation begun (zero always): every pair's crossings side by
+    side, the paper's Qwen2.5-0.5B / MMLU values marked on our Qwen / MMLU panel."""
+    from lens_heads.viz.figures import crossing_overview
+
+    names = []
+    for a in dict.fromkeys(cross["ablation"]):
+        rows = cross[cross.ablation == a]
+        if a != ZERO and (rows.status == "not started").all():
+            continue
+        paper = pd.DataFrame([{"model": args.model_names[2], "task": "mmlu", "score_fn": fn, "pct": PAPER_ROW[fn]}
+                              for fn in ("awft", "ahon_ln", "lthon_ln")]) if a == ZERO else None
+        fig = crossing_overview(rows, by=["model", "task"], reference=paper,
+                                reference_label=f"paper: {PAPER_ROW['model']} / MMLU")
+        fig.suptitle(f"Within 1 pt: each curve's crossing bracket ({a} ablation, {CAMPAIGN_DTYPE}, 1 % grid, "
+                     f"alpha {args.alpha:g} per curve); grey band: random heads")
+        name = f"figures/table2_overview__{a}.png"
         with atomic_path(out / name, make_parents=True) as tmp:
             fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
         names.append(name)
@@ -909,7 +934,8 @@ def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame
                   "", markdown_table(est.astype(object).where(est.notna(), None), 2, list(est.columns)), ""]
     lines += dtype_text(Path(args.out), dtypes)
     if figures:
-        lines += ["## Figures", ""] + [f"- [{f}]({f})" for f in figures] + [""]
+        lines += ["## Figures", ""] + [f"![{f}]({f})" for f in figures if "overview" in f] + [""] \
+            + [f"- [{f}]({f})" for f in figures] + [""]
     return "\n".join(lines) + "\n"
 
 
@@ -927,7 +953,7 @@ def write_tables(out: Path, args, units: list[Unit], states: dict[Group, GroupSt
     write_csv(left, out / "table2_remaining.csv")
     write_csv(comparison, out / "table2_paper_comparison.csv")
     write_csv(claims, out / "table2_paper_claims.csv")
-    figures = (write_figures(out, probes, cross, other_probes)
+    figures = (write_figures(out, probes, cross, args, other_probes)
                if args.figures and (len(probes) or other_probes is not None and len(other_probes)) else [])
     atomic_write_text(out / "table2_summary.md", summary_text(cross, groups, claims, comparison, dtypes, figures, args,
                                                               (left, basis)))

@@ -365,3 +365,49 @@ def test_crossing_probes_sets_another_searchs_probes_beside_each_curves_own():
     before = crossing_probes(mine.iloc[0:0], within, other, "bfloat16")  # none of the search's own yet
     assert [ax.get_title() for ax in before.get_axes()] == ["ahon: 2 % (resolved)", "awft"]
     assert markers(before.get_axes()[1], hollow=False) == [] and markers(before.get_axes()[1], hollow=True) == [-4.5]
+
+
+def test_crossing_overview_draws_each_curves_bracket_where_the_table_says():
+    """Table 2 as a figure: a panel per pair, a row per curve in the table's order; a resolved
+    bracket is a bar from its low to its high end, a lower bound an arrow to the range's end, a
+    running search a pale bar over its bracket so far, a curve with no bracket a word; random
+    heads' bracket a band; the reference a cross; a panel with nothing begun one word."""
+    import math
+
+    from matplotlib.colors import to_hex
+
+    from lens_heads.viz.figures import FAMILY_COLOUR, crossing_overview
+
+    def row(model, fn, status, lo=math.nan, hi=math.nan):
+        return {"model": model, "task": "piqa", "score_fn": fn, "status": status, "bracket_low_pct": lo,
+                "bracket_high_pct": hi, "range_pct": 60.0}
+
+    cross = pd.DataFrame([row("a", "random", "resolved", 1.0, 2.0), row("a", "awft", "resolved", 37.0, 38.0),
+                          row("a", "ahon_ln", "lower bound", 40.0, math.inf), row("a", "lthon", "pending", 3.0, 15.0),
+                          row("a", "ftvvn_ln", "constant scores"), row("b", "random", "not started"),
+                          row("b", "awft", "not started")])
+    paper = pd.DataFrame([{"model": "a", "task": "piqa", "score_fn": "awft", "pct": 7.4}])
+    fig = crossing_overview(cross, by=["model", "task"], reference=paper, reference_label="paper")
+    a, b = fig.get_axes()
+    assert [a.get_title(), b.get_title()] == ["a / piqa", "b / piqa"]
+    assert [t.get_text() for t in a.get_yticklabels()] == ["random", "awft", "ahon_ln", "lthon", "ftvvn_ln"]
+
+    def bars(ax):  # (x from, x to, y, colour, alpha) of the thick segments
+        return sorted((float(ln.get_xdata()[0]), float(ln.get_xdata()[1]), float(ln.get_ydata()[0]),
+                       to_hex(ln.get_color()), ln.get_alpha()) for ln in ax.get_lines() if len(ln.get_xdata()) == 2)
+
+    assert bars(a) == [(1.0, 2.0, 0.0, to_hex(FAMILY_COLOUR["random heads"]), None),
+                       (3.0, 15.0, 3.0, to_hex(FAMILY_COLOUR["output norm"]), 0.3),
+                       (37.0, 38.0, 1.0, to_hex(FAMILY_COLOUR["attention weights"]), None)]
+    arrow = next(t for t in a.texts if getattr(t, "arrow_patch", None) is not None)
+    assert arrow.xy == (60.0, 2.0) and tuple(arrow.xyann) == (40.0, 2.0)
+    band = [p for p in a.patches if p.get_x() == pytest.approx(1.0) and p.get_width() == pytest.approx(1.0)]
+    assert len(band) == 1  # random heads' bracket across the panel
+    words = {t.get_text().strip(): t.get_position()[1] for t in a.texts if t.get_text()}
+    assert words["constant scores"] == 4.0 and words["running"] == 3.0 and words["37"] == 1.0
+    crosses = [ln for ln in a.get_lines() if ln.get_marker() == "x"]
+    assert [(float(c.get_xdata()[0]), float(c.get_ydata()[0])) for c in crosses] == [(7.4, 1.0)]
+    assert [t.get_text() for t in b.texts] == ["not started"] and bars(b) == []
+    assert "paper" in [t.get_text() for t in fig.legends[0].get_texts()]
+    with pytest.raises(LensHeadsError, match="bracket_low_pct"):
+        crossing_overview(cross.drop(columns=["bracket_low_pct"]), by=["model", "task"])

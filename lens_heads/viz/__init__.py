@@ -14,6 +14,7 @@ ablation specs (``interventions.specs``), the score registry and the head classe
 from lens_heads.viz.figures import (
     DIAGNOSIS_COLOURS,
     base_accuracy,
+    crossing_overview,
     crossing_probes,
     diagnosis_map,
     point_changes,
@@ -33,6 +34,6 @@ from lens_heads.viz.patterns import (
 
 __all__ = [
     "AttentionView", "bundle_script", "head_label", "parse_heads",
-    "score_heatmap", "score_grid", "sweep_curves", "crossing_probes", "point_changes", "base_accuracy", "random_baseline",
+    "score_heatmap", "score_grid", "sweep_curves", "crossing_probes", "crossing_overview", "point_changes", "base_accuracy", "random_baseline",
     "score_distributions", "distance_heatmap", "diagnosis_map", "DIAGNOSIS_COLOURS",
 ]

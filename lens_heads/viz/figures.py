@@ -16,6 +16,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.colors import ListedColormap
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 from matplotlib.ticker import FixedLocator, FuncFormatter, NullLocator
 
@@ -250,6 +251,89 @@ def crossing_probes(probes: pd.DataFrame, within: pd.DataFrame | None = None, ot
         ax.set_ylabel("Δ accuracy (points)", fontsize=8)
         ax.tick_params(labelsize=7)
         ax.grid(alpha=0.3)
+    return fig
+
+
+CURVE_FAMILY = {"ahon": "output norm", "ahon_ln": "output norm", "lthon": "output norm", "lthon_ln": "output norm",
+                "awft": "attention weights", "awft_ln": "attention weights", "aeqd": "attention weights",
+                "aeqd_ln": "attention weights", "ftvvn": "value norm", "ftvvn_ln": "value norm", "avvn": "value norm",
+                "avvn_ln": "value norm", "random": "random heads"}  # the paper's three groups of functions
+FAMILY_COLOUR = {"output norm": "tab:blue", "attention weights": "tab:orange", "value norm": "tab:green",
+                 "random heads": "dimgrey", "static ranking": "tab:purple", "other": "tab:brown"}
+
+
+def curve_family(name: str) -> str:
+    """The group a curve's colour says: the paper's three groups of functions, random heads, a
+    static ranking (``static:ID``), other."""
+    return "static ranking" if name.startswith("static:") else CURVE_FAMILY.get(name, "other")
+
+
+def crossing_overview(within: pd.DataFrame, by: Sequence[str] = (), reference: pd.DataFrame | None = None,
+                      reference_label: str = "reference") -> Figure:
+    """Adaptive crossings side by side (Table 2 as a figure): a panel per group of ``by`` columns
+    (a (model, task) pair), a row per curve, each curve's bracket [low, high) on the % of heads
+    axis -- a short bar for a resolved crossing (its dot at the crossing), an arrow to the
+    range's end for a lower bound, a pale bar for a search still running (or unresolved) over
+    the bracket it has got to, and a word where there is no bracket (constant scores, not
+    started). Random heads' bracket is a grey band across its panel: what a function must beat.
+    Colours are the paper's groups of functions (output norm, attention weights, value norm).
+
+    ``within``: ``within_1pt.csv`` rows of searches (``score_fn``, ``crossing_status`` or
+    ``status``, ``bracket_low_pct``, ``bracket_high_pct``, ``range_pct``) with the ``by``
+    columns; ``reference``: values to mark beside them (the paper's), a red cross at ``pct``
+    for each row of the same ``by`` values and ``score_fn``, named ``reference_label``."""
+    frame = within.rename(columns={"status": "crossing_status"})
+    _require(frame, ["score_fn", "crossing_status", "bracket_low_pct", "bracket_high_pct", "range_pct", *by],
+             "crossings frame")
+    groups = list(dict.fromkeys(map(tuple, frame[list(by)].itertuples(index=False)))) if by else [()]
+    curves = list(dict.fromkeys(frame["score_fn"]))
+    row_of = {c: i for i, c in enumerate(curves)}
+    fig = Figure(figsize=(3.4 * len(groups) + 1.2, 0.32 * len(curves) + 1.4), layout="constrained")
+    axes = fig.subplots(1, len(groups), sharey=True, squeeze=False)[0]
+    for ax, key in zip(axes, groups):
+        rows = frame[np.logical_and.reduce([frame[c] == v for c, v in zip(by, key)])] if by else frame
+        top = float(rows["range_pct"].max()) if len(rows) else 1.0
+        idle = bool(len(rows)) and (rows["crossing_status"] == "not started").all()
+        if idle:  # one word for the panel, not one a row
+            ax.text(0.5, 0.5, "not started", transform=ax.transAxes, ha="center", va="center", color="grey")
+        for _, r in rows.iterrows():
+            y, status = row_of[r["score_fn"]], str(r["crossing_status"])
+            if idle:
+                continue
+            lo, hi = float(r["bracket_low_pct"]), float(r["bracket_high_pct"])
+            colour = FAMILY_COLOUR[curve_family(r["score_fn"])]
+            if r["score_fn"] == "random" and status == "resolved":
+                ax.axvspan(lo, hi, color="lightgrey", alpha=0.6, lw=0, zorder=0)
+            if status == "resolved":
+                ax.plot([lo, hi], [y, y], color=colour, lw=5, solid_capstyle="butt")
+                ax.plot([lo], [y], "o", color=colour, ms=5)
+                ax.text(hi, y, f" {lo:g}", va="center", fontsize=7, color=colour)
+            elif status == "lower bound":
+                ax.plot([lo], [y], "o", color=colour, ms=5)
+                ax.annotate("", (top, y), (lo, y), arrowprops=dict(arrowstyle="->", color=colour, lw=1.5))
+            elif status in ("pending", "unresolved") and np.isfinite(lo):
+                ax.plot([lo, min(hi, top)], [y, y], color=colour, lw=5, alpha=0.3, solid_capstyle="butt")
+                ax.text(min(hi, top), y, f" {'running' if status == 'pending' else status}", va="center", fontsize=7,
+                        color="grey")
+            else:  # no bracket: constant scores, not started
+                ax.text(0.0, y, status, va="center", fontsize=7, color="grey")
+        if reference is not None and len(reference):
+            theirs = reference[np.logical_and.reduce([reference[c] == v for c, v in zip(by, key)])] if by else reference
+            for _, r in theirs.iterrows():
+                if r["score_fn"] in row_of and np.isfinite(float(r["pct"])):
+                    ax.plot([float(r["pct"])], [row_of[r["score_fn"]]], "x", color="tab:red", ms=6, mew=1.5)
+        ax.set_xlim(-0.02 * top, 1.04 * top)
+        ax.set_title(" / ".join(str(v) for v in key), fontsize=9)
+        ax.set_xlabel("% heads (target)", fontsize=8)
+        ax.grid(axis="x", alpha=0.3)
+        ax.tick_params(labelsize=7)
+    axes[0].set_yticks(range(len(curves)), curves)
+    axes[0].set_ylim(len(curves) - 0.5, -0.5)  # the table's order, top to bottom
+    handles = [Patch(color=c, label=f) for f, c in FAMILY_COLOUR.items()
+               if any(curve_family(x) == f for x in curves)]
+    if reference is not None and len(reference):
+        handles.append(Line2D([], [], marker="x", ls="", color="tab:red", label=reference_label))
+    fig.legend(handles=handles, loc="outside lower center", ncols=len(handles), fontsize=7, frameon=False)
     return fig
 
 
