@@ -87,7 +87,7 @@ from lens_heads.models.load import native_bf16  # noqa: E402
 from lens_heads.results.store import ResultStore  # noqa: E402
 from lens_heads.sweep import SweepConfig  # noqa: E402
 from lens_heads.sweep.adaptive import CONSTANT, PENDING, SearchConfig, SearchRun, SearchStopped, StoreItems, curve_cost, \
-    curves_of, prepare_search, run_probe, search_config, search_curve, search_tables  # noqa: E402
+    curves_of, max_probes, prepare_search, run_probe, search_config, search_curve, search_tables  # noqa: E402
 from lens_heads.sweep.ledger import Ledger  # noqa: E402
 from lens_heads.sweep.plan import SweepPlan, stored_static  # noqa: E402
 from lens_heads.sweep.run import check_one_weights, read_thresholds  # noqa: E402
@@ -303,12 +303,13 @@ class GroupState:
             return False
         return search_curve(run, self.curves[curve], pending=True).status != PENDING
 
-    def tied_threshold(self, curve: str) -> float:
+    def tied_threshold(self, curve: str) -> float | None:
         """The one threshold a ``constant scores`` curve has at every fraction of the range. Gemma-3-270m's
         FTVVN(LN) and AVVN(LN) are such: one key/value head per layer makes a value norm ÷ the
-        layer's mean exactly 1 for every head (docs/methods.md §3)."""
+        layer's mean exactly 1 for every head (docs/methods.md §3). None for a curve with no
+        thresholds (a static ranking whose head count is the same at every fraction)."""
         run = self.replayed()
-        return run.plan.thresholds[curve][float(run.grid[-1])]
+        return run.plan.thresholds.get(curve, {}).get(float(run.grid[-1]))
 
     def pass_progress(self) -> str:
         """How far a scoring pass still in shards has come, from passes.csv alone (committed, so a
@@ -431,17 +432,23 @@ def unit_row(u: Unit, st: GroupState, outcome, within: dict | None, probes: pd.D
     grid = st.replayed().grid
     levels = st.curves[u.curve].levels
     status = outcome.status
-    if status == CONSTANT:  # no crossing exists; what its one (decided) probe zeroed and cost stays
+    if status == CONSTANT:  # no crossing exists; what its one probe zeroed and cost stays
         one, (items, seconds) = outcome.probes[0], cost
-        return {**row, "n_population": N, "status": CONSTANT,
-                "reason": f"scores tie at {st.tied_threshold(u.curve):g} at every fraction of 1-{fmt_pct(100 * grid[-1])} %: "
-                          f"every fraction is the same ablation (its one probe zeroed {one.pct_zeroed:.2f} % of the units, Δ in "
-                          f"[{100 * one.lo:+.2f}, {100 * one.hi:+.2f}] pt), so no crossing exists",
+        tied = st.tied_threshold(u.curve)
+        return {**row, "n_population": N, "status": CONSTANT, "constant": True,
+                "reason": f"every fraction of 1-{fmt_pct(100 * grid[-1])} % is the same ablation"
+                          + (f" (scores tie at {tied:g})" if tied is not None else "")
+                          + f": its one probe zeroed {one.pct_zeroed:.2f} % of the units, {one.decision} after "
+                            f"{one.n} items with Δ in [{100 * one.lo:+.2f}, {100 * one.hi:+.2f}] pt, so no crossing "
+                            f"exists",
                 "outside_pct_zeroed": one.pct_zeroed, "outside_delta_lo_pts": 100 * one.lo,
-                "outside_delta_hi_pts": 100 * one.hi, "n_probes": 1, "eval_items": round(items),
+                "outside_delta_hi_pts": 100 * one.hi, "n_probes": 1, "probes": within["probes"],
+                "item_reads": within["item_evaluations"], "eval_items": round(items),
                 "eval_seconds": round(seconds, 3), "eval_hours": round(seconds / 3600, 6)}
+    row["constant"] = st.curves[u.curve].constant  # one ablation over the range: one probe, no crossing
     if status == PENDING and len(outcome.probes) == 1 and outcome.probes[0].n == 0:
-        return {**row, "n_population": N, "status": "not started", "reason": "not run yet (thresholds stored)"}
+        return {**row, "n_population": N, "status": "not started", "reason": "not run yet (thresholds stored)"
+                + ("; every fraction is one ablation: one probe" if row["constant"] else "")}
     lo, hi = outcome.bracket
     by_index = {p.index: p for p in outcome.probes}
     at, nxt = by_index.get(lo), by_index.get(hi)
@@ -514,6 +521,8 @@ def tabulate(args, units: list[Unit], states: dict[Group, GroupState]):
         else:
             rows.append(unit_row(u, st, None, None, None, None, None))
     crossings = pd.DataFrame(rows)
+    if "constant" in crossings:  # the newest column last
+        crossings = crossings[[c for c in crossings.columns if c != "constant"] + ["constant"]]
     for c in ("crossing_pct", "bracket_low_pct", "bracket_high_pct", "resolution_pct", "range_pct", "margin_pts"):
         if c in crossings:
             crossings[c] = crossings[c].round(9)  # 100 x 0.07 is 7.000000000000001
@@ -731,8 +740,10 @@ def write_overviews(out: Path, cross: pd.DataFrame, args) -> list[str]:
                               for fn in ("awft", "ahon_ln", "lthon_ln")]) if a == ZERO else None
         fig = crossing_overview(rows, by=["model", "task"], reference=paper,
                                 reference_label=f"paper: {PAPER_ROW['model']} / MMLU")
-        fig.suptitle(f"Within 1 pt: each curve's crossing bracket ({a} ablation, {CAMPAIGN_DTYPE}, 1 % grid, "
-                     f"alpha {args.alpha:g} per curve); grey band: random heads")
+        band = ((rows.score_fn == "random") & (rows.status == "resolved")).any()
+        fig.suptitle(f"Within {fmt_pct(args.margin)} pt: each curve's crossing bracket ({a} ablation, {CAMPAIGN_DTYPE}, "
+                     f"{fmt_pct(args.resolution)} % grid, alpha {args.alpha:g} per curve)"
+                     + ("; grey band: random heads' bracket" if band else ""))
         name = f"figures/table2_overview__{a}.png"
         with atomic_path(out / name, make_parents=True) as tmp:
             fig.savefig(tmp, format="png", dpi=100, metadata={"Software": None})
@@ -800,7 +811,9 @@ def remaining(cross: pd.DataFrame, groups: pd.DataFrame) -> tuple[pd.DataFrame, 
     the hours through it, ``basis``).
 
     Items: a row not decided yet needs the median items a decided row of its kind needed (random
-    heads apart: three seeds a probe), as a multiple of its population, less what it has read.
+    heads apart: three seeds a probe; a ``constant`` curve one probe: the median of those decided,
+    else a curve's over the most probes a bisection takes), as a multiple of its population, less
+    what it has read.
     Seconds per item: the group's own (its evaluations' stored timings), else its pair's other
     group's, else SmolLM2/PIQA's zero-ablation rate times ``RATE_VS_SMOLLM2_PIQA``. A pair whose
     scoring pass is not whole adds its missing shards at one census probe's cost, once per pair."""
@@ -813,6 +826,11 @@ def remaining(cross: pd.DataFrame, groups: pd.DataFrame) -> tuple[pd.DataFrame, 
             if len(rows) else math.nan
 
     f_curve, f_random = factor(decided[~is_random]), factor(decided[is_random])
+    ones = cross[(cross.status == CONSTANT) & (cross["eval_items"].fillna(0) > 0)] if "eval_items" in cross \
+        else cross.iloc[0:0]
+    constant = cross["constant"].eq(True) if "constant" in cross else pd.Series(False, cross.index)
+    f_one = factor(ones) if len(ones) or not constant.any() else f_curve / max_probes(
+        int(round(float(cross["range_pct"].max()) / float(cross["resolution_pct"].max()))) + 1)
     spent = cross.assign(_items=cross.get("eval_items", pd.Series(dtype=float)).astype(float).fillna(0.0),
                          _secs=cross.get("eval_seconds", pd.Series(dtype=float)).astype(float).fillna(0.0))
     by_group = spent.groupby(["model", "task", "ablation"], sort=False)[["_items", "_secs"]].sum()
@@ -835,7 +853,7 @@ def remaining(cross: pd.DataFrame, groups: pd.DataFrame) -> tuple[pd.DataFrame, 
     rows, passes_counted = [], set()
     for (stage, m, t, a), g in spent.groupby(["stage", "model", "task", "ablation"], sort=True):  # the work order
         left = g[~g.status.isin((*DECIDED, CONSTANT))]  # a constant row has nothing left to search
-        f = np.where(left.score_fn.isin(RANDOM_CURVES), f_random, f_curve)
+        f = np.where(constant[left.index], f_one, np.where(left.score_fn.isin(RANDOM_CURVES), f_random, f_curve))
         items = float(np.clip(f * left["n_population"].astype(float) - left["_items"], 0, None).sum()) \
             if len(left) else 0.0
         sec, basis = rate(m, t, a)
@@ -893,8 +911,8 @@ def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame
              f"**Progress**: {len(done)} of {len(cross)} rows decided; "
              f"{int((cross.status == PENDING).sum())} running; {int((cross.status == 'not started').sum())} not "
              f"started; {int((cross.status == 'unresolved').sum())} unresolved"
-             + (f"; {int((cross.status == CONSTANT).sum())} with constant scores (no crossing exists: the "
-                f"function gives every head of the model the same score)" if (cross.status == CONSTANT).any() else "")
+             + (f"; {int((cross.status == CONSTANT).sum())} with constant scores (no crossing exists: every "
+                f"fraction of the range is the same ablation)" if (cross.status == CONSTANT).any() else "")
              + ".", "",
              "## The paper's claims", ""]
     for r in claims.itertuples():

@@ -32,7 +32,7 @@ import lens_heads as lh
 from lens_heads.data.task_routes import load_task
 from lens_heads.evaluation import evaluate as evaluation
 from lens_heads.sweep import SweepConfig, run_sweep
-from lens_heads.sweep.adaptive import SearchConfig, run_search
+from lens_heads.sweep.adaptive import CONSTANT, SearchConfig, run_search
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SCORES = ["ahon_ln", "awft", "lthon_ln"]
@@ -157,7 +157,8 @@ def main(argv=None) -> int:
             found = run_search(model, cfg, SearchConfig(resolution=resolution), folder, progress=False)
             for row in found.within.itertuples():
                 report["crossings"].setdefault(row.score_fn, {})[stage] = (
-                    f"{row.crossing_pct:g} % ({row.crossing_status})" + (
+                    (f"{row.crossing_pct:g} % " if row.crossing_status != CONSTANT else "no crossing ")
+                    + f"({row.crossing_status})" + (
                         f", not monotone: {row.monotone_violation}" if isinstance(row.monotone_violation, str)
                         and row.monotone_violation else ""))
             if stage != "reuse":

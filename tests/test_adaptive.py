@@ -692,6 +692,7 @@ def test_a_score_that_ties_over_the_range_is_one_probe_and_no_crossing(gemma2k, 
     rows = found.within.set_index("score_fn")
     tied = rows.loc["ftvvn_ln"]
     assert tied["crossing_status"] == "constant scores" and math.isnan(tied["crossing_pct"]) and tied["n_probes"] == 1
+    assert math.isnan(tied["bracket_low_pct"]) and math.isnan(tied["bracket_high_pct"])  # not [0, inf): no lower bound
     assert rows.loc["ahon_ln", "crossing_status"] in ("resolved", "lower bound") and rows.loc["ahon_ln", "n_probes"] > 1
     # its one ablation was evaluated once, on each question once
     specs = {a for a, _ in counted if a.startswith("score:ftvvn_ln")}

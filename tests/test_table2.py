@@ -557,8 +557,9 @@ def test_the_workers_take_stages_in_order_never_two_on_one_pair(tiny_llama_2k, s
 
 def test_a_function_with_constant_scores_is_settled_without_a_crossing(monkeypatch):
     """A row whose scores tie over the whole range (Gemma-3-270m's FTVVN(LN): one key/value head
-    per layer) has no crossing: it costs nothing more in the estimate and neither blocks nor
-    enters the claims, which are judged from the other functions alone."""
+    per layer) has no crossing: once its one probe is decided it costs nothing more in the
+    estimate (before, one probe's items), and it neither blocks nor enters the claims, which are
+    judged from the other functions alone."""
     t2 = script("table2")
 
     def row(fn, status, lo=math.nan, hi=math.nan, items=300, secs=30.0):
@@ -581,3 +582,12 @@ def test_a_function_with_constant_scores_is_settled_without_a_crossing(monkeypat
     assert "ftvvn_ln" not in " ".join(claims["reason"])
     pending = t2.paper_claims(cross.assign(status=cross.status.replace({t2.CONSTANT: "pending"})))
     assert pending.iloc[-1]["verdict"] == "not resolved at this size"  # the same row still running holds it back
+    # a pair not started whose FTVVN(LN) is constant too: that row is estimated at one probe (the
+    # decided constant row's 1 x N), the other at a bisection's (the decided curves' median 3 x N)
+    later = [{**row(fn, "not started", items=0, secs=0.0), "stage": 5, "task": "winogrande", "n_population": 200,
+              "constant": fn == "ftvvn_ln"} for fn in ("ftvvn_ln", "awft")]
+    both = pd.concat([cross.assign(constant=cross.status == t2.CONSTANT), pd.DataFrame(later)], ignore_index=True)
+    groups2 = pd.concat([groups, pd.DataFrame({"group": ["gemma-3-270m__winogrande__zero"], "status": ["started"],
+                                               "scoring_pass_left": [0.0]})], ignore_index=True)
+    est, _ = t2.remaining(both, groups2)
+    assert est["rows_left"].tolist() == [0, 2] and est["est_items"].tolist() == [0, 1 * 200 + 3 * 200]

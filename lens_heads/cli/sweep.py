@@ -290,8 +290,8 @@ def report_search(args, found) -> int:
     for _, row in found.within.iterrows():
         if row["crossing_status"] == CONSTANT:
             probe = found.probes[found.probes.score_fn == row["score_fn"]].iloc[-1]  # its one probe
-            print(f"  {row['score_fn']:<12} no crossing: its scores tie over the whole range, so every fraction is "
-                  f"the same ablation (it zeroes {probe.pct_zeroed:.2f} % of the units; Δ in "
+            print(f"  {row['score_fn']:<12} no crossing: every fraction of the range is the same ablation (its "
+                  f"scores tie there; it zeroes {probe.pct_zeroed:.2f} % of the units; Δ in "
                   f"[{100 * probe.delta_lo:+.2f}, {100 * probe.delta_hi:+.2f}] pt, {probe.decision} after "
                   f"{probe.n_items} items)")
             continue

@@ -25,7 +25,7 @@ A score function whose thresholds are one value at every fraction of the range (
 over the whole range) makes every point of its curve the same ablation: Δ is one number, the
 fraction names no share of heads, and there is no crossing to search for. Such a curve
 (``Curve.constant``) takes one probe, which says what that ablation does, and is reported as
-``constant scores`` with no crossing (docs/methods.md §3, §13).
+``constant scores`` with no crossing and no bracket (docs/methods.md §3, §13).
 """
 
 from __future__ import annotations
@@ -576,9 +576,11 @@ def crossing_row(curve: Curve, outcome: CurveOutcome, grid: Sequence[float], sea
     lo, hi = outcome.bracket
     beyond = lambda i: math.inf if i >= len(grid) else 100 * grid[i]  # noqa: E731
     violations = outcome.violations(search.margin)
+    none = outcome.status == CONSTANT  # no crossing, so no bracket either (not [0, inf): that reads "within up to the end")
     return {"score_fn": curve.name,
             "crossing_pct": math.nan if outcome.crossing is None else 100 * grid[outcome.crossing],
-            "crossing_status": outcome.status, "bracket_low_pct": 100 * grid[lo], "bracket_high_pct": beyond(hi),
+            "crossing_status": outcome.status, "bracket_low_pct": math.nan if none else 100 * grid[lo],
+            "bracket_high_pct": math.nan if none else beyond(hi),
             "resolution_pct": 100 * search.resolution, "range_pct": 100 * grid[-1], "alpha": search.alpha,
             "margin_pts": 100 * search.margin, "n_probes": len(outcome.probes), "n_population": N,
             "item_evaluations": sum(p.n * len(curve.specs[p.index]) for p in outcome.probes),

@@ -240,13 +240,15 @@ def crossing_probes(probes: pd.DataFrame, within: pd.DataFrame | None = None, ot
         ax.yaxis.set_minor_locator(NullLocator())
         if row is not None and "crossing_pct" in row and np.isfinite(float(row["crossing_pct"])):
             ax.axvline(float(row["crossing_pct"]), color="tab:blue", lw=1, ls="--")
-            name = f"{name}: {float(row['crossing_pct']):g} % ({row['crossing_status']})"
+            title = f"{name}: {float(row['crossing_pct']):g} % ({row['crossing_status']})"
         elif row is not None and row.get("crossing_status") == "constant scores":  # one ablation over the range
-            name = f"{name}: no crossing (constant scores)"
+            title = f"{name}: no crossing (constant scores)"
+        else:
+            title = name
         top = float(row["range_pct"]) if row is not None and "range_pct" in row else float(
             pd.concat([got["pct"], other.loc[other["score_fn"] == name, "pct"] if other is not None else got["pct"]]).max())
         ax.set_xlim(-0.03 * top, 1.12 * top)
-        ax.set_title(name, fontsize=9)
+        ax.set_title(title, fontsize=9)
         ax.set_xlabel("% heads (target)", fontsize=8)
         ax.set_ylabel("Δ accuracy (points)", fontsize=8)
         ax.tick_params(labelsize=7)
@@ -279,12 +281,15 @@ def crossing_overview(within: pd.DataFrame, by: Sequence[str] = (), reference: p
     Colours are the paper's groups of functions (output norm, attention weights, value norm).
 
     ``within``: ``within_1pt.csv`` rows of searches (``score_fn``, ``crossing_status`` or
-    ``status``, ``bracket_low_pct``, ``bracket_high_pct``, ``range_pct``) with the ``by``
-    columns; ``reference``: values to mark beside them (the paper's), a red cross at ``pct``
-    for each row of the same ``by`` values and ``score_fn``, named ``reference_label``."""
+    ``status``, ``range_pct``, the ``by`` columns, and ``bracket_low_pct`` / ``bracket_high_pct``
+    where a row has a bracket: a table whose rows have none yet may lack them), not empty;
+    ``reference``: values to mark beside them (the paper's), a red cross at ``pct`` for each row
+    of the same ``by`` values and ``score_fn``, named ``reference_label``."""
     frame = within.rename(columns={"status": "crossing_status"})
-    _require(frame, ["score_fn", "crossing_status", "bracket_low_pct", "bracket_high_pct", "range_pct", *by],
-             "crossings frame")
+    _require(frame, ["score_fn", "crossing_status", "range_pct", *by], "crossings frame")
+    frame = frame.reindex(columns=frame.columns.union(["bracket_low_pct", "bracket_high_pct"], sort=False))
+    if reference is not None:
+        _require(reference, ["score_fn", "pct", *by], "reference frame")
     groups = list(dict.fromkeys(map(tuple, frame[list(by)].itertuples(index=False)))) if by else [()]
     curves = list(dict.fromkeys(frame["score_fn"]))
     row_of = {c: i for i, c in enumerate(curves)}
@@ -302,6 +307,9 @@ def crossing_overview(within: pd.DataFrame, by: Sequence[str] = (), reference: p
                 continue
             lo, hi = float(r["bracket_low_pct"]), float(r["bracket_high_pct"])
             colour = FAMILY_COLOUR[curve_family(r["score_fn"])]
+            if not np.isfinite(lo):  # no bracket: constant scores, not started
+                ax.text(0.0, y, status, va="center", fontsize=7, color="grey")
+                continue
             if r["score_fn"] == "random" and status == "resolved":
                 ax.axvspan(lo, hi, color="lightgrey", alpha=0.6, lw=0, zorder=0)
             if status == "resolved":
@@ -311,12 +319,10 @@ def crossing_overview(within: pd.DataFrame, by: Sequence[str] = (), reference: p
             elif status == "lower bound":
                 ax.plot([lo], [y], "o", color=colour, ms=5)
                 ax.annotate("", (top, y), (lo, y), arrowprops=dict(arrowstyle="->", color=colour, lw=1.5))
-            elif status in ("pending", "unresolved") and np.isfinite(lo):
+            else:  # a search still running (or unresolved): the bracket it has got to
                 ax.plot([lo, min(hi, top)], [y, y], color=colour, lw=5, alpha=0.3, solid_capstyle="butt")
                 ax.text(min(hi, top), y, f" {'running' if status == 'pending' else status}", va="center", fontsize=7,
                         color="grey")
-            else:  # no bracket: constant scores, not started
-                ax.text(0.0, y, status, va="center", fontsize=7, color="grey")
         if reference is not None and len(reference):
             theirs = reference[np.logical_and.reduce([reference[c] == v for c, v in zip(by, key)])] if by else reference
             for _, r in theirs.iterrows():
