@@ -335,7 +335,8 @@ def test_executors_run_the_curves_as_units(executor, tiny_llama_2k, model2k, sha
 
 
 def test_the_report_shows_the_probes(model2k, shared_data, tmp_path):
-    """A search folder (no grid summary) in the HTML report: the probes figure, the crossings table."""
+    """A search folder (no grid summary) in the HTML report: the crossings at a glance, the probes
+    figure, the crossings table."""
     import re
 
     from lens_heads.data import load_texts
@@ -349,7 +350,7 @@ def test_the_report_shows_the_probes(model2k, shared_data, tmp_path):
                               progress=False), model=model2k, texts=load_texts("c4-sample", n=2))
     page = out.read_text()
     part = page.split('<section id="sweep">')[1].split("</section>")[0]
-    assert "Crossing search" in part and re.search(r'<img[^>]+src="data:image/png;base64,', part)
+    assert "Crossing search" in part and len(re.findall(r'<img[^>]+src="data:image/png;base64,', part)) == 2
     for row in found.within.itertuples():
         assert f"<td>{row.score_fn}</td>" in part and row.probes in part
 

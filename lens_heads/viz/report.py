@@ -26,7 +26,7 @@ import pandas as pd
 from lens_heads.files.atomic import atomic_write_text
 from lens_heads.surgery.head_classes import CLASSES, SHORT, label
 from lens_heads.interventions.specs import Head
-from lens_heads.viz import AttentionView, bundle_script, crossing_probes, diagnosis_map, head_label, score_distributions, \
+from lens_heads.viz import AttentionView, bundle_script, crossing_overview, crossing_probes, diagnosis_map, head_label, score_distributions, \
     score_heatmap, sweep_curves
 
 if TYPE_CHECKING:  # types only: the report reads these results, it never makes them
@@ -249,10 +249,15 @@ SEARCH_COLUMNS = ("score_fn", "crossing_pct", "crossing_status", "bracket_low_pc
 
 
 def search_html(data: ReportData) -> list[str]:
-    """An adaptive search's crossings and its probes with their intervals (``--search crossing``)."""
+    """An adaptive search's crossings at a glance, then its probes with their intervals (``--search crossing``)."""
     within, probes = data.search
     w = within[[c for c in SEARCH_COLUMNS if c in within.columns]]
-    return ["<h3>Crossing search: the largest % of heads within the margin, probe by probe</h3>",
+    return ["<h3>Crossing search: the largest % of heads within the margin</h3>",
+            '<p class="note">Each curve\'s bracket: within at its left end, outside at its right (an arrow: within '
+            "up to the range's end; pale: still running or unresolved); grey band: random heads' bracket, what a "
+            "score must beat (docs/methods.md §13).</p>",
+            figure_html(crossing_overview(within), "crossing overview"),
+            "<h3>Probe by probe</h3>",
             '<p class="note">Each bar is a probe\'s interval on the accuracy change when it stopped (green: '
             "within the margin, red: outside, grey: unresolved), labelled with its step and the questions it "
             "read; dashed: the crossing (docs/methods.md §13).</p>",
