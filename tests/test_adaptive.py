@@ -279,7 +279,7 @@ def test_the_command_line(tiny_llama_2k, shared_data, tmp_path, capsys, monkeypa
     # bad settings: one message, exit 2, before the model loads
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
     for bad, message in ((["--alpha", "2"], "alpha"), (["--resolution", "0"], "resolution"),
-                         (["--resolution", "80"], "holds no step"), (["--status"], "no --status"),
+                         (["--resolution", "80"], "holds no step"),
                          (["--ablate", "static:0.1"], "searches curves"),
                          (["--search-batch", "0"], "batch")):
         assert main([*argv, *bad]) == 2
@@ -533,6 +533,54 @@ def test_the_command_line_takes_a_time_limit_and_a_ledger(tiny_llama_2k, shared_
         assert message in capsys.readouterr().err
     assert main(["sweep", str(tiny_llama_2k), "--task", "piqa", "--ledger", "x.json", "--out", str(tmp_path / "x")]) == 2
     assert "--ledger goes with --search crossing" in capsys.readouterr().err
+
+
+def test_status_reads_a_stopped_search_and_then_matches_the_finished_one(tiny_llama_2k, shared_data, tmp_path,
+                                                                         capsys, monkeypatch):
+    """``--status`` on a search folder loads no weights and computes nothing: stopped mid-probe,
+    it shows the curve running (the probe it is in, read as far as the store holds it) and the
+    others not started; once the search has finished, each curve's line is the one the search
+    printed itself."""
+    from lens_heads import models
+    from lens_heads.cli import main
+    from lens_heads.sweep import adaptive
+
+    out = tmp_path / "run"
+    argv = ["sweep", str(tiny_llama_2k), "--task", "piqa", "--limit", "24", "--scores", "ahon_ln,awft",
+            "--random-seeds", "1", "--fractions", "0,0.5", "--search", "crossing", "--resolution", "25", "--margin",
+            "5", "--search-batch", "8", "--out", str(out), "--no-progress"]
+    real, calls = adaptive.StoreItems._evaluate, []
+
+    def stop_after_three(self, spec, ids):  # unablated, probe, unablated: the probe has read one batch
+        calls.append(spec)
+        if len(calls) == 3:
+            self.deadline = -1.0
+        return real(self, spec, ids)
+
+    with monkeypatch.context() as m:
+        m.setattr(adaptive.StoreItems, "_evaluate", stop_after_three)
+        assert main([*argv, "--time-limit", "60"]) == 0, capsys.readouterr().err
+    assert "stopped at the time limit" in capsys.readouterr().out
+    with monkeypatch.context() as m:
+        m.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+        m.setattr(adaptive.StoreItems, "_evaluate", lambda *a, **k: pytest.fail("evaluated"))
+        assert main([*argv, "--status"]) == 0, capsys.readouterr().err
+        lines = capsys.readouterr().out.splitlines()
+        first = next(x for x in lines if x.split()[0] == "ahon_ln")
+        assert "running: the probe at 25 % has read 8 of 24 questions" in first and "25%:pending@8" in first
+        assert [x.split(None, 1)[1] for x in lines if x.split()[0] in ("awft", "random")] == ["not started"] * 2
+        assert "0 of 3 curves decided" in lines[-1]
+    assert main(argv) == 0, capsys.readouterr().err
+    finished = [x for x in capsys.readouterr().out.splitlines() if x.startswith("  ")]
+    with monkeypatch.context() as m:
+        m.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded the model"))
+        assert main([*argv, "--status"]) == 0, capsys.readouterr().err
+    shown = capsys.readouterr().out.splitlines()
+    assert [x for x in shown if x.startswith("  ")] == finished and len(finished) == 3
+    assert "3 of 3 curves decided" in shown[-2] and "run without --status" in shown[-1]
+    # a folder that holds no thresholds of this search: one message, exit 2
+    assert main([*argv[:-3], "--resolution", "10", "--out", str(out), "--no-progress", "--status"]) == 2
+    assert "holds no thresholds of this search" in capsys.readouterr().err
 
 
 def test_the_batches_call_back_between_them(model2k, shared_data, tmp_path, counted):

@@ -31,7 +31,9 @@ from lens_heads.sweep.executors import check_ray_address
 from lens_heads.sweep import run as sweep_run
 from lens_heads.sweep import executors
 from lens_heads.sweep.executors import job_for
-from lens_heads.sweep.adaptive import CONSTANT, SearchConfig, run_search, search_config
+from lens_heads.sweep.adaptive import CONSTANT, PENDING, SearchConfig, run_search, search_config, tabulate_search
+from lens_heads.sweep.ledger import Ledger
+from lens_heads.forward.task_requests import select_records
 
 
 def register(sub) -> None:
@@ -69,7 +71,8 @@ def register(sub) -> None:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--status", action="store_true",
                    help="compute nothing: print what --out already holds for this sweep (while it runs "
-                        "elsewhere, or after it stopped): points stored, the complete curves' values")
+                        "elsewhere, or after it stopped): points stored, the complete curves' values; with "
+                        "--search crossing each curve's crossing, or the probe it is in")
     p.add_argument("--ablate-with", default="zero",
                    help="what ablated heads become: zero (default), mean:CORPUS[@N] (their mean output over the "
                         "first N texts of CORPUS), resample:CORPUS@SEED[@N] (another input's output)")
@@ -196,9 +199,6 @@ def run(args) -> int:
     if args.ray_address is not None and args.executor != "ray":
         raise LensHeadsError("--ray-address goes with --executor ray")
     search = search_from_args(args)
-    if search is not None and args.status:
-        raise LensHeadsError("--search crossing has no --status yet: its probes.csv and the progress bar say where "
-                             "it is")
     if search is not None and args.ablate:
         raise LensHeadsError("--search crossing searches curves; --ablate points have none (run them as a grid sweep)")
     if search is not None:
@@ -250,7 +250,7 @@ def run(args) -> int:
     if scale is not None:
         return run_scaled(args, cfg, scale, search)
     if args.status:
-        return show_status(args, cfg, task)
+        return show_status(args, cfg, task) if search is None else show_search_status(args, cfg, task, search)
     check_weights_before_load(args, cfg, task)
     model = model_from_args(args)
     for spec in cfg.extra_labels:
@@ -285,9 +285,19 @@ def search_from_args(args) -> SearchConfig | None:
     return SearchConfig(**{field: v / 100 if field in percent else v for (_, field), v in given.items()})
 
 
-def report_search(args, found) -> int:
-    """Print an adaptive search's crossings."""
+def report_search(args, found, status: bool = False) -> int:
+    """Print an adaptive search's crossings (``status``: read from the store by ``--status``, with
+    the curves still running as far as they have got)."""
     for _, row in found.within.iterrows():
+        if row["crossing_status"] == PENDING:  # a replay of a search still running (or stopped)
+            if not row["item_evaluations"]:
+                print(f"  {row['score_fn']:<12} not started")
+                continue
+            last = found.probes[found.probes.score_fn == row["score_fn"]].iloc[-1]  # the probe it is in
+            print(f"  {row['score_fn']:<12} running: the probe at {last.pct:g} % has read {last.n_items} of "
+                  f"{row['n_population']} questions, Δ in [{100 * last.delta_lo:+.2f}, {100 * last.delta_hi:+.2f}] pt "
+                  f"({row['n_probes']} probes so far: {row['probes']})")
+            continue
         if row["crossing_status"] == CONSTANT:
             probe = found.probes[found.probes.score_fn == row["score_fn"]].iloc[-1]  # its one probe
             print(f"  {row['score_fn']:<12} no crossing: every fraction of the range is the same ablation (its "
@@ -303,6 +313,12 @@ def report_search(args, found) -> int:
             row["monotone_violation"] else ""
         print(f"  {row['score_fn']:<12} within {row['margin_pts']:g} point up to {where}  "
               f"({row['n_probes']} probes: {row['probes']}){flag}")
+    if status:
+        decided = int((found.within.crossing_status != PENDING).sum())
+        print(f"{decided} of {len(found.within)} curves decided (read from {args.out}; nothing computed)")
+        if found.complete:
+            print("every curve is decided: run without --status to write the search's tables")
+        return 0
     print((f"{found.new_items} question evaluations in this process, " if found.new_items is not None else "")
           + f"{found.seconds:.1f} s")
     if getattr(args, "ledger", None) is not None:
@@ -355,6 +371,27 @@ def show_status(args, cfg, task) -> int:
         if any(parts) and not store.has(plan.point_key(spec)):
             print(f"  running: {spec}: {sum(parts)} of {len(parts)} parts stored")
     return report(args, result)
+
+
+def show_search_status(args, cfg, task, search: SearchConfig) -> int:
+    """What ``--out`` (and ``--ledger``) hold of this adaptive search, replayed from the store
+    alone (whatever processes fill it): each curve decided, running (its probes so far, the one it
+    is in with its interval) or not started. No weights are loaded (but for ``--paper-protocol``)."""
+    from pathlib import Path
+
+    ref = ModelRef(args.model, args.dtype, args.device, revision=args.revision)
+    cfg = dataclasses.replace(cfg, protocol=protocol_from_args(args, ref.model if args.paper_protocol else None),
+                              thresholds_file=args.thresholds_file, thresholds_model=args.thresholds_model)
+    gcfg, grid = search_config(cfg, search)
+    ledger = None
+    if args.ledger is not None and Path(args.ledger).is_file():
+        ledger = Ledger.load(args.ledger, [r.doc_id for r in select_records(task, cfg.limit, cfg.seed)])
+    found = tabulate_search(args.out, ref.identity(gcfg, task), gcfg, None, search, grid, task=task, ledger=ledger,
+                            pending=True, costs=True)
+    if found is None:
+        raise LensHeadsError(f"{args.out} holds no thresholds of this search yet: nothing to show (same model, task "
+                             f"and settings as the run, --resolution and the largest --fractions included?)")
+    return report_search(args, found, status=True)
 
 
 def run_scaled(args, cfg, scale, search: SearchConfig | None = None) -> int:
