@@ -118,7 +118,7 @@ PAPER_AVERAGES = {"awft": 4.61, "best_non_awft": 12.18}
 # the shard count is part of each shard's store key (changing it orphans shards already stored).
 SCORE_SHARDS = {"piqa": 4, "winogrande": 8, "mmlu": 64}
 # Minutes a group's whole scoring pass may take, by task: a shard starts only while its share
-# (PASS_MINUTES / SCORE_SHARDS) fits in the time left. From the unablated passes measured in fp32 on
+# (PASS_MINUTES / SCORE_SHARDS), or the last shard's measured wall time if longer, fits in the time left. From the unablated passes measured in fp32 on
 # a 2-core AVX2 EPYC (analyses/results/README.md): Qwen/MMLU's 500 took ~2 h (its 2,000: ~8 h),
 # Gemma/WinoGrande ~30 min, PIQA 10-30 min.
 PASS_MINUTES = {"piqa": 30.0, "winogrande": 60.0, "mmlu": 480.0}
@@ -323,6 +323,17 @@ class GroupState:
         if not self.passes_path.is_file():
             return 0, n
         return int(pd.read_csv(self.passes_path)["what"].str.fullmatch(rf"scoring shard \d+ of {n}").sum()), n
+
+    def last_shard_minutes(self) -> float | None:
+        """Wall minutes the scoring pass's last computed shard took (passes.csv), None before any.
+        The shards run the longest inputs first, so it bounds the next one: Qwen/MMLU's first shard
+        (32 five-shot prompts of 2,269-3,022 tokens, eager attention) runs ~10x the pass's average."""
+        n = SCORE_SHARDS.get(self.group.task, 1)
+        if not self.passes_path.is_file():
+            return None
+        log = pd.read_csv(self.passes_path)
+        rows = log[log["what"].str.fullmatch(rf"scoring shard \d+ of {n}")]
+        return float(rows["wall_seconds"].iloc[-1]) / 60 if len(rows) else None
 
     def pass_left(self) -> float:
         """The share of the scoring pass still to run: 0 once the thresholds are stored."""
@@ -1242,7 +1253,8 @@ def main(argv=None) -> int:
             if u.group in skipped:
                 continue
             if st.replayed() is None:  # the thresholds first: the scoring pass, shard by shard
-                shard = args.pass_minutes.get(u.group.task, 0.0) / SCORE_SHARDS.get(u.group.task, 1)
+                shard = max(args.pass_minutes.get(u.group.task, 0.0) / SCORE_SHARDS.get(u.group.task, 1),
+                            st.last_shard_minutes() or 0.0)  # a shard measured before bounds the next
                 start_by = None if deadline is None else deadline - 60 * shard
                 if start_by is not None and time.monotonic() >= start_by:
                     why = (f"a shard of its scoring pass may take {shard:g} min and "

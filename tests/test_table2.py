@@ -198,6 +198,24 @@ def test_a_scoring_pass_that_does_not_fit_the_time_left_waits(tiny_llama_2k, sha
     assert (cross.status == "not started").all()
 
 
+def test_a_shard_measured_before_bounds_the_next_ones_start(tiny_llama_2k, shared_data, tmp_path, counted,
+                                                             monkeypatch, capsys):
+    """The shards run the longest inputs first, so the last one measured (passes.csv) bounds the
+    next: a pass whose share is short on paper (--pass-minutes) but whose last shard took 30 min
+    does not start another with 20 min left (it would be stopped part-way and lost)."""
+    from lens_heads import models
+
+    t2 = script("table2")
+    store = tmp_path / "table2" / "store" / "smollm2-135m__piqa"
+    store.mkdir(parents=True)
+    pd.DataFrame([{"what": "scoring shard 1 of 4", "wall_seconds": 1800.0, "cpu_seconds": 1700.0,
+                   "dtype": "float32", "cpu": "x", "date": "2026-12-07"}]).to_csv(store / "passes.csv", index=False)
+    monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
+    assert t2.main(argv(tiny_llama_2k, tmp_path, "--time-limit", "20", "--pass-minutes", "piqa=4")) == 0
+    out = capsys.readouterr().out
+    assert "a shard of its scoring pass may take 30 min" in out and "skipped for now" in out and counted == []
+
+
 def test_a_scoring_pass_killed_between_shards_resumes_at_the_next_shard(tiny_llama_2k, shared_data, tmp_path,
                                                                        monkeypatch):
     """The scoring pass runs in shards, each stored as it ends: a run killed in the pass keeps the
