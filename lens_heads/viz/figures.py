@@ -256,18 +256,22 @@ def crossing_probes(probes: pd.DataFrame, within: pd.DataFrame | None = None, ot
     return fig
 
 
-CURVE_FAMILY = {"ahon": "output norm", "ahon_ln": "output norm", "lthon": "output norm", "lthon_ln": "output norm",
-                "awft": "attention weights", "awft_ln": "attention weights", "aeqd": "attention weights",
-                "aeqd_ln": "attention weights", "ftvvn": "value norm", "ftvvn_ln": "value norm", "avvn": "value norm",
-                "avvn_ln": "value norm", "random": "random heads"}  # the paper's three groups of functions
+READS_FAMILY = {"z": "output norm", "rows": "attention weights", "pattern": "attention weights",
+                "v": "value norm"}  # the paper's three groups of functions, by the hook a score reads
 FAMILY_COLOUR = {"output norm": "tab:blue", "attention weights": "tab:orange", "value norm": "tab:green",
                  "random heads": "dimgrey", "static ranking": "tab:purple", "other": "tab:brown"}
 
 
 def curve_family(name: str) -> str:
-    """The group a curve's colour says: the paper's three groups of functions, random heads, a
-    static ranking (``static:ID``), other."""
-    return "static ranking" if name.startswith("static:") else CURVE_FAMILY.get(name, "other")
+    """The group a curve's colour says: random heads, a static ranking (``static:ID``), or the
+    paper's group of a score function by what the registry says it reads (``ScoreFn.reads``:
+    head outputs, the pattern, value vectors); other."""
+    if name == "random":
+        return "random heads"
+    if name.startswith("static:"):
+        return "static ranking"
+    reads = SCORES[name].reads if name in SCORES else ()
+    return READS_FAMILY[reads[0]] if len(reads) == 1 and reads[0] in READS_FAMILY else "other"
 
 
 def crossing_overview(within: pd.DataFrame, by: Sequence[str] = (), reference: pd.DataFrame | None = None,
