@@ -40,7 +40,6 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lens_heads.batching import batch_bounds
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions.specs import ScoreThreshold
 from lens_heads import scores as scoring
