@@ -453,3 +453,20 @@ def test_two_score_collectors_in_one_forward_both_get_their_statistics(as_set, c
         assert torch.equal(a.batch_scores()[s], alone.batch_scores()[s]), s
     assert torch.equal(b.batch_scores()["awft"], alone.batch_scores()["awft"])
     assert torch.isfinite(b.batch_scores()["aeqd"]).all()
+
+
+def test_row_statistics_of_the_last_queries_are_those_rows_of_the_whole_pattern():
+    """After a cached prefix the pattern holds the last q query rows of the whole one: each
+    statistic of those rows (the local mass's keys t-2..t included) is the whole pattern's."""
+    g = torch.Generator().manual_seed(0)
+    k = 9
+    scores = torch.randn(2, 3, k, k, generator=g).masked_fill(torch.ones(k, k, dtype=torch.bool).triu(1), float("-inf"))
+    A = scores.softmax(-1)  # [b, h, k, k], causal
+    first = torch.zeros(2, dtype=torch.long)
+    whole = attention.RowStats.from_pattern(A, first)
+    for q in (1, 2, 3, 5, k):
+        part = attention.RowStats.from_pattern(A[:, :, k - q:], first)
+        for name in ("first_weight", "entropy", "local_mass"):
+            torch.testing.assert_close(getattr(part, name), getattr(whole, name)[..., k - q:], msg=f"{q} {name}")
+    manual = sum(A[..., 6, 6 - d] for d in range(attention.LOCAL_WINDOW))
+    torch.testing.assert_close(whole.local_mass[..., 6], manual)

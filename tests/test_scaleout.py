@@ -66,9 +66,11 @@ def test_unit_refs_round_trip_and_bad_ones():
             UnitRef.parse(bad)
 
 
-@pytest.mark.parametrize("n_shards", [1, 2, 3, 7])
+@pytest.mark.parametrize("n_shards,shots", [(1, None), (2, None), (3, None), (7, None), (3, 3)])
 def test_scoring_shards_merge_to_the_unsharded_thresholds_bit_for_bit(tiny_model, task_file, tmp_path, n_shards,
-                                                                      monkeypatch):
+                                                                      shots, monkeypatch):
+    """With ``shots``, each question's choices share a few-shot prefix that the pass runs once
+    (``scores.shared_prefix``); the shards still merge to the unsharded pass bit for bit."""
     from lens_heads.data import load_task
     from lens_heads.forward.task_requests import task_inputs
     from lens_heads.scores import score_heads
@@ -77,22 +79,30 @@ def test_scoring_shards_merge_to_the_unsharded_thresholds_bit_for_bit(tiny_model
     from lens_heads.sweep.units import merge_score_shards, run_score_shard
     from lens_heads import batching
     from lens_heads.interventions.thresholds import compute_thresholds, scoring_shards
+    from lens_heads.scores import pass_prefixes, scoring_batches as pass_batches
 
     model, task = tiny_model("llama"), load_task(f"file:{task_file}")
-    cfg = _cfg(task_file, threshold_batch_size=3)
+    cfg = _cfg(task_file, threshold_batch_size=3, n_shot=shots)
     cfg.validate()
-    inputs = task_inputs(model, task)
+    inputs = task_inputs(model, task, shots)
     monkeypatch.setattr(batching, "MIN_BATCH_TOKENS", 8)  # batches close early here too (even_batch)
     floor = batching.batch_floor(model)
-    bounds = batching.batch_bounds(sorted(map(len, inputs), reverse=True), 3, floor)
-    assert floor == 8 and any(b - a < 3 for a, b in zip(bounds, bounds[1:-1]))
-    shards = scoring_shards(inputs, 3, n_shards, floor)
+    prefixes = pass_prefixes(model, inputs)
+    assert (max(prefixes) >= 32) == (shots is not None)
+    if shots is None:
+        bounds = batching.batch_bounds(sorted(map(len, inputs), reverse=True), 3, floor)
+        assert floor == 8 and any(b - a < 3 for a, b in zip(bounds, bounds[1:-1]))
+    else:  # a batch holds one prefix's inputs
+        batches = pass_batches(inputs, prefixes, 3, floor)
+        assert any(len(b) > 1 for b in batches)
+        assert all(len({tuple(inputs[i][:prefixes[i]].tolist()) for i in b}) == 1 for b in batches)
+    shards = scoring_shards(inputs, 3, n_shards, floor, prefixes)
     assert sorted(i for s in shards for i in s) == list(range(len(inputs)))
     whole = score_heads(model, inputs, scores=cfg.score_ids, batch_size=3, keep_per_input=True, progress=False)
-    for idx in shards:  # each shard scored alone reproduces its rows of the whole pass exactly
+    for idx in shards:  # each shard scored alone (with its part of the pass's prefixes) reproduces its rows exactly
         if idx:
             part = score_heads(model, [inputs[i] for i in idx], scores=cfg.score_ids, batch_size=3,
-                               keep_per_input=True, progress=False)
+                               keep_per_input=True, progress=False, shared_prefix=[prefixes[i] for i in idx])
             for sid in cfg.score_ids:
                 assert torch.equal(part.per_input[sid], whole.per_input[sid][idx])
     store, identity = ResultStore(tmp_path / "s"), cfg.identity(model, task)

@@ -168,6 +168,75 @@ def test_every_score_matches_naive(arch, tiny_model, tiny_model_dir):
     assert hs.n == len(seqs)
 
 
+def _few_shot_like(model, n_prefix: int = 40) -> list[torch.Tensor]:
+    """Inputs as a few-shot task makes them: two groups, each a long shared prefix and suffixes
+    of 1..6 tokens, plus two inputs that share nothing (one shorter than the prefixes)."""
+    g = torch.Generator().manual_seed(3)
+    vocab = model.hf_model.config.vocab_size
+    out = []
+    for group in range(2):
+        prefix = torch.randint(5, vocab, (n_prefix + 7 * group,), generator=g)
+        out += [torch.cat([prefix, torch.randint(5, vocab, (k,), generator=g)]) for k in (1, 3, 6, 2)]
+    return out + [torch.randint(5, vocab, (n_prefix + 3,), generator=g), torch.randint(5, vocab, (9,), generator=g)]
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_a_shared_prefix_runs_once_and_every_input_keeps_its_own_scores(arch, tiny_model, tiny_model_dir,
+                                                                         monkeypatch):
+    """A prefix shared by several inputs runs once, its keys/values and per-position quantities
+    cached; each input's scores still equal the naive loop over that whole input alone, and the
+    pass without sharing. The forwards read fewer positions than the inputs hold."""
+    from lens_heads.forward import engine
+    from lens_heads.scores import shared_prefix
+
+    model = tiny_model(arch)
+    seqs = _few_shot_like(model)
+    assert engine.shared_prefixes(seqs) == [40] * 4 + [47] * 4 + [0, 0]
+    positions = []
+    real_forward = shared_prefix.forward
+
+    def counting(model_, ids, mask, *args, **kwargs):
+        positions.append(ids.shape[0] * ids.shape[1])
+        return real_forward(model_, ids, mask, *args, **kwargs)
+
+    monkeypatch.setattr(shared_prefix, "forward", counting)
+    hs = score_heads(model, seqs, scores="all", batch_size=3, keep_per_input=True, progress=False)
+    shared_positions, positions[:] = sum(positions), []
+    whole = score_heads(model, seqs, scores="all", batch_size=3, keep_per_input=True, progress=False,
+                        shared_prefix=False)
+    if arch == "gemma3":  # a sliding window of 8 tokens: every input is longer and runs whole
+        assert shared_positions == sum(positions)
+    else:
+        assert shared_positions < 0.6 * sum(positions)  # each prefix once (plus padding) instead of 4 times
+    hf = _hf(tiny_model_dir(arch))
+    naive = [naive_scores(hf, arch, s.tolist()) for s in seqs]
+    for s in ALL:
+        want = torch.tensor([n[s] for n in naive], dtype=torch.float64)
+        _close(hs.per_input[s], want, f"{arch} {s} shared prefix vs naive")
+        _close(hs.per_input[s], whole.per_input[s], f"{arch} {s} shared prefix vs whole inputs")
+    # a scoring shard (whole batches of the pass) with its part of the pass's prefix lengths: the
+    # pass's values bit for bit, so merged shards still equal the unsharded pass
+    from lens_heads.interventions.thresholds import scoring_shards
+    from lens_heads.scores import pass_prefixes
+    from lens_heads.sweep.units import batch_floor
+
+    part = scoring_shards(seqs, 3, 2, batch_floor(model), pass_prefixes(model, seqs))[1]
+    assert len(part) >= 3
+    sub = score_heads(model, [seqs[i] for i in part], scores="all", batch_size=3, keep_per_input=True,
+                      progress=False, shared_prefix=[pass_prefixes(model, seqs)[i] for i in part])
+    for s in ALL:
+        torch.testing.assert_close(sub.per_input[s], hs.per_input[s][part], rtol=0, atol=0, equal_nan=True,
+                                   msg=lambda m, s=s: f"{arch} {s}: {m}")
+
+
+def test_shared_prefix_lengths_are_checked(tiny_model):
+    model = tiny_model("llama")
+    seqs = [torch.tensor([5, 6, 7]), torch.tensor([5, 6])]
+    for bad in ([1], [3, 0], [-1, 0], [1.0, 0], [True, 0]):
+        with pytest.raises(LensHeadsError, match="shared_prefix: one length per input"):
+            score_heads(model, seqs, progress=False, shared_prefix=bad)
+
+
 def test_smollm2_matches_naive(smollm2):
     seqs = smollm2.to_tokens(["The capital of France is Paris, and", "Dormant heads"])
     hs = score_heads(smollm2, seqs, batch_size=2, keep_per_input=True, progress=False)

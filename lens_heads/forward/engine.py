@@ -253,6 +253,20 @@ def prefix_groups(rows: list[Row], min_prefix: int) -> tuple[list[tuple[int, lis
     return groups, singles
 
 
+def shared_prefixes(seqs: Sequence[Sequence[int] | Tensor], min_prefix: int = MIN_PREFIX) -> list[int]:
+    """Per input, the length of the token prefix it shares with the other inputs of its group
+    (``prefix_groups``, each input keeping at least its last token after it), 0 where it shares
+    none: what a scoring pass runs once per group (``scores.score_heads``). A function of all
+    of ``seqs``: a shard of the inputs scored with its part of this list runs the very forwards
+    the whole pass runs for them."""
+    rows = [Row([int(t) for t in s], i, [(i, [0])]) for i, s in enumerate(seqs)]
+    out = [0] * len(rows)
+    for length, group in prefix_groups(rows, min_prefix)[0]:
+        for row in group:
+            out[row.key] = length
+    return out
+
+
 def forward(model: LoadedModel, ids: Tensor, mask: Tensor | None, hooks: list, keep: Tensor | None = None,
             cache: Any = None, want_cache: bool = False, *, logits: bool = True, grad: bool = False,
             pick: Tensor | None = None, positions: Tensor | None = None):

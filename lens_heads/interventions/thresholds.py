@@ -40,7 +40,6 @@ import torch
 from jaxtyping import Float
 from torch import Tensor
 
-from lens_heads.batching import batch_bounds
 from lens_heads.errors import LensHeadsError
 from lens_heads.interventions.specs import ScoreThreshold
 from lens_heads import scores as scoring
@@ -154,26 +153,29 @@ def compute_thresholds(model: LoadedModel, inputs: list[Tensor], score_ids: Sequ
 
 
 def scoring_shard_batches(inputs: Sequence[Tensor], batch_size: int, n_shards: int,
-                          floor: int | None) -> list[list[list[int]]]:
+                          floor: int | None, prefixes: Sequence[int] | None = None) -> list[list[list[int]]]:
     """The batches (input positions in ``inputs``) of each of ``n_shards`` shards of a scoring
-    pass: contiguous runs of whole batches in the pass's own order (longest first, stable; batches
-    as ``batching.batch_bounds`` forms them with ``floor``, the scoring model's ``batch_floor``).
-    A shard's inputs, scored on their own with the same batch size, form exactly these batches,
-    so the merged per-input scores -- the thresholds, and the dataset-level means replayed batch by
-    batch -- equal the unsharded pass's bit for bit. Shards beyond the number of batches are empty."""
+    pass: contiguous runs of whole batches in the pass's own order (``scores.scoring_batches``:
+    the inputs of each shared prefix together, ``prefixes`` as ``scores.pass_prefixes`` gives
+    them -- None: none, longest first; batches as ``batching.batch_bounds`` forms them with
+    ``floor``, the scoring model's ``batch_floor``). A shard's inputs, scored on their own with
+    the same batch size and their part of ``prefixes``, form exactly these batches, so the merged
+    per-input scores -- the thresholds, and the dataset-level means replayed batch by batch --
+    equal the unsharded pass's bit for bit. Shards beyond the number of batches are empty."""
     if isinstance(n_shards, bool) or not isinstance(n_shards, int) or n_shards < 1:
         raise LensHeadsError(f"n_shards must be a positive integer, got {n_shards!r}")
-    order = sorted(range(len(inputs)), key=lambda i: -len(inputs[i]))  # score_heads' order
-    bounds = batch_bounds([len(inputs[i]) for i in order], batch_size, floor)
-    batches = [order[a:b] for a, b in zip(bounds, bounds[1:])]
+    batches = scoring.scoring_batches(inputs, [0] * len(inputs) if prefixes is None else prefixes,
+                                      batch_size, floor)
     cuts = [round(j * len(batches) / n_shards) for j in range(n_shards + 1)]
     return [batches[cuts[j]:cuts[j + 1]] for j in range(n_shards)]
 
 
-def scoring_shards(inputs: Sequence[Tensor], batch_size: int, n_shards: int, floor: int | None) -> list[list[int]]:
+def scoring_shards(inputs: Sequence[Tensor], batch_size: int, n_shards: int, floor: int | None,
+                   prefixes: Sequence[int] | None = None) -> list[list[int]]:
     """The inputs (their positions in ``inputs``) of each shard of ``scoring_shard_batches``, in
     the pass's order."""
-    return [[i for b in shard for i in b] for shard in scoring_shard_batches(inputs, batch_size, n_shards, floor)]
+    return [[i for b in shard for i in b]
+            for shard in scoring_shard_batches(inputs, batch_size, n_shards, floor, prefixes)]
 
 
 def thresholds_of(hs, score_ids: Sequence[str], fractions: Sequence[float],

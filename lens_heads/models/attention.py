@@ -91,13 +91,16 @@ class RowStats:
 
     @classmethod
     def from_pattern(cls, A: Float[Tensor, "batch head q k"], first: Int[Tensor, " batch"]) -> "RowStats":
-        """The statistics of a materialised pattern (the eager path)."""
-        b, h, q, _ = A.shape
+        """The statistics of a materialised pattern (the eager path). With more keys than
+        queries the queries are the last q positions (a cached prefix before them): query row i
+        is position k - q + i."""
+        b, h, q, k = A.shape
+        offset = k - q
         first_weight = A.gather(-1, first.view(b, 1, 1, 1).expand(b, h, q, 1))[..., 0].float()
         entropy = torch.stack([torch.special.entr(row.float()).sum(-1) for row in A])
-        local = A.diagonal(0, -2, -1).float().clone()
-        for d in range(1, LOCAL_WINDOW):
-            local[..., d:] += A.diagonal(-d, -2, -1).float()
+        local = A.diagonal(offset, -2, -1).float().clone()
+        for d in range(1, LOCAL_WINDOW):  # key t - d of query row i: on the diagonal offset - d, from row d - offset
+            local[..., max(0, d - offset):] += A.diagonal(offset - d, -2, -1).float()
         return cls(first_weight, entropy, local)
 
 

@@ -299,8 +299,18 @@ def packed_length_limit(model: LoadedModel) -> int | None:
     config = getattr(config, "text_config", None) or config
     if getattr(config, "model_type", None) not in PACKED_MODEL_TYPES:
         return None
+    window = attention_window(model)
+    return window if window else 1 << 30
+
+
+def attention_window(model: LoadedModel) -> int | None:
+    """The sliding window of the model's windowed layers (Gemma 3, Mistral), None where there is
+    none. A K/V cache of such a layer keeps only the window's keys: past it, a cached prefix's
+    first key is no longer the input's first token."""
+    config = model.hf_model.config
+    config = getattr(config, "text_config", None) or config
     window = getattr(config, "sliding_window", None)
-    return int(window) if window else 1 << 30
+    return int(window) if window else None
 
 
 def _takes_cache_kwarg(hf_model) -> bool:

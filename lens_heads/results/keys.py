@@ -80,13 +80,15 @@ class StoreKey:
         """The key of shard ``index`` of ``n_shards`` of this thresholds' scoring pass, whose
         batches of ``batch_size`` it splits (``thresholds.scoring_shards``). ``batches``: the rule
         that cut them (``batching.batch_bounds``' even batches with ``floor``, the device's: a CPU's
-        2,048 tokens, none on a GPU), so shards cut another way -- the earlier fixed cuts, or by a
-        worker on another kind of device -- are never merged with these."""
+        2,048 tokens, none on a GPU, over the pass's order with the inputs of each shared prefix
+        together, ``scores.scoring_batches``), so shards cut another way -- the earlier fixed cuts,
+        the longest-first order before 7 Dec 2026, or by a worker on another kind of device -- are
+        never merged with these."""
         if self.kind is not Kind.THRESHOLDS:
             raise ValueError("only a thresholds key has scoring shards")
         return StoreKey(Kind.SCORE_SHARD, {**self.config, "kind": Kind.SCORE_SHARD.value, "shard": int(index),
                                            "n_shards": int(n_shards), "batch_size": int(batch_size),
-                                           "batches": f"even/{'none' if floor is None else int(floor)}"})
+                                           "batches": f"prefix-even/{'none' if floor is None else int(floor)}"})
 
 
 def task_fingerprint(task) -> str:

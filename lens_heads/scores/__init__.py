@@ -30,6 +30,8 @@ Modules, in the order data flows through them:
                   at ``hook_z`` an optional ``z_transform`` may replace z (per-input ablation)
     dataset.py    ``score_heads`` over a dataset -> ``HeadScores`` (mean / std / count per
                   head, optional per-input scores; CSV or Parquet with sidecars)
+    shared_prefix.py  a scoring pass's order and forwards: a prefix shared by several inputs
+                  (few-shot prompts) runs once, its keys/values and per-position values cached
     attribution.py  attribution patching: a head's first-order effect on a task's gold
                   answers, one forward and one backward per question (a question-level score)
 
@@ -62,9 +64,11 @@ from lens_heads.scores.dataset import (
     score_metadata,
     wasserstein_distances,
 )
+from lens_heads.scores.shared_prefix import pass_prefixes, scoring_batches  # noqa: E402
 
 __all__ = [
     "PAPER_SCORES", "SCORES", "Acts", "BatchGeometry", "ScoreFn", "base", "derived", "layer_normalised",
     "register_score", "resolve_score_ids", "revision_key", "ScoreCollector", "ZTransform", "wasserstein_distances",
     "HeadScores", "context_length", "least_active", "pooled_mean", "prepare_inputs", "score_heads", "score_metadata",
+    "pass_prefixes", "scoring_batches",
 ]

@@ -12,6 +12,7 @@ docs/methods.md §6, is one), with the same ``Acts`` and padding geometry.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import torch
@@ -30,6 +31,21 @@ if TYPE_CHECKING:
 # The streaming collector
 
 ZTransform = Callable[[int, Tensor, dict[str, Tensor]], Tensor]
+
+
+@dataclass
+class PrefixStats:
+    """A cached prefix as a scoring forward after it needs it (prefix sharing, docs/methods.md
+    §1): its length, and per layer and hook kind the per-position quantities its own forward
+    computed for the scores (``Acts``: norms, first-token weights, entropies; [1, ..., length]).
+    Filled by the prefix's forward (``ScoreCollector.hooks(..., record=...)``), read by every
+    forward of suffixes after it (``prefix=``)."""
+
+    length: int
+    layers: dict[int, dict[str, dict[str, Tensor]]] = field(default_factory=dict)  # layer -> kind -> quantity
+
+    def at(self, layer: int, kind: str) -> dict[str, Tensor]:
+        return self.layers.setdefault(layer, {}).setdefault(kind, {})
 
 
 class ScoreCollector:
@@ -55,13 +71,25 @@ class ScoreCollector:
         self._batch: BatchGeometry | None = None
         self._layer: list[dict[str, Tensor]] = []
         self._scores: dict[str, Tensor] = {}
+        self._prefix: PrefixStats | None = None
+        self._record: PrefixStats | None = None
 
     def hooks(self, attention_mask: Int[Tensor, "batch pos"],
-              z_transform: ZTransform | None = None) -> list[tuple[str, HookFn]]:
+              z_transform: ZTransform | None = None, *, prefix: PrefixStats | None = None,
+              record: PrefixStats | None = None) -> list[tuple[str, HookFn]]:
         """Hooks for ONE forward of a batch. At hook_z of layer L, once the layer's scores are
         computed from the unmodified z, calls z_transform(L, z, {id: Float[Tensor,'batch head']})
-        and returns its result as the new z (this is how per-input ablation zeroes heads)."""
+        and returns its result as the new z (this is how per-input ablation zeroes heads).
+
+        ``record``: this forward is a shared prefix (one row); its per-position quantities are
+        kept there. ``prefix``: this forward continues from that cached prefix
+        (``attention_mask`` marks the suffixes' tokens only); each row's scores are those of
+        the prefix followed by its suffix, the whole input, as one forward would give them."""
         g = self.geometry
+        if prefix is not None:  # the reductions run over the whole input: the prefix's positions, then the suffix's
+            attention_mask = torch.cat([attention_mask.new_ones(attention_mask.shape[0], prefix.length),
+                                        attention_mask], dim=1)
+        self._prefix, self._record = prefix, record
         self._batch = batch = BatchGeometry.from_mask(attention_mask, self.model.device)
         self._on = {}  # the batch geometry on other devices, made once per batch
         b = attention_mask.shape[0]
@@ -98,7 +126,9 @@ class ScoreCollector:
     def _reduce(self, kind: HookKind, L: int, x: Tensor, batch: BatchGeometry) -> None:
         if batch.maskf.device != x.device:  # a layer on another device (a sharded model)
             batch = self._on.setdefault(x.device, batch.to(x.device))
-        acts = Acts(kind, x, batch, L, self.gram, self.geometry.group_size_of(L))
+        acts = Acts(kind, x, batch, L, self.gram, self.geometry.group_size_of(L),
+                    prefix=None if self._prefix is None else self._prefix.at(L, kind),
+                    record=None if self._record is None else self._record.at(L, kind))
         store = self._layer[L]
         for fn in self._base[kind]:
             store[fn.id] = fn.compute(acts)

@@ -20,14 +20,14 @@ from torch import Tensor
 
 from lens_heads.files.atomic import atomic_write_all
 from lens_heads.batching import Batcher, parse_batch_size
-from lens_heads.data import pad_batch, tokenize_texts
+from lens_heads.data import tokenize_texts
 from lens_heads.errors import LensHeadsError
 from lens_heads.files.hashing import sha256_tokens
-from lens_heads.forward.engine import forward
 from lens_heads.models.heads import Head
 from lens_heads.models.load import model_provenance
 from lens_heads.progress import progress_bar
 from lens_heads.scores.collector import ScoreCollector
+from lens_heads.scores.shared_prefix import PrefixedScoring, pass_prefixes, scoring_segments
 from lens_heads.scores.functions import SCORES, resolve_score_ids, revision_key
 
 if TYPE_CHECKING:
@@ -303,41 +303,57 @@ def score_heads(
     progress: bool = True,
     *,
     data: str | None = None,
+    shared_prefix: bool | Sequence[int] = True,
 ) -> HeadScores:
     """Score every head with every requested function, one forward per batch.
 
     ``inputs``: 1-D token tensors (used as given, truncated to ``max_len`` if set) or strings
     (tokenised as documents, truncated to ``max_len``). ``data`` names the data in the metadata.
+    ``shared_prefix``: inputs that share a long token prefix (few-shot prompts) run it once
+    (``scores.shared_prefix``, docs/methods.md §1); True finds the prefixes among ``inputs``,
+    False runs every input whole, a list gives each input's prefix length (``pass_prefixes`` of a
+    larger pass these inputs are part of). The inputs of one prefix are scored together
+    (``scoring_segments``); without shared prefixes the order is longest first.
     """
     ids = resolve_score_ids(scores)
     batch_size = parse_batch_size(batch_size)
     seqs = prepare_inputs(model, inputs, max_len)
     g = model.geometry
     collector = ScoreCollector(model, ids)
+    prefixes = _prefix_lengths(model, seqs, shared_prefix)
+    runner = PrefixedScoring(model, collector, seqs, prefixes)
     moments = {s: _Moments((g.n_layers, g.n_heads)) for s in ids}
     per_input = ({s: torch.empty(len(seqs), g.n_layers, g.n_heads) for s in ids} if keep_per_input else None)
-    pad = model.tokenizer.pad_token_id or 0
     bar = progress_bar(len(seqs), "scoring heads", enabled=progress, unit="input")
-    order = sorted(range(len(seqs)), key=lambda i: -len(seqs[i]))  # longest first, stable (iter_batches')
 
     def run(idx: Sequence[int]) -> None:
-        ids_b, mask = pad_batch([seqs[i] for i in idx], pad, "right")
-        forward(model, ids_b, mask, collector.hooks(mask), logits=False)
-        for s, v in collector.batch_scores().items():  # after the forward: a retried batch adds nothing twice
-            v = v.cpu()
+        for s, v in runner.batch_scores(idx).items():  # after the forwards: a retried batch adds nothing twice
             moments[s].add(v)
             if per_input is not None:
                 per_input[s][torch.as_tensor(list(idx))] = v
         bar.update(len(idx))
 
+    batcher = Batcher.for_inputs(batch_size, model, max((len(x) for x in seqs), default=1))
     try:
-        Batcher.for_inputs(batch_size, model, max((len(x) for x in seqs), default=1)).run(
-            order, run, [len(seqs[i]) for i in order])
+        for items, lengths in scoring_segments(seqs, prefixes):  # the batches of ``scoring_batches``
+            batcher.run(items, run, lengths)
     finally:
         bar.close()
     meta = {**score_metadata(model, seqs, max_len, data), "score_revisions": revision_key(ids)}
     return HeadScores(ids, {s: moments[s].mean_or_nan() for s in ids}, {s: moments[s].std() for s in ids},
                       {s: moments[s].n for s in ids}, len(seqs), per_input, meta)
+
+
+def _prefix_lengths(model: LoadedModel, seqs: Sequence[Tensor], shared_prefix: bool | Sequence[int]) -> list[int]:
+    """``score_heads``' ``shared_prefix`` as one prefix length per input (checked)."""
+    if isinstance(shared_prefix, bool):
+        return pass_prefixes(model, seqs) if shared_prefix else [0] * len(seqs)
+    lengths = list(shared_prefix)
+    if len(lengths) != len(seqs) or any(isinstance(n, bool) or not isinstance(n, int) or not 0 <= n < len(s)
+                                        for n, s in zip(lengths, seqs)):
+        raise LensHeadsError(f"shared_prefix: one length per input ({len(seqs)}), each an integer from 0 to the "
+                             f"input's length - 1")
+    return lengths
 
 
 def score_metadata(model: LoadedModel, seqs: Sequence[Tensor], max_len: int | None, data: str | None) -> dict:

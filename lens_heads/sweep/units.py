@@ -117,7 +117,8 @@ def run_score_shard(model: LoadedModel, task, identity: RunIdentity, cfg: SweepC
         if store.has(key) or store.has(done):
             return Outcome.STORED
         inputs = task_inputs(model, task, cfg.n_shot, cfg.limit, cfg.seed, cfg.protocol)
-        batches = scoring_shard_batches(inputs, cfg.threshold_batch_size, n_shards, floor)[index]
+        prefixes = scoring.pass_prefixes(model, inputs)  # the whole pass's: the shard runs the forwards the pass runs
+        batches = scoring_shard_batches(inputs, cfg.threshold_batch_size, n_shards, floor, prefixes)[index]
         idx = [i for b in batches for i in b]
         tensors = {"input_index": torch.tensor(idx, dtype=torch.long),
                    "batch_sizes": torch.tensor([len(b) for b in batches], dtype=torch.long),
@@ -125,7 +126,8 @@ def run_score_shard(model: LoadedModel, task, identity: RunIdentity, cfg: SweepC
         if idx:
             ids = shard_score_ids(cfg)
             hs = scoring.score_heads(model, [inputs[i] for i in idx], scores=ids,
-                                     batch_size=cfg.threshold_batch_size, keep_per_input=True, progress=False)
+                                     batch_size=cfg.threshold_batch_size, keep_per_input=True, progress=False,
+                                     shared_prefix=[prefixes[i] for i in idx])
             tensors.update({f"score.{sid}": hs.per_input[sid] for sid in ids})
         store.put_tensors(key, tensors)
     return Outcome.COMPUTED
