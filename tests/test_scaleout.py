@@ -79,13 +79,14 @@ def test_scoring_shards_merge_to_the_unsharded_thresholds_bit_for_bit(tiny_model
     from lens_heads.sweep.units import merge_score_shards, run_score_shard
     from lens_heads import batching
     from lens_heads.interventions.thresholds import compute_thresholds, scoring_shards
-    from lens_heads.scores import pass_prefixes, scoring_batches as pass_batches
+    from lens_heads.scores import pass_prefixes, scoring_batches as pass_batches, shared_prefix
 
     model, task = tiny_model("llama"), load_task(f"file:{task_file}")
     cfg = _cfg(task_file, threshold_batch_size=3, n_shot=shots)
     cfg.validate()
     inputs = task_inputs(model, task, shots)
     monkeypatch.setattr(batching, "MIN_BATCH_TOKENS", 8)  # batches close early here too (even_batch)
+    monkeypatch.setattr(shared_prefix, "MIN_SAVED_TOKENS", 32)  # the tiny prompts' prefixes are shared too
     floor = batching.batch_floor(model)
     prefixes = pass_prefixes(model, inputs)
     assert (max(prefixes) >= 32) == (shots is not None)

@@ -168,7 +168,7 @@ def test_every_score_matches_naive(arch, tiny_model, tiny_model_dir):
     assert hs.n == len(seqs)
 
 
-def _few_shot_like(model, n_prefix: int = 40) -> list[torch.Tensor]:
+def _few_shot_like(model, n_prefix: int = 90) -> list[torch.Tensor]:
     """Inputs as a few-shot task makes them: two groups, each a long shared prefix and suffixes
     of 1..6 tokens, plus two inputs that share nothing (one shorter than the prefixes)."""
     g = torch.Generator().manual_seed(3)
@@ -187,11 +187,14 @@ def test_a_shared_prefix_runs_once_and_every_input_keeps_its_own_scores(arch, ti
     cached; each input's scores still equal the naive loop over that whole input alone, and the
     pass without sharing. The forwards read fewer positions than the inputs hold."""
     from lens_heads.forward import engine
-    from lens_heads.scores import shared_prefix
+    from lens_heads.scores import pass_prefixes, shared_prefix
 
     model = tiny_model(arch)
     seqs = _few_shot_like(model)
-    assert engine.shared_prefixes(seqs) == [40] * 4 + [47] * 4 + [0, 0]
+    assert engine.shared_prefixes(seqs) == [90] * 4 + [97] * 4 + [0, 0]
+    assert pass_prefixes(model, seqs) == ([0] * 10 if arch == "gemma3" else [90] * 4 + [97] * 4 + [0, 0])
+    pair = [seqs[0], seqs[1], seqs[4], seqs[5]]  # two inputs of a 90-token prefix save too little to share it
+    assert engine.shared_prefixes(pair) == [90, 90, 97, 97] and pass_prefixes(model, pair) == [0] * 4
     positions = []
     real_forward = shared_prefix.forward
 
@@ -217,7 +220,6 @@ def test_a_shared_prefix_runs_once_and_every_input_keeps_its_own_scores(arch, ti
     # a scoring shard (whole batches of the pass) with its part of the pass's prefix lengths: the
     # pass's values bit for bit, so merged shards still equal the unsharded pass
     from lens_heads.interventions.thresholds import scoring_shards
-    from lens_heads.scores import pass_prefixes
     from lens_heads.sweep.units import batch_floor
 
     part = scoring_shards(seqs, 3, 2, batch_floor(model), pass_prefixes(model, seqs))[1]
