@@ -281,6 +281,23 @@ def forward(model: LoadedModel, ids: Tensor, mask: Tensor | None, hooks: list, k
                           return_cache=want_cache, grad=grad, logit_rows=pick, position_ids=positions)
 
 
+def prefix_cache(model: LoadedModel, prefix: Sequence[int], hooks: list) -> Any:
+    """The K/V cache of ``prefix`` run alone as one row [1, P] with ``hooks`` (the LM head on no
+    row): what forwards of suffixes continue from (``cache_for_rows``)."""
+    ids = torch.tensor(list(prefix))[None]
+    _, cache = forward(model, ids, torch.ones_like(ids), hooks, keep=torch.tensor([ids.shape[1] - 1]),
+                       want_cache=True, pick=torch.zeros(0, 2, dtype=torch.long))
+    return cache
+
+
+def cache_for_rows(cache: Any, rows: int) -> Any:
+    """A copy of a prefix's cache for a forward of ``rows`` suffixes (which appends to it)."""
+    c = copy.deepcopy(cache)
+    if rows > 1:
+        c.batch_repeat_interleave(rows)
+    return c
+
+
 def scored_positions(rows: Sequence[Row], ends: Sequence[int]) -> tuple[Tensor, Tensor]:
     """The positions a batch is read at: ``keep``, the sorted union over its rows (row b's
     input ends at ``ends[b]``; it is read at its last ``n_read`` positions), and ``pick``, the
@@ -330,22 +347,17 @@ def _run_plain(model: LoadedModel, rows: list[Row], out: list[float], ablation, 
 def _run_grouped(model: LoadedModel, prefix_len: int, rows: list[Row], out: list[float], ablation,
                  batcher: Batcher, pbar, observer: Observer | None = None) -> None:
     pad = model.tokenizer.pad_token_id or 0
-    prefix = torch.tensor(rows[0].ids[:prefix_len])[None]
-    pmask = torch.ones_like(prefix)
+    pmask = torch.ones(1, prefix_len, dtype=torch.long)
     hooks = ablation.hooks(model, pmask, []) if ablation is not None else []  # it scores no input
-    _, cache = forward(model, prefix, pmask, hooks, keep=torch.tensor([prefix_len - 1]), want_cache=True,
-                       pick=torch.zeros(0, 2, dtype=torch.long))  # the cache alone: the LM head on no row
+    cache = prefix_cache(model, rows[0].ids[:prefix_len], hooks)
     order = sorted(rows, key=lambda r: -len(r.ids))
 
     def run(batch: Sequence[Row]) -> None:
         ids, smask = pad_batch([torch.tensor(r.ids[prefix_len:]) for r in batch], pad, "right")
         keep, pick = scored_positions(batch, [len(r.ids) - prefix_len for r in batch])
         mask = torch.cat([torch.ones(len(batch), prefix_len, dtype=smask.dtype), smask], dim=1)
-        c = copy.deepcopy(cache)
-        if len(batch) > 1:
-            c.batch_repeat_interleave(len(batch))
         hooks = ablation.hooks(model, smask, [r.key for r in batch]) if ablation is not None else []
-        logits = forward(model, ids, mask, hooks, keep, cache=c, pick=pick)
+        logits = forward(model, ids, mask, hooks, keep, cache=cache_for_rows(cache, len(batch)), pick=pick)
         logits = logits[0] if isinstance(logits, tuple) else logits
         score_rows(out, batch, logits, observer)
         pbar.update(len(batch))

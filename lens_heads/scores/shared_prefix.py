@@ -26,7 +26,6 @@ that zero nothing: a per-input ablation makes a prefix's positions depend on the
 
 from __future__ import annotations
 
-import copy
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Sequence
 
@@ -36,7 +35,7 @@ from torch import Tensor
 
 from lens_heads.batching import batch_bounds
 from lens_heads.data import pad_batch
-from lens_heads.forward.engine import forward, shared_prefixes
+from lens_heads.forward.engine import cache_for_rows, forward, prefix_cache, shared_prefixes
 from lens_heads.models.hooks import attention_window
 from lens_heads.scores.collector import PrefixStats, ScoreCollector
 
@@ -132,22 +131,17 @@ class PrefixedScoring:
         stats, kv = self._prefix(prefix)
         ids, smask = pad_batch([x[stats.length:] for x in inputs], self.pad, "right")  # suffixes [b, S]
         mask = torch.cat([torch.ones(len(inputs), stats.length, dtype=smask.dtype), smask], dim=1)  # [b, P + S]
-        cache = copy.deepcopy(kv)  # the suffix forward appends its keys/values to it
-        if len(inputs) > 1:
-            cache.batch_repeat_interleave(len(inputs))
         forward(self.model, ids, mask, self.collector.hooks(smask, prefix=stats), torch.tensor([ids.shape[1] - 1]),
-                cache=cache, pick=torch.zeros(0, 2, dtype=torch.long))  # the LM head on no row
+                cache=cache_for_rows(kv, len(inputs)), pick=torch.zeros(0, 2, dtype=torch.long))  # the LM head on no row
         return self.collector.batch_scores()
 
     def _prefix(self, prefix: tuple[int, ...]) -> tuple[PrefixStats, Any]:
         if prefix in self._cached:
             self._cached.move_to_end(prefix)
             return self._cached[prefix]
-        ids = torch.tensor(prefix)[None]  # [1, P]
-        mask = torch.ones_like(ids)
         stats = PrefixStats(len(prefix))
-        _, kv = forward(self.model, ids, mask, self.collector.hooks(mask, record=stats),
-                        torch.tensor([len(prefix) - 1]), want_cache=True, pick=torch.zeros(0, 2, dtype=torch.long))
+        kv = prefix_cache(self.model, prefix, self.collector.hooks(torch.ones(1, len(prefix), dtype=torch.long),
+                                                                    record=stats))
         self.prefix_forwards += 1
         self._cached[prefix] = (stats, kv)
         while len(self._cached) > KEEP_PREFIXES:
