@@ -335,6 +335,16 @@ class GroupState:
         rows = log[log["what"].str.fullmatch(rf"scoring shard \d+ of {n}")]
         return float(rows["wall_seconds"].iloc[-1]) / 60 if len(rows) else None
 
+    def shard_hours(self) -> float:
+        """Compute hours (``pass_seconds``) per scoring shard stored so far, their mean; NaN before
+        any. The shards run the longest prefixes first, so it bounds the ones left."""
+        n = SCORE_SHARDS.get(self.group.task, 1)
+        if not self.passes_path.is_file():
+            return math.nan
+        log = pd.read_csv(self.passes_path)
+        rows = log[log["what"].str.fullmatch(rf"scoring shard \d+ of {n}")]
+        return pass_seconds(rows) / 3600 / len(rows) if len(rows) else math.nan
+
     def pass_left(self) -> float:
         """The share of the scoring pass still to run: 0 once the thresholds are stored."""
         if (self.folder / "thresholds").is_dir():
@@ -500,7 +510,8 @@ def tabulate(args, units: list[Unit], states: dict[Group, GroupState]):
             scored = st.pass_progress()
             group_rows.append({"group": g.name, "model": g.model, "task": g.task, "ablation": g.ablation,
                                "status": f"scoring pass: {scored} stored" if scored else "not started",
-                               "scoring_pass_left": round(st.pass_left(), 6)})
+                               "scoring_pass_left": round(st.pass_left(), 6),
+                               "scoring_shard_hours": round(st.shard_hours(), 4)})
             continue
         mine = [u for u in units if u.group == g]
         curves = [st.curves[u.curve] for u in mine]
@@ -827,7 +838,9 @@ def remaining(cross: pd.DataFrame, groups: pd.DataFrame) -> tuple[pd.DataFrame, 
     what it has read.
     Seconds per item: the group's own (its evaluations' stored timings), else its pair's other
     group's, else SmolLM2/PIQA's zero-ablation rate times ``RATE_VS_SMOLLM2_PIQA``. A pair whose
-    scoring pass is not whole adds its missing shards at one census probe's cost, once per pair."""
+    scoring pass is not whole adds its missing shards, once per pair: at the mean cost of its shards
+    stored so far (``scoring_shard_hours``; the longest prefixes run first, so an upper bound), else
+    at one census probe's cost."""
     decided = cross[cross.status.isin(DECIDED) & (cross["eval_items"].fillna(0) > 0)] \
         if "eval_items" in cross else cross.iloc[0:0]
     is_random = decided.score_fn.isin(RANDOM_CURVES)
@@ -861,6 +874,8 @@ def remaining(cross: pd.DataFrame, groups: pd.DataFrame) -> tuple[pd.DataFrame, 
         return float(by_group.loc[ref, "_secs"] / by_group.loc[ref, "_items"] * ratio), f"SmolLM2/PIQA's x {ratio:g}"
 
     pass_left = dict(zip(groups["group"], groups["scoring_pass_left"])) if len(groups) else {}
+    shard_hours = dict(zip(groups["group"], groups["scoring_shard_hours"])) \
+        if len(groups) and "scoring_shard_hours" in groups else {}
     rows, passes_counted = [], set()
     for (stage, m, t, a), g in spent.groupby(["stage", "model", "task", "ablation"], sort=True):  # the work order
         left = g[~g.status.isin((*DECIDED, CONSTANT))]  # a constant row has nothing left to search
@@ -870,12 +885,19 @@ def remaining(cross: pd.DataFrame, groups: pd.DataFrame) -> tuple[pd.DataFrame, 
         sec, basis = rate(m, t, a)
         name = f"{m}__{t}__{a}"
         N = float(g["n_population"].astype(float).max())
-        pass_items = 0.0 if (m, t) in passes_counted else N * float(pass_left.get(name, 1.0))
+        share = 0.0 if (m, t) in passes_counted else float(pass_left.get(name, 1.0))
         passes_counted.add((m, t))  # a pair's two groups share one pass
+        per_shard = float(shard_hours.get(name, math.nan))
+        if share and math.isfinite(per_shard):  # the shards measured so far, for the ones left
+            pass_hours, pass_basis = share * SCORE_SHARDS.get(t, 1) * per_shard, "its measured shards"
+        else:  # one census probe
+            pass_hours = N * share * sec / 3600 if math.isfinite(sec) else math.nan
+            pass_basis = "one census probe" if share else ""
         rows.append({"stage": stage, "group": name, "rows_left": len(left), "est_items": round(items),
                      "seconds_per_item": round(sec, 4) if math.isfinite(sec) else math.nan, "rate_basis": basis,
                      "est_eval_hours": round(items * sec / 3600, 2) if math.isfinite(sec) else math.nan,
-                     "est_pass_hours": round(pass_items * sec / 3600, 2) if math.isfinite(sec) else math.nan})
+                     "est_pass_hours": round(pass_hours, 2) if math.isfinite(pass_hours) else math.nan,
+                     "pass_basis": pass_basis})
     out = pd.DataFrame(rows)
     if len(out):
         out["est_hours"] = (out["est_eval_hours"] + out["est_pass_hours"]).round(2)
@@ -956,7 +978,8 @@ def summary_text(cross: pd.DataFrame, groups: pd.DataFrame, claims: pd.DataFrame
                   f"{basis['items_per_population_random']:.2f} x), less what it has read; at the group's measured "
                   f"seconds per item, else its pair's, else SmolLM2/PIQA's scaled by the ratio "
                   f"benchmarks/bench_campaign_rates.py measured (one torch thread). A scoring pass not yet whole "
-                  f"adds its missing share at one census probe's cost. Hours are one campaign process's, on one "
+                  f"adds its missing shards at the mean cost of those it has stored (the longest prefixes run "
+                  f"first), else its missing share at one census probe's cost. Hours are one campaign process's, on one "
                   f"core: **{through:.0f} h** through stage {RESOLVING_STAGES} (what resolves issue 55: PIQA for "
                   f"the three models, Qwen/MMLU's first four curves), **{est['est_hours'].sum():.0f} h** for "
                   f"every row (table2_remaining.csv).",

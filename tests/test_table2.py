@@ -208,12 +208,21 @@ def test_a_shard_measured_before_bounds_the_next_ones_start(tiny_llama_2k, share
     t2 = script("table2")
     store = tmp_path / "table2" / "store" / "smollm2-135m__piqa"
     store.mkdir(parents=True)
-    pd.DataFrame([{"what": "scoring shard 1 of 4", "wall_seconds": 1800.0, "cpu_seconds": 1700.0,
-                   "dtype": "float32", "cpu": "x", "date": "2026-12-07"}]).to_csv(store / "passes.csv", index=False)
+    pd.DataFrame([{"what": "scoring shard 1 of 4, longest-first order (superseded: shards are now cut with "
+                           "prefixes shared)", "wall_seconds": 9000.0, "cpu_seconds": 9000.0},
+                  {"what": "scoring shard 1 of 4", "wall_seconds": 1800.0, "cpu_seconds": 1700.0}]).assign(
+        dtype="float32", cpu="x", date="2026-12-07").to_csv(store / "passes.csv", index=False)
     monkeypatch.setattr(models, "load_model", lambda *a, **k: pytest.fail("loaded a model"))
     assert t2.main(argv(tiny_llama_2k, tmp_path, "--time-limit", "20", "--pass-minutes", "piqa=4")) == 0
     out = capsys.readouterr().out
     assert "a shard of its scoring pass may take 30 min" in out and "skipped for now" in out and counted == []
+    # the estimate: the 3 shards left at the measured one's CPU hours (the superseded shard counts for neither)
+    groups = pd.read_csv(tmp_path / "table2_groups.csv").set_index("group")
+    assert groups.loc["smollm2-135m__piqa__zero", "status"] == "scoring pass: 1 of 4 shards stored"
+    assert groups.loc["smollm2-135m__piqa__zero", "scoring_shard_hours"] == round(1700 / 3600, 4)
+    est = pd.read_csv(tmp_path / "table2_remaining.csv").set_index("group").loc["smollm2-135m__piqa__zero"]
+    assert est["est_pass_hours"] == round(0.75 * 4 * round(1700 / 3600, 4), 2) and est["pass_basis"] == \
+        "its measured shards"
 
 
 def test_a_scoring_pass_killed_between_shards_resumes_at_the_next_shard(tiny_llama_2k, shared_data, tmp_path,
@@ -385,7 +394,8 @@ def test_the_remaining_estimate_prices_each_undecided_row_at_the_median_decided_
                                      f"{q}__mmlu__mean_c4"], "status": ["started", "started",
                                                                         "scoring pass: 1 of 4 shards stored",
                                                                         "scoring pass: 1 of 4 shards stored"],
-                           "scoring_pass_left": [0.0, 0.0, 0.75, 0.75]})
+                           "scoring_pass_left": [0.0, 0.0, 0.75, 0.75],
+                           "scoring_shard_hours": [math.nan] * 4})
     est, basis = t2.remaining(cross, groups)
     assert basis == {"items_per_population": 3.0, "items_per_population_random": 6.0}
     got = est.set_index("group")
@@ -398,6 +408,14 @@ def test_the_remaining_estimate_prices_each_undecided_row_at_the_median_decided_
     assert got.loc[f"{q}__mmlu__zero", "est_hours"] == round(1.0 + 0.75 * 200 * 2.0 / 3600, 2)
     assert est["stage"].tolist() == [1, 4, 7, 10]  # the hours summed along the work list
     assert est["through_here_hours"].iloc[-1] == round(est["est_hours"].sum(), 2)
+    assert got["pass_basis"].tolist() == ["", "one census probe", "", ""]
+    # once shards are measured, the shards left (a quarter of MMLU's) cost their mean, 0.01 h each
+    measured, _ = t2.remaining(cross, groups.assign(scoring_shard_hours=[math.nan, math.nan, 0.01, 0.01]))
+    m = measured.set_index("group")
+    left = round(0.75 * t2.SCORE_SHARDS["mmlu"] * 0.01, 2)
+    assert left > 0 and m["est_pass_hours"].tolist() == [0.0, left, 0.0, 0.0]
+    assert m["pass_basis"].tolist() == ["", "its measured shards", "", ""]
+    assert m.loc[f"{q}__mmlu__zero", "est_hours"] == round(1.0 + left, 2)
 
 
 def test_mean_ablation_shares_the_pairs_baseline_and_thresholds(tiny_llama_2k, shared_data, tmp_path, counted):
