@@ -396,6 +396,7 @@ def loglikelihoods_tokens(
     min_prefix: int = MIN_PREFIX,
     pack: bool = True,
     observer: Observer | None = None,
+    speculation=None,
 ) -> list[float]:
     """Sum log p(continuation | context) for pre-tokenised ``(context_ids, continuation_ids)``.
 
@@ -404,6 +405,9 @@ def loglikelihoods_tokens(
     ``reuses_prefix`` (packing also only with ``last_only``).
     ``batch_size``: rows per forward, or ``"auto"`` (``lens_heads.batching``); ``keys``: one
     ``RowKey`` integer per request (default: its position); ``observer``: see ``score_rows``.
+    ``speculation`` (``interventions.speculation.Speculation``; default the ablation's own, a
+    per-input score ablation's): rows that share a prefix run after prefixes it keeps across
+    calls (docs/methods.md §2, "Prefix sharing under a per-input ablation").
     """
     batch_size = parse_batch_size(batch_size)
     keys = list(range(len(encoded))) if keys is None else list(keys)
@@ -412,6 +416,11 @@ def loglikelihoods_tokens(
     rows = build_rows(model, encoded, keys)
     out = [math.nan] * len(encoded)
     use_cache = reuse_prefix and (ablation is None or ablation.reuses_prefix)
+    if speculation is None:
+        speculation = getattr(ablation, "speculation", None)
+    if not (reuse_prefix and last_only):
+        speculation = None
+    speculative, rows = speculation.split(model, rows) if speculation is not None else ([], rows)
     groups, singles = prefix_groups(rows, min_prefix) if use_cache else ([], rows)
     units: list[packing.Unit] = []
     limit = packed_length_limit(model) if pack and use_cache and last_only else None
@@ -423,7 +432,9 @@ def loglikelihoods_tokens(
                                        limit)
         groups = large
     batcher = Batcher.for_inputs(batch_size, model, max((len(r.ids) for r in rows), default=1))
-    with progress_bar(len(rows), "log-likelihoods", enabled=progress) as pbar:
+    with progress_bar(len(rows) + len(speculative), "log-likelihoods", enabled=progress) as pbar:
+        if speculative:  # a per-input ablation after shared prefixes (interventions.speculation)
+            speculation.run(model, ablation, speculative, out, batcher.size, pbar, observer)
         for plen, grp in groups:
             _run_grouped(model, plen, grp, out, ablation, batcher, pbar, observer)
         if units:
