@@ -142,3 +142,38 @@ def test_an_ablation_that_zeroes_the_same_heads_everywhere_keeps_one_prefix_for_
         _close(got, want)
         assert kept.counts.accepted == 18 and kept.counts.whole == 0
         assert kept.n_entries == 3  # one per prefix, though every call held one input
+
+
+def test_mmlu_questions_evaluated_one_call_each_find_their_subjects_prefixes(tiny_llama_2k, shared_data):
+    """MMLU five-shot, as a search reads a point: one object for the ablation, the population's
+    prefixes, one question per evaluation (two subjects, interleaved). Every question's
+    log-likelihoods and the zeroed units are the whole forwards'."""
+    from lens_heads.data import load_task
+    from lens_heads.evaluation.evaluate import evaluate_task
+    from lens_heads.forward.task_requests import record_inputs, select_records
+    from lens_heads.models import load_model
+
+    model = load_model(tiny_llama_2k)
+    task = load_task("mmlu")
+    population = select_records(task, 800, 1)
+    subjects = sorted({r.subject for r in population})[:2]
+    chosen = [r for s in subjects for r in population if r.subject == s][:12]
+    chosen = chosen[::2] + chosen[1::2]
+    seqs = record_inputs(model, task, chosen, 5, 1)
+    thr = _threshold(model, [(s.tolist(), [0]) for s in seqs], 0.3)
+    kw = dict(n_shot=5, seed=1, batch_size=4, progress=False)
+    want = evaluate_task(model, task, ablation=ScoreAblation(SCORE, thr, model.geometry), reuse_prefix=False,
+                         doc_ids=[r.doc_id for r in chosen], **kw)
+    abl = ScoreAblation(SCORE, thr, model.geometry)
+    abl.speculation.set_population(population_prefixes(model, record_inputs(model, task, population, 5, 1)))
+    units = [0, 0]
+    got = {}
+    for r in chosen:
+        res = evaluate_task(model, task, ablation=abl, doc_ids=[r.doc_id], **kw)
+        got[r.doc_id] = res.questions[0].lls
+        units = [a + b for a, b in zip(units, res.config["zeroed_units"])]
+    for q in want.questions:
+        _close(got[q.doc_id], q.lls)
+    assert units == want.config["zeroed_units"]
+    c = abl.speculation.counts
+    assert c.accepted > c.whole >= 2, c  # each subject's first question ran whole; most later ones did not
