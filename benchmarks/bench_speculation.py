@@ -10,7 +10,8 @@ The questions are those of ``--subjects`` subjects in that population; the thres
 cached prefix, suffix forwards refused, inputs run whole), and how far apart the results are.
 
     LENS_HEADS_DATA=../shared/data .venv/bin/python benchmarks/bench_speculation.py \
-        [--model qwen2.5-coder-0.5b] [--score ahon_ln] [--fraction 0.1] [--subjects 2] [--per-subject 20]
+        [--model qwen2.5-coder-0.5b] [--score ahon_ln] [--fraction 0.1] [--subjects 2] [--per-subject 20] \
+        [--pick largest|median] [--unablated]
 
 Results: benchmarks/results/bench_speculation.md (one row per run, appended).
 """
@@ -18,6 +19,7 @@ Results: benchmarks/results/bench_speculation.md (one row per run, appended).
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import random
 import sys
@@ -36,6 +38,9 @@ def main() -> int:
     ap.add_argument("--score", default="ahon_ln")
     ap.add_argument("--fraction", type=float, default=0.10)
     ap.add_argument("--subjects", type=int, default=2)
+    ap.add_argument("--pick", choices=["largest", "median"], default="median",
+                    help="the subjects with the most questions in the population, or those around the median")
+    ap.add_argument("--unablated", action="store_true", help="the unablated point instead (kept prefixes only)")
     ap.add_argument("--per-subject", type=int, default=20)
     ap.add_argument("--per-call", type=int, default=1, help="questions per evaluation call")
     ap.add_argument("--seed", type=int, default=1234)
@@ -48,7 +53,7 @@ def main() -> int:
     from lens_heads.files.atomic import atomic_write_text
     from lens_heads.forward.task_requests import record_inputs, select_records
     from lens_heads.interventions.ablation import ScoreAblation
-    from lens_heads.interventions.speculation import population_prefixes
+    from lens_heads.interventions.speculation import Speculation, population_prefixes
     from lens_heads.scores import SCORES, score_heads
 
     model = load_model(args.model)
@@ -58,33 +63,42 @@ def main() -> int:
     by_subject: dict[str, list] = {}
     for r in population:
         by_subject.setdefault(r.subject, []).append(r)
-    subjects = sorted(by_subject, key=lambda s: (-len(by_subject[s]), s))[:args.subjects]
+    ranked = sorted(by_subject, key=lambda s: (-len(by_subject[s]), s))
+    at = 0 if args.pick == "largest" else max(0, len(ranked) // 2 - args.subjects // 2)
+    subjects = ranked[at:at + args.subjects]
     chosen = [r for s in subjects for r in by_subject[s][:args.per_subject]]
     random.Random(args.seed).shuffle(chosen)
-    seqs = record_inputs(model, task, chosen, None, args.seed)
-    s = score_heads(model, seqs, [args.score], 8, keep_per_input=True, progress=False).per_input[args.score].flatten()
-    s = s[torch.isfinite(s)].double()
-    q = args.fraction if SCORES[args.score].inactive_when == "low" else 1 - args.fraction
-    threshold = float(torch.quantile(s, q))
+    threshold = math.nan
+    if not args.unablated:
+        seqs = record_inputs(model, task, chosen, None, args.seed)
+        s = score_heads(model, seqs, [args.score], 8, keep_per_input=True, progress=False).per_input[args.score]
+        s = s.flatten()[torch.isfinite(s.flatten())].double()
+        q = args.fraction if SCORES[args.score].inactive_when == "low" else 1 - args.fraction
+        threshold = float(torch.quantile(s, q))
 
     def run(reuse: bool) -> tuple[float, list, list[int], object]:
-        abl = ScoreAblation(args.score, threshold, model.geometry)
-        abl.speculation.set_population(prefixes)
+        if args.unablated:
+            abl, kept = None, Speculation()
+        else:
+            abl = ScoreAblation(args.score, threshold, model.geometry)
+            kept = abl.speculation
+        kept.set_population(prefixes)
         t0 = time.process_time()
         questions, units = [], [0, 0]
         for i in range(0, len(chosen), args.per_call):
             res = evaluate_task(model, task, seed=args.seed, ablation=abl, progress=False, reuse_prefix=reuse,
-                                doc_ids=[r.doc_id for r in chosen[i:i + args.per_call]])
+                                doc_ids=[r.doc_id for r in chosen[i:i + args.per_call]], speculation=kept)
             questions += res.questions
-            units = [a + b for a, b in zip(units, res.config["zeroed_units"])]
-        return time.process_time() - t0, questions, units, abl.speculation.counts
+            units = [a + b for a, b in zip(units, res.config["zeroed_units"] or [0, 0])]
+        return time.process_time() - t0, questions, units, kept.counts
 
     plain_s, plain_q, plain_units, _ = run(False)
     spec_s, spec_q, spec_units, counts = run(True)
     diff = max(abs(a - b) for p, q_ in zip(plain_q, spec_q) for a, b in zip(p.lls, q_.lls))
     same = sum(p.pred == q_.pred for p, q_ in zip(plain_q, spec_q))
-    row = (f"| {args.model} | {args.score} @ {args.fraction:.0%} ({threshold:.4g}) | {len(chosen)} of "
-           f"{', '.join(subjects)} | {args.per_call} | {100 * plain_units[0] / plain_units[1]:.1f} | "
+    what = "none (unablated)" if args.unablated else f"{args.score} @ {args.fraction:.0%} ({threshold:.4g})"
+    pct = 100 * plain_units[0] / plain_units[1] if plain_units[1] else 0.0
+    row = (f"| {args.model} | {what} | {len(chosen)} of {', '.join(subjects)} | {args.per_call} | {pct:.1f} | "
            f"{plain_s:.0f} | {spec_s:.0f} | {plain_s / spec_s:.2f}x | {counts.accepted} / {counts.rejected} / "
            f"{counts.whole} | {diff:.1e} | {same} of {len(chosen)} | {plain_units == spec_units} |")
     print(row, flush=True)
