@@ -44,8 +44,7 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from lens_heads.data import pad_batch
-from lens_heads.forward.engine import Observer, Row, cache_for_rows, forward, prefix_cache, score_rows, scored_positions
+from lens_heads.forward.engine import Observer, Row, SuffixBatch, forward, prefix_cache, score_rows, scored_positions
 from lens_heads.scores.collector import PrefixStats
 from lens_heads.scores.shared_prefix import pass_prefixes
 
@@ -186,15 +185,11 @@ class Speculation:
             self._entries.move_to_end(eid)
             e = self._entries[eid][1]
             P = len(prefix)
-            pad = model.tokenizer.pad_token_id or 0
             for i in range(0, len(rows), batch_size):
                 batch = rows[i:i + batch_size]
-                ids, smask = pad_batch([torch.tensor(r.ids[P:]) for r in batch], pad, "right")
-                keep, pick = scored_positions(batch, [len(r.ids) - P for r in batch])
-                mask = torch.cat([torch.ones(len(batch), P, dtype=smask.dtype), smask], dim=1)
-                hooks = ablation.hooks(model, smask, [r.key for r in batch]) if ablation is not None else []
-                logits = forward(model, ids, mask, hooks, keep, cache=cache_for_rows(e.kv, len(batch)), pick=pick)
-                score_rows(out, batch, logits[0] if isinstance(logits, tuple) else logits, observer)
+                sb = SuffixBatch.of(model, batch, P)
+                hooks = ablation.hooks(model, sb.smask, [r.key for r in batch]) if ablation is not None else []
+                score_rows(out, batch, sb.logits(model, hooks, e.kv), observer)
                 pbar.update(len(batch))
             e.hits += len(rows)
             self.counts.accepted += len(rows)
@@ -224,15 +219,11 @@ class Speculation:
             return items
         self._entries.move_to_end(eid)
         e = self._entries[eid][1]
-        P, rows = e.stats.length, [p.row for p in items]
-        pad = model.tokenizer.pad_token_id or 0
-        ids, smask = pad_batch([torch.tensor(r.ids[P:]) for r in rows], pad, "right")  # suffixes [b, S]
-        keep, pick = scored_positions(rows, [len(r.ids) - P for r in rows])
-        mask = torch.cat([torch.ones(len(rows), P, dtype=smask.dtype), smask], dim=1)  # [b, P + S]
+        rows = [p.row for p in items]
+        sb = SuffixBatch.of(model, rows, e.stats.length)
         with ablation.counted_apart() as realised:
-            hooks = ablation.hooks(model, smask, [r.key for r in rows], prefix=e.stats)
-            logits = forward(model, ids, mask, hooks, keep, cache=cache_for_rows(e.kv, len(rows)), pick=pick)
-        logits = logits[0] if isinstance(logits, tuple) else logits  # [sum of n_read, vocab]
+            hooks = ablation.hooks(model, sb.smask, [r.key for r in rows], prefix=e.stats)
+            logits = sb.logits(model, hooks, e.kv)  # [sum of n_read, vocab]
         agree = realised.last_zeroed == e.mask[None]  # [b, layer, head]
         ok = [bool(a.all()) for a in agree]
         accepted = [b for b in range(len(rows)) if ok[b]]
@@ -246,7 +237,7 @@ class Speculation:
         kept, tries = self._record.get(e_prefix := self._entries[eid][0], (0, 0))
         self._record[e_prefix] = (kept + len(accepted), tries + len(rows))
         self.counts.accepted += len(accepted)
-        self.counts.tokens_saved += P * len(accepted)
+        self.counts.tokens_saved += e.stats.length * len(accepted)
         again = []
         for b, p in enumerate(items):
             if ok[b]:
