@@ -11,7 +11,8 @@ import torch
 from conftest import TINY_ARCHS
 from lens_heads.forward.engine import loglikelihoods_tokens
 from lens_heads.interventions.ablation import ScoreAblation, StaticAblation
-from lens_heads.interventions.speculation import Speculation, population_prefixes
+from lens_heads.forward.engine import Row
+from lens_heads.interventions.speculation import Speculation, _Pending, population_prefixes
 from lens_heads.models.hooks import attention_window
 from lens_heads.scores import score_heads
 
@@ -40,6 +41,14 @@ def _threshold(model, requests, fraction: float) -> float:
     return float(torch.quantile(s[torch.isfinite(s)].double(), fraction))
 
 
+def _ablation(model, threshold: float) -> ScoreAblation:
+    """The score ablation, its speculation costed for the tiny models: a forward of theirs costs
+    its tokens, nothing fixed (the default's fixed cost would price a 90-token prefix out)."""
+    abl = ScoreAblation(SCORE, threshold, model.geometry)
+    abl.speculation.fixed_tokens = 0
+    return abl
+
+
 def _run(model, requests, ablation, **kw):
     with ablation.counting() as counts:
         lls = loglikelihoods_tokens(model, requests, ablation, batch_size=4, progress=False, **kw)
@@ -58,7 +67,7 @@ def test_inputs_after_a_shared_prefix_get_their_whole_forwards_results(arch, tin
     requests = _requests(model)
     thr = _threshold(model, requests, 0.3)
     want, want_counts = _run(model, requests, ScoreAblation(SCORE, thr, model.geometry), reuse_prefix=False)
-    abl = ScoreAblation(SCORE, thr, model.geometry)
+    abl = _ablation(model, thr)
     got, counts = _run(model, requests, abl)
     _close(got, want)
     assert counts == want_counts  # every input counted once, with the mask its whole forward zeroes
@@ -84,9 +93,9 @@ def test_a_prefix_computed_under_another_mask_is_never_kept(arch, tiny_model):
     requests = _requests(model)
     thr, other = _threshold(model, requests, 0.3), _threshold(model, requests, 0.5)
     want, want_counts = _run(model, requests, ScoreAblation(SCORE, thr, model.geometry), reuse_prefix=False)
-    donor = ScoreAblation(SCORE, other, model.geometry)
+    donor = _ablation(model, other)
     _run(model, requests, donor)
-    abl = ScoreAblation(SCORE, thr, model.geometry)
+    abl = _ablation(model, thr)
     abl.speculation = donor.speculation
     before = donor.speculation.counts.rejected
     got, counts = _run(model, requests, abl)
@@ -101,7 +110,7 @@ def test_the_population_shares_prefixes_between_evaluations_of_one_input(tiny_mo
     model = tiny_model("qwen2")
     requests = _requests(model)
     thr = _threshold(model, requests, 0.3)
-    abl = ScoreAblation(SCORE, thr, model.geometry)
+    abl = _ablation(model, thr)
     abl.speculation.set_population(population_prefixes(model, [torch.tensor(c + x[:-1]) for c, x in requests]))
     got = []
     for r in requests:
@@ -110,7 +119,7 @@ def test_the_population_shares_prefixes_between_evaluations_of_one_input(tiny_mo
     _close(got, want)
     assert abl.speculation.counts.accepted > 0
     # without the population, one input alone shares nothing
-    alone = ScoreAblation(SCORE, thr, model.geometry)
+    alone = _ablation(model, thr)
     for r in requests[:4]:
         _run(model, [r], alone)
     assert alone.speculation.counts.accepted == alone.speculation.counts.whole == 0
@@ -124,7 +133,7 @@ def test_an_ablation_that_zeroes_the_same_heads_everywhere_keeps_one_prefix_for_
     requests = _requests(model)
     population = population_prefixes(model, [torch.tensor(c + x[:-1]) for c, x in requests])
     for ablation in (None, StaticAblation([(0, 1), (1, 0)], model.geometry)):
-        kept = Speculation()
+        kept = Speculation(fixed_tokens=0)
         kept.set_population(population)
         got, counts = [], [0, 0]
         for r in requests:
@@ -164,7 +173,7 @@ def test_mmlu_questions_evaluated_one_call_each_find_their_subjects_prefixes(tin
     kw = dict(n_shot=5, seed=1, batch_size=4, progress=False)
     want = evaluate_task(model, task, ablation=ScoreAblation(SCORE, thr, model.geometry), reuse_prefix=False,
                          doc_ids=[r.doc_id for r in chosen], **kw)
-    abl = ScoreAblation(SCORE, thr, model.geometry)
+    abl = _ablation(model, thr)
     abl.speculation.set_population(population_prefixes(model, record_inputs(model, task, population, 5, 1)))
     units = [0, 0]
     got = {}
@@ -177,3 +186,19 @@ def test_mmlu_questions_evaluated_one_call_each_find_their_subjects_prefixes(tin
     assert units == want.config["zeroed_units"]
     c = abl.speculation.counts
     assert c.accepted > c.whole >= 2, c  # each subject's first question ran whole; most later ones did not
+
+
+def test_tries_stop_where_they_do_not_pay():
+    """The cost rule: try an entry while the prefix's rate of kept tries beats (S + F) / (P + S + F)."""
+    row = Row(list(range(100)), 0, [(0, [7])])  # a 90-token prefix, a 10-token suffix
+    p = _Pending(row, tuple(range(90)))
+    free = Speculation(fixed_tokens=0)  # a try pays where more than 10 % of tries are kept
+    assert free._worth(p)  # no record yet: (0 + 1) / (0 + 2)
+    free._record[p.prefix] = (2, 30)  # 3/32 kept
+    assert not free._worth(p)
+    free._record[p.prefix] = (4, 30)  # 5/32
+    assert free._worth(p)
+    costly = Speculation(fixed_tokens=150)  # (10 + 150) / 250: 64 % of tries must be kept
+    assert not costly._worth(p)
+    costly._record[p.prefix] = (27, 30)
+    assert costly._worth(p)
