@@ -45,7 +45,7 @@ def _ablation(model, threshold: float) -> ScoreAblation:
     """The score ablation, its speculation costed for the tiny models: a forward of theirs costs
     its tokens, nothing fixed (the default's fixed cost would price a 90-token prefix out)."""
     abl = ScoreAblation(SCORE, threshold, model.geometry)
-    abl.speculation.fixed_tokens = 0
+    abl.speculation = Speculation(fixed_tokens=0)  # off by default
     return abl
 
 

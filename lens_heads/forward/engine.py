@@ -427,9 +427,9 @@ def loglikelihoods_tokens(
     ``reuses_prefix`` (packing also only with ``last_only``).
     ``batch_size``: rows per forward, or ``"auto"`` (``lens_heads.batching``); ``keys``: one
     ``RowKey`` integer per request (default: its position); ``observer``: see ``score_rows``.
-    ``speculation`` (``interventions.speculation.Speculation``; default the ablation's own, a
-    per-input score ablation's): rows that share a prefix run after prefixes it keeps across
-    calls (docs/methods.md §2, "Prefix sharing under a per-input ablation").
+    ``speculation`` (``interventions.speculation.Speculation``; default the ablation's own, if it
+    has one): rows that share a prefix run after prefixes it keeps across calls (docs/methods.md
+    §2, "Prefixes kept across evaluations, and under a per-input ablation").
     """
     batch_size = parse_batch_size(batch_size)
     keys = list(range(len(encoded))) if keys is None else list(keys)

@@ -297,7 +297,10 @@ class ScoreAblation(Ablation):
         self.inactive_when = SCORES[score_id].inactive_when
         self.spec = ScoreThreshold(score_id, self.threshold, self.strict)
         self._collector = None  # reused across forwards of the same model
-        self.speculation = Speculation()  # prefixes computed under the masks inputs realised
+        # speculation.Speculation() here shares prefixes computed under the masks inputs realised:
+        # exact, but off by default -- on MMLU too few inputs of a subject realise one mask for it
+        # to pay (benchmarks/results/bench_speculation.md)
+        self.speculation: Speculation | None = None
 
     def collector(self, model: LoadedModel):
         if self._collector is None or self._collector.model is not model:

@@ -1,5 +1,5 @@
-"""Per-input score ablation after a shared prefix, by speculation (docs/methods.md §2,
-"Prefix sharing under a per-input ablation").
+"""Shared prefixes kept across evaluations; under a per-input score ablation, by speculation
+(docs/methods.md §2, "Prefixes kept across evaluations, and under a per-input ablation").
 
 A per-input score ablation (``ScoreAblation``) zeroes, at each layer L, the heads whose score on
 the whole input crosses its threshold. The scores at L reduce over every position, the shared
@@ -29,9 +29,15 @@ so far (``Speculation._worth``): a subject whose questions seldom share a mask s
 whole (measured on MMLU's two largest subjects, professional law and moral scenarios: 27 of 42
 tries refused without the rule, no faster than whole forwards).
 
-Entries live as long as the ablation object (one threshold, one model): across evaluations, so
-the questions of a subject that an adaptive search reads batch after batch share them. They are
-bounded by ``max_bytes`` (least recently used first out).
+Entries live as long as the ``Speculation`` (one ablation: one threshold, one model): across
+evaluations, so the questions of a subject that an adaptive search reads batch after batch share
+them. They are bounded by ``max_bytes`` (least recently used first out).
+
+An ablation that zeroes the same heads on every input (none, static) needs no speculation: one
+entry per prefix serves every input (``_run_constant``), the cross-call form of the engine's
+cached prefix -- what a sweep's unablated and static points use. Under a per-input ablation the
+speculation is exact but off by default: on MMLU too few questions of a subject realise a mask
+another has for it to pay (``benchmarks/results/bench_speculation.md``).
 """
 
 from __future__ import annotations

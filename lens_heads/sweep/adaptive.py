@@ -387,13 +387,16 @@ class StoreItems:
         return PointRecord.from_result(result)
 
     def _ablation(self, spec: str):
-        """The ablation of ``spec``, one object for all its batches: a per-input score ablation
-        keeps the prefixes its inputs computed (``interventions.speculation``), shared through the
-        population's prefixes by the questions of a subject that later batches bring. The
-        previous point's is dropped (a probe's batches come one after another)."""
+        """The ablation of ``spec``, one object for all its batches: one that zeroes the same heads
+        on every input (static) keeps each shared prefix it ran (``interventions.speculation``), found
+        through the population's prefixes by the questions of a subject that later batches bring (so
+        does a per-input score ablation given a ``Speculation``). The previous point's is dropped (a
+        probe's batches come one after another)."""
         if self._last is None or self._last[0] != spec:
             self._last = None  # its entries go before the next point's are made
             abl = parse_ablation(spec, self.model.geometry)
+            if abl.reuses_prefix:
+                abl.speculation = Speculation()
             if abl.speculation is not None:
                 abl.speculation.set_population(self._population())
             self._last = (spec, abl)
