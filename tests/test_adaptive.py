@@ -764,3 +764,37 @@ def test_a_score_that_ties_over_the_range_is_one_probe_and_no_crossing(gemma2k, 
     printed = capsys.readouterr().out
     line = next(x for x in printed.splitlines() if "ftvvn_ln" in x)
     assert "no crossing" in line and "100.00 % of the units" in line and "within 2 point" not in line
+
+
+@pytest.mark.slow  # ~2.5 min on 2 cores: the static ranking's scoring pass and 120 five-shot prompts, twice
+def test_a_search_on_mmlu_keeps_each_subjects_prefix_across_its_batches(model2k, shared_data, tmp_path, counted):
+    """MMLU five-shot: a batch of the search holds questions of many subjects, so the unablated
+    and static points run each subject's shared prefix once and keep it for later batches
+    (interventions.speculation). Read to the end, every probe's Δ is the one whole forwards give."""
+    from lens_heads.data import load_task
+    from lens_heads.evaluation.evaluate import evaluate_task
+    from lens_heads.forward.task_requests import select_records
+    from lens_heads.interventions.ablation import parse_ablation
+
+    model = model2k
+    cfg = SweepConfig(task="mmlu", score_ids=[], static_ids=["ahon_ln"], random_seeds=[], limit=120,
+                      fractions=[0, 0.5], chunk_questions=40, batch_size=16)
+    search = SearchConfig(margin=0.0, resolution=0.25, batch=40)  # three batches of scattered subjects
+    found = run_search(model, cfg, search, tmp_path, progress=False)
+    task = load_task("mmlu")
+    ids = [r.doc_id for r in select_records(task, 120, cfg.seed)]
+    kw = dict(n_shot=cfg.n_shot, seed=cfg.seed, batch_size=16, progress=False, reuse_prefix=False)
+    read = {}  # ablation -> the questions the search evaluated under it
+    for name, doc in counted:
+        read.setdefault(name, []).append(doc)
+    assert len(read["none"]) == len(set(read["none"])) and len(read) >= 2  # the unablated point and a static one
+    truth = {name: {q.doc_id: q.correct for q in evaluate_task(
+        model, task, ablation=None if name == "none" else parse_ablation(name, model.geometry),
+        doc_ids=sorted(set(docs)), **kw).questions} for name, docs in read.items()}
+    full = [p for p in found.probes.itertuples() if p.n_items == 120]
+    assert full, "no probe read every question"
+    deltas = {round(np.mean([truth[n][d] for d in ids]) - np.mean([truth["none"][d] for d in ids]), 9)
+              for n in truth if n != "none" and set(read[n]) == set(ids)}
+    for probe in full:
+        assert probe.delta_lo == pytest.approx(probe.delta_hi)
+        assert round(probe.delta_lo, 9) in deltas

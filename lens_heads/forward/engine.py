@@ -344,22 +344,44 @@ def _run_plain(model: LoadedModel, rows: list[Row], out: list[float], ablation, 
     batcher.run(order, run, [len(r.ids) for r in order])
 
 
+@dataclass
+class SuffixBatch:
+    """Rows that share a cached prefix of ``prefix_len`` tokens, as one forward after it: their
+    suffixes ``ids`` [b, S] (right-padded, ``smask``), the ``mask`` over prefix and suffix
+    [b, P + S], and the positions read (``scored_positions``' ``keep`` / ``pick``)."""
+
+    ids: Tensor
+    smask: Tensor
+    mask: Tensor
+    keep: Tensor
+    pick: Tensor
+
+    @classmethod
+    def of(cls, model: LoadedModel, rows: Sequence[Row], prefix_len: int) -> "SuffixBatch":
+        pad = model.tokenizer.pad_token_id or 0
+        ids, smask = pad_batch([torch.tensor(r.ids[prefix_len:]) for r in rows], pad, "right")
+        keep, pick = scored_positions(rows, [len(r.ids) - prefix_len for r in rows])
+        mask = torch.cat([torch.ones(len(rows), prefix_len, dtype=smask.dtype), smask], dim=1)
+        return cls(ids, smask, mask, keep, pick)
+
+    def logits(self, model: LoadedModel, hooks: list, cache: Any) -> Float[Tensor, "n vocab"]:
+        """The logits at the positions read, after a copy of the prefix's ``cache``."""
+        out = forward(model, self.ids, self.mask, hooks, self.keep, cache=cache_for_rows(cache, self.ids.shape[0]),
+                      pick=self.pick)
+        return out[0] if isinstance(out, tuple) else out
+
+
 def _run_grouped(model: LoadedModel, prefix_len: int, rows: list[Row], out: list[float], ablation,
                  batcher: Batcher, pbar, observer: Observer | None = None) -> None:
-    pad = model.tokenizer.pad_token_id or 0
     pmask = torch.ones(1, prefix_len, dtype=torch.long)
     hooks = ablation.hooks(model, pmask, []) if ablation is not None else []  # it scores no input
     cache = prefix_cache(model, rows[0].ids[:prefix_len], hooks)
     order = sorted(rows, key=lambda r: -len(r.ids))
 
     def run(batch: Sequence[Row]) -> None:
-        ids, smask = pad_batch([torch.tensor(r.ids[prefix_len:]) for r in batch], pad, "right")
-        keep, pick = scored_positions(batch, [len(r.ids) - prefix_len for r in batch])
-        mask = torch.cat([torch.ones(len(batch), prefix_len, dtype=smask.dtype), smask], dim=1)
-        hooks = ablation.hooks(model, smask, [r.key for r in batch]) if ablation is not None else []
-        logits = forward(model, ids, mask, hooks, keep, cache=cache_for_rows(cache, len(batch)), pick=pick)
-        logits = logits[0] if isinstance(logits, tuple) else logits
-        score_rows(out, batch, logits, observer)
+        sb = SuffixBatch.of(model, batch, prefix_len)
+        hooks = ablation.hooks(model, sb.smask, [r.key for r in batch]) if ablation is not None else []
+        score_rows(out, batch, sb.logits(model, hooks, cache), observer)
         pbar.update(len(batch))
 
     batcher.run(order, run, [len(r.ids) - prefix_len for r in order])
@@ -396,6 +418,7 @@ def loglikelihoods_tokens(
     min_prefix: int = MIN_PREFIX,
     pack: bool = True,
     observer: Observer | None = None,
+    speculation=None,
 ) -> list[float]:
     """Sum log p(continuation | context) for pre-tokenised ``(context_ids, continuation_ids)``.
 
@@ -404,6 +427,9 @@ def loglikelihoods_tokens(
     ``reuses_prefix`` (packing also only with ``last_only``).
     ``batch_size``: rows per forward, or ``"auto"`` (``lens_heads.batching``); ``keys``: one
     ``RowKey`` integer per request (default: its position); ``observer``: see ``score_rows``.
+    ``speculation`` (``interventions.speculation.Speculation``; default the ablation's own, if it
+    has one): rows that share a prefix run after prefixes it keeps across calls (docs/methods.md
+    §2, "Prefixes kept across evaluations, and under a per-input ablation").
     """
     batch_size = parse_batch_size(batch_size)
     keys = list(range(len(encoded))) if keys is None else list(keys)
@@ -412,6 +438,11 @@ def loglikelihoods_tokens(
     rows = build_rows(model, encoded, keys)
     out = [math.nan] * len(encoded)
     use_cache = reuse_prefix and (ablation is None or ablation.reuses_prefix)
+    if speculation is None:
+        speculation = getattr(ablation, "speculation", None)
+    if not (reuse_prefix and last_only):
+        speculation = None
+    speculative, rows = speculation.split(model, rows) if speculation is not None else ([], rows)
     groups, singles = prefix_groups(rows, min_prefix) if use_cache else ([], rows)
     units: list[packing.Unit] = []
     limit = packed_length_limit(model) if pack and use_cache and last_only else None
@@ -423,7 +454,9 @@ def loglikelihoods_tokens(
                                        limit)
         groups = large
     batcher = Batcher.for_inputs(batch_size, model, max((len(r.ids) for r in rows), default=1))
-    with progress_bar(len(rows), "log-likelihoods", enabled=progress) as pbar:
+    with progress_bar(len(rows) + len(speculative), "log-likelihoods", enabled=progress) as pbar:
+        if speculative:  # a per-input ablation after shared prefixes (interventions.speculation)
+            speculation.run(model, ablation, speculative, out, batcher.size, pbar, observer)
         for plen, grp in groups:
             _run_grouped(model, plen, grp, out, ablation, batcher, pbar, observer)
         if units:

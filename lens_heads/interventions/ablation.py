@@ -49,6 +49,7 @@ from lens_heads.models.hooks import HookFn, hook_name
 from lens_heads.interventions.specs import (ABLATION_FORMS, AblationSpec, Head, NoHeads, RandomHeads,  # noqa: F401
                                       Replaced, ScoreFraction, ScoreThreshold, StaticHeads, parse_heads, parse_spec,
                                       with_replacement)
+from lens_heads.interventions.speculation import Speculation
 from lens_heads.interventions.thresholds import DEFAULT_RULE, calibrated_spec
 from lens_heads.scores import SCORES, ScoreCollector
 
@@ -74,6 +75,15 @@ class Counts:
 
     def start(self, batch: int, geometry) -> None:
         self.last_zeroed = torch.zeros(batch, geometry.n_layers, geometry.n_heads, dtype=torch.bool)
+        self._units_per_row = sum(geometry.heads_in(L) for L in range(geometry.n_layers))
+
+    def take(self, other: "Counts", rows: Sequence[int]) -> None:
+        """Count rows ``rows`` of ``other``'s latest forward here (a forward counted apart, whose
+        other rows are run again: ``Ablation.counted_apart``)."""
+        if not rows:
+            return
+        self.zeroed += int(other.last_zeroed[list(rows)].sum())
+        self.units += len(rows) * other._units_per_row
 
     def record(self, layer: int, drop: Bool[Tensor, "batch head"]) -> None:
         """Count layer ``layer`` of the current forward (every layer of a forward is recorded once;
@@ -117,6 +127,7 @@ class Ablation:
     needs_task: bool = False  # decided by a task-level score: only evaluate_task can run it
     _counts_type = Counts
     replacement = None  # what ablated heads become (lens_heads.forward.replacement runtime); None: zero
+    speculation: Speculation | None = None  # a per-input ablation's entries after shared prefixes (the engine runs them)
 
     def _prepare(self, model: LoadedModel, attention_mask, row_keys) -> None:
         if self.replacement is not None:
@@ -143,6 +154,16 @@ class Ablation:
         self._counts = self._counts_type()
         yield self._counts
 
+    @contextlib.contextmanager
+    def counted_apart(self) -> Iterator[Counts]:
+        """Forwards in this block count into fresh counts, not the current block's (a forward
+        some of whose rows are run again: ``Counts.take`` adds the others' afterwards)."""
+        outer, self._counts = self.counts, self._counts_type()
+        try:
+            yield self._counts
+        finally:
+            self._counts = outer
+
     def hooks(self, model: LoadedModel, attention_mask: Tensor, row_keys: Sequence[int]) -> Hooks:
         raise NotImplementedError
 
@@ -156,6 +177,7 @@ class Ablation:
         self.spec, self.replacement = spec, spec.replacement.runtime()
         if spec.replacement.per_row:
             self.reuses_prefix = False
+            self.speculation = None
         return self
 
     # the current counts, for interactive use
@@ -275,6 +297,10 @@ class ScoreAblation(Ablation):
         self.inactive_when = SCORES[score_id].inactive_when
         self.spec = ScoreThreshold(score_id, self.threshold, self.strict)
         self._collector = None  # reused across forwards of the same model
+        # speculation.Speculation() here shares prefixes computed under the masks inputs realised:
+        # exact, but off by default -- on MMLU too few inputs of a subject realise one mask for it
+        # to pay (benchmarks/results/bench_speculation.md)
+        self.speculation: Speculation | None = None
 
     def collector(self, model: LoadedModel):
         if self._collector is None or self._collector.model is not model:
@@ -288,18 +314,22 @@ class ScoreAblation(Ablation):
             return scores > self.threshold if self.strict else scores >= self.threshold
         return scores < self.threshold if self.strict else scores <= self.threshold
 
-    def hooks(self, model: LoadedModel, attention_mask, row_keys) -> Hooks:
+    def hooks(self, model: LoadedModel, attention_mask, row_keys, *, prefix=None, record=None) -> Hooks:
+        """``prefix`` / ``record``: ``ScoreCollector.hooks``' (a forward after a cached prefix,
+        ``attention_mask`` marking the suffixes; a forward whose per-position quantities are kept):
+        the speculative prefix sharing of ``interventions.speculation``."""
         g = self.geometry
         self.counts.start(attention_mask.shape[0], g)
         self._prepare(model, attention_mask, row_keys)
         collector = self.collector(model)
+        counts = self.counts  # the block's counts when these hooks were made
 
         def z_transform(layer: int, z: Tensor, scores: dict[str, Tensor]) -> Tensor:
             drop = self.crosses(scores[self.score_id])
-            self.counts.record(layer, drop)
+            counts.record(layer, drop)
             return self._apply(layer, z, drop)
 
-        return collector.hooks(attention_mask, z_transform=z_transform)
+        return collector.hooks(attention_mask, z_transform=z_transform, prefix=prefix, record=record)
 
 
 class TaskScoreAblation(ScoreAblation):
@@ -377,6 +407,10 @@ class CalibratedAblation(Ablation):
         return self._inner is not None and self._inner.reuses_prefix
 
     @property
+    def speculation(self) -> Speculation | None:  # read by the engine after prepare_task
+        return None if self._inner is None else self._inner.speculation
+
+    @property
     def _counts_type(self):  # counting() opens after prepare_task: the calibrated ablation's counts
         return Counts if self._inner is None else self._inner._counts_type
 
@@ -407,13 +441,13 @@ class CalibratedAblation(Ablation):
         self._inner = bind(self.calibrated, self.geometry)
         self._calibrated_on = on
 
-    def hooks(self, model: LoadedModel, attention_mask, row_keys) -> Hooks:
+    def hooks(self, model: LoadedModel, attention_mask, row_keys, **kwargs) -> Hooks:
         if self._inner is None:
             raise LensHeadsError(f"ablation {self.name}: not calibrated yet; evaluate it on multiple-choice "
                                  f"questions with evaluate_task (or 'lens-heads evaluate'), which sets its "
                                  f"threshold on them first, or give score:ID@THRESHOLD")
         self._inner._counts = self.counts  # the calibrated ablation counts into this block's counts
-        return self._inner.hooks(model, attention_mask, row_keys)
+        return self._inner.hooks(model, attention_mask, row_keys, **kwargs)
 
 
 # -----------------------------------------------------------------------------

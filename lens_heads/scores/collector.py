@@ -22,7 +22,7 @@ from torch import Tensor
 from lens_heads.models.attention import RowRequest
 from lens_heads.errors import LensHeadsError
 from lens_heads.models.hooks import HookFn, HookKind, hook_name, w_o
-from lens_heads.scores.functions import SCORES, Acts, BatchGeometry, ScoreFn, _closure, resolve_score_ids
+from lens_heads.scores.functions import POSITION_AXIS, SCORES, Acts, BatchGeometry, ScoreFn, _closure, resolve_score_ids
 
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
@@ -46,6 +46,22 @@ class PrefixStats:
 
     def at(self, layer: int, kind: str) -> dict[str, Tensor]:
         return self.layers.setdefault(layer, {}).setdefault(kind, {})
+
+    def cut(self, length: int) -> "PrefixStats":
+        """The stats of this input's first ``length`` positions (a one-row forward of a whole
+        input, recorded, gives those of its prefix: under causal attention they are the
+        prefix's own), as copies."""
+        if not 0 < length <= self.length:
+            raise LensHeadsError(f"cannot cut {length} positions from a prefix of {self.length}")
+        out = PrefixStats(length)
+        for L, kinds in self.layers.items():
+            for kind, quantities in kinds.items():
+                out.at(L, kind).update({key: x.narrow(POSITION_AXIS[key] % x.dim(), 0, length).clone()
+                                        for key, x in quantities.items()})
+        return out
+
+    def nbytes(self) -> int:
+        return sum(x.nbytes for kinds in self.layers.values() for q in kinds.values() for x in q.values())
 
 
 class ScoreCollector:

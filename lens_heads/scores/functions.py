@@ -25,6 +25,11 @@ from lens_heads.registry import Registry
 # What a score function sees: one hook's activation plus memoised reductions of it
 
 
+# The per-position quantities ``Acts`` keeps for a cached prefix (``PrefixStats``), each with its
+# position axis: [batch, head, query] for the pattern's rows, [batch, pos, unit] for norms.
+POSITION_AXIS: dict[str, int] = {"first_weight": -1, "entropy": -1, "local_mass": -1, "norms": 1, "out_norms": 1}
+
+
 class Acts:
     """One layer's activation at one hook, with the batch's padding geometry.
 
@@ -45,8 +50,8 @@ class Acts:
             self._memo[key] = make()
         return self._memo[key]
 
-    def _positional(self, key: str, axis: int, make: Callable[[], Tensor]) -> Tensor:
-        """A per-position quantity (``axis``: its position axis), memoised. After a cached
+    def _positional(self, key: str, make: Callable[[], Tensor]) -> Tensor:
+        """A per-position quantity (``POSITION_AXIS[key]``: its position axis), memoised. After a cached
         prefix (``prefix``: the same quantities of the prefix's positions, [1, ...], recorded by
         its own forward into ``record``) it is the prefix's values followed by this forward's,
         so every reduction below runs over the whole input (``ScoreCollector``, prefix sharing)."""
@@ -57,7 +62,7 @@ class Acts:
             if self._prefix is None:
                 return own
             before = self._prefix[key].to(own.device)
-            return torch.cat([before.expand(own.shape[0], *before.shape[1:]), own], dim=axis)
+            return torch.cat([before.expand(own.shape[0], *before.shape[1:]), own], dim=POSITION_AXIS[key])
         return self._cached(key, full)
 
     # --- row statistics (``attention.RowStats``) or a pattern [batch, head, q, k] --------
@@ -69,20 +74,20 @@ class Acts:
 
     def attn_on_first(self) -> Float[Tensor, "batch head q"]:
         """A[t, first] for every query row t (float32)."""
-        return self._positional("first_weight", -1, lambda: self._rows().first_weight)
+        return self._positional("first_weight", lambda: self._rows().first_weight)
 
     def row_entropy(self) -> Float[Tensor, "batch head q"]:
         """-sum_j A[t, j] ln A[t, j] per query row (float32)."""
-        return self._positional("entropy", -1, lambda: self._rows().entropy)
+        return self._positional("entropy", lambda: self._rows().entropy)
 
     def local_mass(self) -> Float[Tensor, "batch head q"]:
         """sum_{j=t-2..t} A[t, j] for every query row t (float32)."""
-        return self._positional("local_mass", -1, lambda: self._rows().local_mass)
+        return self._positional("local_mass", lambda: self._rows().local_mass)
 
     # --- v [batch, pos, kv_head, d_head] and z [batch, pos, head, d_head] --------------
     def norms(self) -> Float[Tensor, "batch pos unit"]:
         """L2 norm over d_head of every position's vector (float32)."""
-        return self._positional("norms", 1, lambda: torch.linalg.vector_norm(self.x, dim=-1, dtype=torch.float32))
+        return self._positional("norms", lambda: torch.linalg.vector_norm(self.x, dim=-1, dtype=torch.float32))
 
     def out_norms(self) -> Float[Tensor, "batch pos head"]:
         """||z_t W_O^h|| via the Gram trick: sqrt(z (W_O^h W_O^hT) z^T) (float32)."""
@@ -90,7 +95,7 @@ class Acts:
             z = self.x.float()
             zg = torch.einsum("bphd,hde->bphe", z, self._gram(self.layer, z.device))
             return (zg * z).sum(-1).clamp_min_(0).sqrt_()
-        return self._positional("out_norms", 1, make)
+        return self._positional("out_norms", make)
 
     # --- reductions ---------------------------------------------------------------------
     def mean_over_queries(self, x: Float[Tensor, "batch head q"]) -> Float[Tensor, "batch head"]:

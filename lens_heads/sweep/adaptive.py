@@ -41,6 +41,7 @@ import numpy as np
 from lens_heads.evaluation import evaluate as evaluation
 from lens_heads.evaluation.timing import compute_seconds
 from lens_heads.interventions.ablation import parse_ablation
+from lens_heads.interventions.speculation import Speculation, population_prefixes
 from lens_heads.files.atomic import atomic_write_csv
 from lens_heads.files.claims import claim, wait_for
 from lens_heads.errors import LensHeadsError
@@ -51,7 +52,7 @@ from lens_heads.sweep.confseq import WoRConfidenceSequence, decide
 from lens_heads.sweep.ledger import Ledger, LedgerEntry, population_digest
 from lens_heads.sweep.config import SweepConfig
 from lens_heads.sweep.plan import SweepPlan, stored_static
-from lens_heads.forward.task_requests import select_records
+from lens_heads.forward.task_requests import record_inputs, select_records
 from lens_heads.sweep.records import PointRecord
 from lens_heads.sweep.run import check_one_weights, check_sweep, ensure_static, ensure_thresholds, read_thresholds
 
@@ -111,6 +112,9 @@ class SearchConfig:
     def probe_alpha(self, n_grid: int) -> float:
         """α per probe: α split over the most probes a bisection of ``n_grid`` points can take."""
         return self.alpha / max_probes(n_grid)
+
+
+UNABLATED_BYTES = 1 << 30  # the unablated point's kept prefixes (one per subject: MMLU's 57 on Qwen2.5-0.5B ~0.7 GB)
 
 
 def max_probes(n_grid: int) -> int:
@@ -252,6 +256,9 @@ class StoreItems:
         self._known: dict[str, dict[int, object]] = {}  # point digest -> doc_id -> QuestionResult (or _Known)
         self._zeroed: dict[str, list[float]] = {}  # point digest -> [units zeroed, units seen] over its records
         self._cost: dict[str, list[float]] = {}  # point digest -> [items evaluated, milliseconds] over its records
+        self._last: tuple[str, object] | None = None  # the latest point's ablation (``_ablation``)
+        self._prefixes: dict[tuple[int, ...], int] | None = None  # the population's shared prefixes
+        self._unablated: Speculation | None = None  # the unablated point's prefixes
         self._index_parts()
 
     def _index_parts(self) -> None:
@@ -367,11 +374,42 @@ class StoreItems:
 
     def _evaluate(self, spec: str, doc_ids: list[int]) -> PointRecord:
         cfg = self.plan.cfg
+        if spec == "none":  # the unablated point, read by every probe: its prefixes kept for the whole search
+            if self._unablated is None:
+                self._unablated = Speculation(UNABLATED_BYTES)
+                self._unablated.set_population(self._population())
+            ablation, kept = None, {"speculation": self._unablated}
+        else:
+            ablation, kept = self._ablation(spec), {}
         result = evaluation.evaluate_task(self.model, self.task, n_shot=cfg.n_shot, seed=cfg.seed,
-                                          ablation=None if spec == "none" else parse_ablation(spec, self.model.geometry),
-                                          batch_size=cfg.batch_size, progress=False, doc_ids=list(doc_ids),
-                                          protocol=cfg.protocol)
+                                          ablation=ablation, batch_size=cfg.batch_size, progress=False,
+                                          doc_ids=list(doc_ids), protocol=cfg.protocol, **kept)
         return PointRecord.from_result(result)
+
+    def _ablation(self, spec: str):
+        """The ablation of ``spec``, one object for all its batches: one that zeroes the same heads
+        on every input (static) keeps each shared prefix it ran (``interventions.speculation``), found
+        through the population's prefixes by the questions of a subject that later batches bring (so
+        does a per-input score ablation given a ``Speculation``). The previous point's is dropped (a
+        probe's batches come one after another)."""
+        if self._last is None or self._last[0] != spec:
+            self._last = None  # its entries go before the next point's are made
+            abl = parse_ablation(spec, self.model.geometry)
+            if abl.reuses_prefix:
+                abl.speculation = Speculation()
+            if abl.speculation is not None:
+                abl.speculation.set_population(self._population())
+            self._last = (spec, abl)
+        return self._last[1]
+
+    def _population(self) -> dict[tuple[int, ...], int]:
+        """The shared prefixes of the plan's questions' model inputs (computed once)."""
+        if self._prefixes is None:
+            cfg = self.plan.cfg
+            records = select_records(self.task, None, cfg.seed, self.plan.doc_ids)
+            self._prefixes = population_prefixes(self.model, record_inputs(
+                self.model, self.task, records, cfg.n_shot, cfg.seed, cfg.protocol))
+        return self._prefixes
 
     def to_ledger(self) -> Ledger:
         """Everything known of the plan's points (the store's and the ledger's), as a ledger."""

@@ -1,0 +1,325 @@
+"""Shared prefixes kept across evaluations; under a per-input score ablation, by speculation
+(docs/methods.md §2, "Prefixes kept across evaluations, and under a per-input ablation").
+
+A per-input score ablation (``ScoreAblation``) zeroes, at each layer L, the heads whose score on
+the whole input crosses its threshold. The scores at L reduce over every position, the shared
+prefix's too, and the prefix's positions at L depend on what was zeroed at layers < L. So the
+prefix an input reads is the prefix computed under *that input's* mask: no one prefix serves
+every input of a subject, as it does for a forward that zeroes nothing (``engine.prefix_cache``).
+But the prefix dominates the scores (~80 % of an MMLU prompt's tokens), so inputs of one subject
+often realise the same mask, and a prefix computed under a mask serves every input that realises
+it.
+
+``Speculation`` keeps, per shared prefix, the prefix as computed under each mask seen so far (an
+``Entry``: its K/V cache and per-position score quantities, ``PrefixStats``). An input of that
+prefix runs only its suffix after an entry (the most used one first). Its forward decides its own
+mask layer by layer, exactly as a forward of the whole input does, reading the entry's prefix:
+
+* if the mask it realises is the entry's at every layer, every prefix position it read is the one
+  its own whole forward computes (by induction over layers: the decision at layer L reads only
+  what layers < L did, and those agree), so its logits stand -- equal to a whole forward's up to
+  the rounding of a split computation (tests/test_speculation.py);
+* otherwise its logits are discarded. Its mask is right up to the first layer where the two part
+  (the same induction); it tries another entry that agrees up to there (``MAX_TRIES`` entries in
+  all), or runs whole. A whole forward of one input leaves its prefix behind as a new entry: its
+  K/V cache cropped to the prefix, its recorded per-position quantities cut (``PrefixStats.cut``).
+
+A refused try costs a suffix forward, so a try is made only where it pays on the prefix's record
+so far (``Speculation._worth``): a subject whose questions seldom share a mask soon runs them
+whole (measured on MMLU's two largest subjects, professional law and moral scenarios: 27 of 42
+tries refused without the rule, no faster than whole forwards).
+
+Entries live as long as the ``Speculation`` (one ablation: one threshold, one model): across
+evaluations, so the questions of a subject that an adaptive search reads batch after batch share
+them. They are bounded by ``max_bytes`` (least recently used first out).
+
+An ablation that zeroes the same heads on every input (none, static) needs no speculation: one
+entry per prefix serves every input (``_run_constant``), the cross-call form of the engine's
+cached prefix -- what a sweep's unablated and static points use. Under a per-input ablation the
+speculation is exact but off by default: on MMLU too few questions of a subject realise a mask
+another has for it to pay (``benchmarks/results/bench_speculation.md``).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Sequence
+
+import torch
+from jaxtyping import Bool
+from torch import Tensor
+
+from lens_heads.forward.engine import Observer, Row, SuffixBatch, forward, prefix_cache, score_rows, scored_positions
+from lens_heads.scores.collector import PrefixStats
+from lens_heads.scores.shared_prefix import pass_prefixes
+
+if TYPE_CHECKING:
+    from lens_heads.models.load import LoadedModel
+
+MAX_TRIES = 2  # entries an input tries before it runs whole
+# What a forward costs beyond its tokens, in tokens: the weights are read whatever the rows.
+# Measured on Qwen2.5-0.5B models in fp32 on 2 CPU cores: 53 tokens 2.7 s against 552 tokens 11.7 s
+# (~100 tokens' worth); one MMLU question a forward, its 66-token suffix after a kept prefix 4.0 CPU s
+# against 10.7 s for the whole 445-token input (~160, on cores shared with other work).
+FIXED_TOKENS = 150
+MAX_BYTES = 2 << 30  # entries kept per ablation (K/V and quantities); Qwen2.5-0.5B: ~12 MB a 500-token prefix
+
+
+def population_prefixes(model: LoadedModel, seqs: Sequence[Tensor]) -> dict[tuple[int, ...], int]:
+    """Input -> the length of the prefix it shares, over ``seqs`` (every input an evaluation may
+    run): ``scores.shared_prefix.pass_prefixes``, what a scoring pass over them shares."""
+    return {tuple(x.tolist()): p for x, p in zip(seqs, pass_prefixes(model, seqs)) if p}
+
+
+@dataclass
+class Entry:
+    """A shared prefix computed under one mask (``mask``: [layer, head], True = zeroed; None and no
+    ``stats`` under an ablation that zeroes the same heads on every input)."""
+
+    mask: Bool[Tensor, "layer head"] | None
+    stats: PrefixStats | None
+    kv: Any
+    nbytes: int
+    hits: int = 0
+
+
+@dataclass
+class _Pending:
+    row: Row
+    prefix: tuple[int, ...]
+    tried: list[int] = field(default_factory=list)  # ids of the entries tried
+    known: Bool[Tensor, "layer head"] | None = None  # its mask at the layers up to ``upto`` (from a failed try)
+    upto: int = -1
+
+
+@dataclass
+class SpeculationCounts:
+    """What the speculation did: inputs accepted after a cached prefix, suffix forwards whose
+    result was discarded, inputs run whole, prefix tokens not run."""
+
+    accepted: int = 0
+    rejected: int = 0
+    whole: int = 0
+    tokens_saved: int = 0
+
+
+class Speculation:
+    """The entries of one per-input score ablation (see the module docstring)."""
+
+    def __init__(self, max_bytes: int = MAX_BYTES, max_tries: int = MAX_TRIES, fixed_tokens: int = FIXED_TOKENS):
+        self.max_bytes, self.max_tries, self.fixed_tokens = int(max_bytes), int(max_tries), int(fixed_tokens)
+        self._entries: OrderedDict[int, tuple[tuple[int, ...], Entry]] = OrderedDict()  # id -> (prefix, entry), LRU
+        self._by_prefix: dict[tuple[int, ...], list[int]] = {}
+        self._next = 0
+        self._bytes = 0
+        self._model: int | None = None
+        self._population: dict[tuple[int, ...], int] | None = None
+        self._record: dict[tuple[int, ...], tuple[int, int]] = {}  # prefix -> (tries kept, tries)
+        self.counts = SpeculationCounts()
+
+    # --- which prefix an input shares -----------------------------------------------------------
+    def set_population(self, prefixes: dict[tuple[int, ...], int]) -> None:
+        """Take each input's shared prefix from ``prefixes`` (``population_prefixes``: over every
+        input an evaluation may run) instead of from each evaluation's own inputs: a batch of an
+        adaptive search holds ~one question of a subject, the population all of them."""
+        self._population = prefixes
+
+    def split(self, model: LoadedModel, rows: list[Row]) -> tuple[list[_Pending], list[Row]]:
+        """``rows`` that share a prefix (to ``run``), and the rest."""
+        if self._population is not None:
+            lengths = [self._population.get(tuple(r.ids), 0) for r in rows]
+        else:
+            lengths = pass_prefixes(model, [torch.tensor(r.ids) for r in rows])
+        shared, rest = [], []
+        for r, p in zip(rows, lengths):
+            if p and len(r.ids) - p >= r.n_read:
+                shared.append(_Pending(r, tuple(r.ids[:p])))
+            else:
+                rest.append(r)
+        return shared, rest
+
+    # --- the forwards -----------------------------------------------------------------------------
+    def run(self, model: LoadedModel, ablation, pending: list[_Pending], out: list[float], batch_size: int,
+            pbar, observer: Observer | None = None) -> None:
+        """Fill ``out`` for the requests of ``pending`` (from ``split``)."""
+        if self._model != id(model):
+            self.clear()
+            self._model = id(model)
+        if ablation is None or ablation.reuses_prefix:
+            self._run_constant(model, ablation, pending, out, batch_size, pbar, observer)
+            return
+        ran: set[tuple[int, ...]] = set()  # prefixes one of these inputs ran whole
+        while pending:
+            # whole: inputs out of tries or without a fitting entry, and one input of each prefix
+            # that has no entry yet (the others wait for the entry it leaves)
+            whole, rest = [], []
+            for p in pending:
+                if self._candidate(p) is not None:
+                    rest.append(p)
+                elif p.tried or p.prefix in ran or self._by_prefix.get(p.prefix):
+                    whole.append(p)
+                elif p.prefix not in {q.prefix for q in whole}:
+                    whole.append(p)
+                else:
+                    rest.append(p)
+            for p in whole:
+                self._whole(model, ablation, p, out, pbar, observer)
+                ran.add(p.prefix)
+            plan: dict[int, list[_Pending]] = {}
+            for p in rest:
+                e = self._candidate(p)
+                if e is None:  # its prefix left no entry (a cache that cannot be cropped): whole
+                    self._whole(model, ablation, p, out, pbar, observer)
+                else:
+                    plan.setdefault(e, []).append(p)
+            pending = []
+            for eid, items in plan.items():
+                for i in range(0, len(items), batch_size):
+                    pending += self._speculate(model, ablation, eid, items[i:i + batch_size], out, pbar, observer)
+
+    def _run_constant(self, model: LoadedModel, ablation, pending: list[_Pending], out: list[float],
+                      batch_size: int, pbar, observer: Observer | None) -> None:
+        """An ablation whose zeroed set is the same on every input (none, static): one entry per
+        prefix, computed alone, and every suffix kept (``engine.prefix_cache``'s reuse, across
+        evaluations)."""
+        groups: dict[tuple[int, ...], list[Row]] = {}
+        for p in pending:
+            groups.setdefault(p.prefix, []).append(p.row)
+        for prefix, rows in groups.items():
+            if not self._by_prefix.get(prefix):
+                pmask = torch.ones(1, len(prefix), dtype=torch.long)
+                kv = prefix_cache(model, prefix, ablation.hooks(model, pmask, []) if ablation is not None else [])
+                _compact(kv)
+                self._add(prefix, Entry(None, None, kv, 0))
+            eid = self._by_prefix[prefix][0]
+            self._entries.move_to_end(eid)
+            e = self._entries[eid][1]
+            P = len(prefix)
+            for i in range(0, len(rows), batch_size):
+                batch = rows[i:i + batch_size]
+                sb = SuffixBatch.of(model, batch, P)
+                hooks = ablation.hooks(model, sb.smask, [r.key for r in batch]) if ablation is not None else []
+                score_rows(out, batch, sb.logits(model, hooks, e.kv), observer)
+                pbar.update(len(batch))
+            e.hits += len(rows)
+            self.counts.accepted += len(rows)
+            self.counts.tokens_saved += P * len(rows)
+
+    def _candidate(self, p: _Pending) -> int | None:
+        if len(p.tried) >= self.max_tries or not self._worth(p):
+            return None
+        ids = [i for i in self._by_prefix.get(p.prefix, []) if i not in p.tried]
+        if p.known is not None:
+            ids = [i for i in ids if torch.equal(self._entries[i][1].mask[:p.upto + 1], p.known)]
+        return max(ids, key=lambda i: self._entries[i][1].hits, default=None)
+
+    def _worth(self, p: _Pending) -> bool:
+        """Whether trying an entry pays, on this prefix's record. A forward costs its tokens plus
+        a fixed ``fixed_tokens`` (F, default ``FIXED_TOKENS``); a try costs the suffix's S + F and saves the whole forward's
+        P + S + F when kept (at rate h), else the input runs whole: S + F + (1 - h)(P + S + F) <
+        P + S + F when h > (S + F) / (P + S + F). h is the prefix's tries kept so far,
+        (kept + 1) / (tries + 2): a prefix whose inputs seldom share a mask soon runs them whole."""
+        kept, tries = self._record.get(p.prefix, (0, 0))
+        P, S, F = len(p.prefix), len(p.row.ids) - len(p.prefix), self.fixed_tokens
+        return (kept + 1) / (tries + 2) > (S + F) / (P + S + F)
+
+    def _speculate(self, model: LoadedModel, ablation, eid: int, items: list[_Pending], out: list[float], pbar,
+                   observer: Observer | None) -> list[_Pending]:
+        """The suffixes of ``items`` after entry ``eid``; returns those whose mask was not the entry's."""
+        if eid not in self._entries:  # evicted by an entry made since it was chosen: choose again
+            return items
+        self._entries.move_to_end(eid)
+        e = self._entries[eid][1]
+        rows = [p.row for p in items]
+        sb = SuffixBatch.of(model, rows, e.stats.length)
+        with ablation.counted_apart() as realised:
+            hooks = ablation.hooks(model, sb.smask, [r.key for r in rows], prefix=e.stats)
+            logits = sb.logits(model, hooks, e.kv)  # [sum of n_read, vocab]
+        agree = realised.last_zeroed == e.mask[None]  # [b, layer, head]
+        ok = [bool(a.all()) for a in agree]
+        accepted = [b for b in range(len(rows)) if ok[b]]
+        ablation.counts.take(realised, accepted)
+        starts = torch.tensor([0] + [r.n_read for r in rows]).cumsum(0)
+        if accepted:
+            at = torch.cat([torch.arange(int(starts[b]), int(starts[b + 1])) for b in accepted])
+            score_rows(out, [rows[b] for b in accepted], logits[at], observer)
+            pbar.update(len(accepted))
+        e.hits += len(accepted)
+        kept, tries = self._record.get(e_prefix := self._entries[eid][0], (0, 0))
+        self._record[e_prefix] = (kept + len(accepted), tries + len(rows))
+        self.counts.accepted += len(accepted)
+        self.counts.tokens_saved += e.stats.length * len(accepted)
+        again = []
+        for b, p in enumerate(items):
+            if ok[b]:
+                continue
+            parted = int((~agree[b]).any(-1).nonzero()[0])  # first layer where the masks part
+            p.tried.append(eid)
+            p.known, p.upto = realised.last_zeroed[b, :parted + 1].clone(), parted
+            again.append(p)
+        self.counts.rejected += len(again)
+        return again
+
+    def _whole(self, model: LoadedModel, ablation, p: _Pending, out: list[float], pbar,
+               observer: Observer | None) -> None:
+        """One input's whole forward (counted as any forward of the ablation); its prefix, under
+        the mask it realised, becomes an entry."""
+        row = p.row
+        ids = torch.tensor(row.ids)[None]
+        mask = torch.ones_like(ids)
+        keep, pick = scored_positions([row], [len(row.ids)])
+        stats = PrefixStats(len(row.ids))
+        hooks = ablation.hooks(model, mask, [row.key], record=stats)
+        logits, kv = forward(model, ids, mask, hooks, keep, want_cache=True, pick=pick)
+        score_rows(out, [row], logits, observer)
+        pbar.update(1)
+        self.counts.whole += 1
+        if kv is None or not getattr(kv, "is_croppable", True):
+            return
+        P = len(p.prefix)
+        kv.crop(P - len(row.ids))  # negative: tokens to remove (transformers' crop, old and new)
+        _compact(kv)
+        self._add(p.prefix, Entry(ablation.counts.last_zeroed[0].clone(), stats.cut(P), kv, 0))
+
+    # --- the entries ------------------------------------------------------------------------------
+    def _add(self, prefix: tuple[int, ...], e: Entry) -> None:
+        e.nbytes = _cache_nbytes(e.kv) + (e.stats.nbytes() if e.stats is not None else 0)
+        eid, self._next = self._next, self._next + 1
+        self._entries[eid] = (prefix, e)
+        self._by_prefix.setdefault(prefix, []).append(eid)
+        self._bytes += e.nbytes
+        while self._bytes > self.max_bytes and len(self._entries) > 1:
+            old, (pre, gone) = self._entries.popitem(last=False)
+            self._by_prefix[pre].remove(old)
+            self._bytes -= gone.nbytes
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._by_prefix.clear()
+        self._record.clear()
+        self._bytes = 0
+
+    @property
+    def n_entries(self) -> int:
+        return len(self._entries)
+
+
+def _compact(kv: Any) -> None:
+    """A cropped cache's tensors as copies of their kept positions (a crop keeps views of the whole)."""
+    for layer in getattr(kv, "layers", []):
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, Tensor):
+                setattr(layer, name, t.clone())
+
+
+def _cache_nbytes(kv: Any) -> int:
+    """Bytes of a K/V cache's tensors as kept (a cropped layer counts its kept positions)."""
+    total = 0
+    for layer in getattr(kv, "layers", []):
+        for name in ("keys", "values"):
+            t = getattr(layer, name, None)
+            if isinstance(t, Tensor):
+                total += t.numel() * t.element_size()
+    return total
