@@ -455,7 +455,7 @@ def loglikelihoods_tokens(
         groups = large
     batcher = Batcher.for_inputs(batch_size, model, max((len(r.ids) for r in rows), default=1))
     with progress_bar(len(rows) + len(speculative), "log-likelihoods", enabled=progress) as pbar:
-        if speculative:  # a per-input ablation after shared prefixes (interventions.speculation)
+        if speculative:  # rows after prefixes kept across calls (interventions.speculation)
             speculation.run(model, ablation, speculative, out, batcher.size, pbar, observer)
         for plen, grp in groups:
             _run_grouped(model, plen, grp, out, ablation, batcher, pbar, observer)

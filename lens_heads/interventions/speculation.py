@@ -44,7 +44,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Iterator, Sequence
 
 import torch
 from jaxtyping import Bool
@@ -105,7 +105,8 @@ class SpeculationCounts:
 
 
 class Speculation:
-    """The entries of one per-input score ablation (see the module docstring)."""
+    """The prefixes kept for one ablation: per mask under a per-input score ablation, one per
+    prefix under an ablation that zeroes the same heads everywhere (see the module docstring)."""
 
     def __init__(self, max_bytes: int = MAX_BYTES, max_tries: int = MAX_TRIES, fixed_tokens: int = FIXED_TOKENS):
         self.max_bytes, self.max_tries, self.fixed_tokens = int(max_bytes), int(max_tries), int(fixed_tokens)
@@ -154,12 +155,12 @@ class Speculation:
             # whole: inputs out of tries or without a fitting entry, and one input of each prefix
             # that has no entry yet (the others wait for the entry it leaves)
             whole, rest = [], []
+            starting: set[tuple[int, ...]] = set()  # prefixes with no entry yet that one input runs whole now
             for p in pending:
                 if self._candidate(p) is not None:
                     rest.append(p)
-                elif p.tried or p.prefix in ran or self._by_prefix.get(p.prefix):
-                    whole.append(p)
-                elif p.prefix not in {q.prefix for q in whole}:
+                elif p.tried or p.prefix in ran or self._by_prefix.get(p.prefix) or p.prefix not in starting:
+                    starting.add(p.prefix)
                     whole.append(p)
                 else:
                     rest.append(p)
@@ -216,7 +217,7 @@ class Speculation:
 
     def _worth(self, p: _Pending) -> bool:
         """Whether trying an entry pays, on this prefix's record. A forward costs its tokens plus
-        a fixed ``fixed_tokens`` (F, default ``FIXED_TOKENS``); a try costs the suffix's S + F and saves the whole forward's
+        a fixed ``fixed_tokens`` (F); a try costs the suffix's S + F and saves the whole forward's
         P + S + F when kept (at rate h), else the input runs whole: S + F + (1 - h)(P + S + F) <
         P + S + F when h > (S + F) / (P + S + F). h is the prefix's tries kept so far,
         (kept + 1) / (tries + 2): a prefix whose inputs seldom share a mask soon runs them whole."""
@@ -305,21 +306,21 @@ class Speculation:
         return len(self._entries)
 
 
-def _compact(kv: Any) -> None:
-    """A cropped cache's tensors as copies of their kept positions (a crop keeps views of the whole)."""
+def _cache_tensors(kv: Any) -> Iterator[tuple[Any, str, Tensor]]:
+    """(layer, "keys" / "values", tensor) of each layer of a K/V cache (transformers' ``layers``)."""
     for layer in getattr(kv, "layers", []):
         for name in ("keys", "values"):
             t = getattr(layer, name, None)
             if isinstance(t, Tensor):
-                setattr(layer, name, t.clone())
+                yield layer, name, t
+
+
+def _compact(kv: Any) -> None:
+    """A cropped cache's tensors as copies of their kept positions (a crop keeps views of the whole)."""
+    for layer, name, t in list(_cache_tensors(kv)):
+        setattr(layer, name, t.clone())
 
 
 def _cache_nbytes(kv: Any) -> int:
     """Bytes of a K/V cache's tensors as kept (a cropped layer counts its kept positions)."""
-    total = 0
-    for layer in getattr(kv, "layers", []):
-        for name in ("keys", "values"):
-            t = getattr(layer, name, None)
-            if isinstance(t, Tensor):
-                total += t.numel() * t.element_size()
-    return total
+    return sum(t.numel() * t.element_size() for _, _, t in _cache_tensors(kv))
