@@ -81,7 +81,7 @@ def main() -> int:
             abl, kept = None, Speculation()
         else:
             abl = ScoreAblation(args.score, threshold, model.geometry)
-            kept = abl.speculation
+            abl.speculation = kept = Speculation()  # off by default on a per-input ablation
         kept.set_population(prefixes)
         t0 = time.process_time()
         questions, units = [], [0, 0]
@@ -96,7 +96,8 @@ def main() -> int:
     spec_s, spec_q, spec_units, counts = run(True)
     diff = max(abs(a - b) for p, q_ in zip(plain_q, spec_q) for a, b in zip(p.lls, q_.lls))
     same = sum(p.pred == q_.pred for p, q_ in zip(plain_q, spec_q))
-    what = "none (unablated)" if args.unablated else f"{args.score} @ {args.fraction:.0%} ({threshold:.4g})"
+    what = "none (unablated)" if args.unablated else (f"{args.score} @ {args.fraction:.0%} ({threshold:.4g}), "
+                                                      "refused inputs resumed where their masks part")
     pct = 100 * plain_units[0] / plain_units[1] if plain_units[1] else 0.0
     row = (f"| {args.model} | {what} | {len(chosen)} of {', '.join(subjects)} | {args.per_call} | {pct:.1f} | "
            f"{plain_s:.0f} | {spec_s:.0f} | {plain_s / spec_s:.2f}x | {counts.accepted} / {counts.rejected} / "

@@ -443,3 +443,50 @@ def test_lean_norms_in_bfloat16_are_the_bridge_norms_bit_for_bit(tiny_model_dir,
     assert hooks._native_norms(model.bridge)
     monkeypatch.setattr(hooks, "_native_norms", lambda bridge: [])
     assert torch.equal(lean, run_with_hooks(model, ids, None, []))
+
+
+@pytest.mark.parametrize("arch", TINY_ARCHS)
+def test_a_forward_resumed_at_a_layer_is_the_whole_forward(arch, tiny_model):
+    """``resumed_at``: blocks from ``layer`` on, fed the residual stream the whole forward has
+    there, give the whole forward's logits bit for bit -- with padding, an ablation hook on every
+    layer (those before ``layer`` do not fire), past a sliding window (Gemma 3's layer types are
+    read by block index) -- and the model is whole again afterwards, also after an error."""
+    from lens_heads.models.hooks import _block_list, resumed_at
+
+    model = tiny_model(arch)
+    n = model.geometry.n_layers
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(4, len(model.tokenizer), (2, 20), generator=g)
+    mask = torch.ones_like(ids)
+    mask[1, 15:] = 0  # right padding
+    fired: list[int] = []
+
+    def zero_head(z, hook):
+        fired.append(int(hook.name.split(".")[1]))
+        z[:, :, 1] = 0
+        return z
+
+    seen: dict[int, torch.Tensor] = {}
+
+    def keep(z, hook):
+        seen[int(hook.name.split(".")[1])] = z.clone()
+        return z
+
+    ablate = [(hook_name("z", L), zero_head) for L in range(n)]
+    whole = run_with_hooks(model, ids, mask, ablate + [(f"blocks.{L}.hook_resid_pre", keep) for L in range(n)])
+    parent, attr = _block_list(model)
+    blocks, kinds = getattr(parent, attr), getattr(getattr(parent, "config", None), "layer_types", None)
+    for layer in range(n):
+        fired.clear()
+        with resumed_at(model, layer, seen[layer]) as put:
+            resumed = run_with_hooks(model, ids, mask, ablate + put)
+        assert fired == list(range(layer, n))
+        assert torch.equal(resumed, whole), (arch, layer, (resumed - whole).abs().max())
+        assert getattr(parent, attr) is blocks and getattr(getattr(parent, "config", None), "layer_types", None) == kinds
+    with pytest.raises(LensHeadsError, match="residual stream of shape"):
+        with resumed_at(model, n - 1, seen[n - 1][:1]) as put:
+            run_with_hooks(model, ids, mask, put)
+    assert getattr(parent, attr) is blocks and len(getattr(parent, attr)) == n
+    with pytest.raises(LensHeadsError, match="layers 0"):
+        with resumed_at(model, n, seen[0]):
+            pass

@@ -1,6 +1,7 @@
 """Speculative prefix sharing under a per-input score ablation (interventions/speculation.py,
-docs/methods.md §3): inputs that share a prefix run only their suffix after a prefix computed
-under a mask some input realised, and keep the result only where their own mask is that mask.
+docs/methods.md §2): inputs that share a prefix run only their suffix after a prefix computed
+under a mask some input realised, and keep the result only where their own mask is that mask;
+where it parts at layer k, the input's forward resumes there over the whole input.
 Every check compares with the plain path, whole forwards of every input (``reuse_prefix=False``)."""
 
 import math
@@ -75,7 +76,7 @@ def test_inputs_after_a_shared_prefix_get_their_whole_forwards_results(arch, tin
     if attention_window(model) is not None:  # Gemma 3's 8-token window: a cache past it drops the prefix's keys
         assert c.whole == c.accepted == 0  # so nothing is shared
         return
-    assert c.whole + c.accepted == 18  # every input that shares a prefix went this way
+    assert c.whole + c.accepted + c.rejected == 18  # every input that shares a prefix went one of these ways
     assert c.whole >= 3 and c.accepted > 0, c  # each prefix ran whole once at least; some inputs reused one
     # again with the entries of the first evaluation: those inputs now all run after a cached prefix
     whole = c.whole
@@ -101,7 +102,7 @@ def test_a_prefix_computed_under_another_mask_is_never_kept(arch, tiny_model):
     got, counts = _run(model, requests, abl)
     _close(got, want)
     assert counts == want_counts
-    assert donor.speculation.counts.rejected > before  # the wrong prefixes were tried and refused
+    assert donor.speculation.counts.rejected > before  # the wrong prefixes were tried, refused, and resumed
 
 
 def test_the_population_shares_prefixes_between_evaluations_of_one_input(tiny_model):
@@ -189,16 +190,17 @@ def test_mmlu_questions_evaluated_one_call_each_find_their_subjects_prefixes(tin
 
 
 def test_tries_stop_where_they_do_not_pay():
-    """The cost rule: try an entry while the prefix's rate of kept tries beats (S + F) / (P + S + F)."""
+    """The cost rule: try an entry while the prefix's mean share of layers agreed (1 for a kept
+    try, k/L for one resumed at layer k) beats (S + F) / (P + S + F)."""
     row = Row(list(range(100)), 0, [(0, [7])])  # a 90-token prefix, a 10-token suffix
     p = _Pending(row, tuple(range(90)))
-    free = Speculation(fixed_tokens=0)  # a try pays where more than 10 % of tries are kept
+    free = Speculation(fixed_tokens=0)  # a try pays where tries agree on more than 10 % of the layers
     assert free._worth(p)  # no record yet: (0 + 1) / (0 + 2)
-    free._record[p.prefix] = (2, 30)  # 3/32 kept
+    free._record[p.prefix] = (2.0, 30)  # 3/32
     assert not free._worth(p)
-    free._record[p.prefix] = (4, 30)  # 5/32
+    free._record[p.prefix] = (4.0, 30)  # 5/32: e.g. four kept, or eight resumed half-way
     assert free._worth(p)
-    costly = Speculation(fixed_tokens=150)  # (10 + 150) / 250: 64 % of tries must be kept
+    costly = Speculation(fixed_tokens=150)  # (10 + 150) / 250: tries must agree on 64 % of the layers
     assert not costly._worth(p)
-    costly._record[p.prefix] = (27, 30)
+    costly._record[p.prefix] = (27.0, 30)
     assert costly._worth(p)

@@ -85,6 +85,12 @@ class Counts:
         self.zeroed += int(other.last_zeroed[list(rows)].sum())
         self.units += len(rows) * other._units_per_row
 
+    def take_row(self, mask: Bool[Tensor, "layer head"], units: int) -> None:
+        """Count one input whose mask was realised over more than one forward (one resumed at a
+        layer: ``interventions.speculation``): its whole [layer, head] mask, over ``units`` units."""
+        self.zeroed += int(mask.sum())
+        self.units += int(units)
+
     def record(self, layer: int, drop: Bool[Tensor, "batch head"]) -> None:
         """Count layer ``layer`` of the current forward (every layer of a forward is recorded once;
         ``drop`` covers the layer's own heads: fewer in a pruned layer)."""
@@ -297,9 +303,10 @@ class ScoreAblation(Ablation):
         self.inactive_when = SCORES[score_id].inactive_when
         self.spec = ScoreThreshold(score_id, self.threshold, self.strict)
         self._collector = None  # reused across forwards of the same model
-        # speculation.Speculation() here shares prefixes computed under the masks inputs realised:
-        # exact, but off by default -- on MMLU too few inputs of a subject realise one mask for it
-        # to pay (benchmarks/results/bench_speculation.md)
+        # speculation.Speculation() here shares prefixes computed under the masks inputs realised
+        # (an input whose mask parts from its entry's resumes at that layer): exact, but off by
+        # default -- on MMLU a subject's one entry parts early, no faster than whole forwards yet
+        # (benchmarks/results/bench_speculation.md)
         self.speculation: Speculation | None = None
 
     def collector(self, model: LoadedModel):

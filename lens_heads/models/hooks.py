@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator, Literal
 
 import torch
 import torch.nn.functional as F
-from jaxtyping import Int
+from jaxtyping import Float, Int
 from torch import Tensor
 
 from lens_heads.models import attention
@@ -496,3 +496,57 @@ def booting_pruned(plan: dict | None, conv1d: bool) -> Iterator[None]:
         yield
     finally:
         Joint.set_original_component = original
+
+
+def _block_list(model: LoadedModel) -> tuple[torch.nn.Module, str]:
+    """(parent module, attribute) of the Hugging Face model's list of blocks: the
+    ``torch.nn.ModuleList`` whose members are the bridge's ``blocks`` (every architecture the
+    bridge serves, in or out of the ``ArchSpec`` table)."""
+    first = model.bridge.blocks[0]
+    for parent in model.hf_model.modules():
+        for attr, child in parent.named_children():
+            if isinstance(child, torch.nn.ModuleList) and len(child) and child[0] is first:
+                return parent, attr
+    raise LensHeadsError(f"{model.name}: no list of blocks found in the Hugging Face model (needed to resume a "
+                         f"forward at a layer)")
+
+
+@contextlib.contextmanager
+def resumed_at(model: LoadedModel, layer: int,
+               resid: Float[Tensor, "batch pos d_model"]) -> Iterator[list[tuple[str, HookFn]]]:
+    """For the forwards inside: the model runs blocks ``layer``.. only, its residual stream
+    entering block ``layer`` replaced by ``resid`` (docs/methods.md §2, "Prefixes kept across
+    evaluations, and under a per-input ablation"). Yields the hook that puts ``resid`` in place,
+    for ``run_with_hooks`` beside the forward's own hooks (those of blocks < ``layer`` never fire).
+
+    The blocks before ``layer`` are taken out of the Hugging Face model's block list for the
+    duration (and out of its config's ``layer_types``, which some models read by the block's
+    place in the list; both restored afterwards, also on error), so nothing of them runs; the embedding still
+    does (its output is discarded: an input's positions, masks, rotary and ALiBi terms are built
+    from the input ids as in a whole forward). Given the residual stream the whole forward has
+    there, the result is the whole forward's: each block reads only the residual stream, the
+    masks and the positions (``tests/test_models.py``, every tiny architecture, bit for bit)."""
+    n = len(model.bridge.blocks)
+    if not 0 <= layer < n:
+        raise LensHeadsError(f"cannot resume at layer {layer}: the model has layers 0..{n - 1}")
+    parent, attr = _block_list(model)
+    blocks = getattr(parent, attr)
+
+    def put(x: Tensor, hook) -> Tensor:
+        if x.shape != resid.shape:
+            raise LensHeadsError(f"resuming at layer {layer}: residual stream of shape {tuple(resid.shape)} for a "
+                                 f"forward of shape {tuple(x.shape)}")
+        return resid.to(device=x.device, dtype=x.dtype)
+
+    config = getattr(parent, "config", None)
+    kinds = getattr(config, "layer_types", None)  # read by block index (Qwen2, Gemma 3): sliced alike
+    sliced = isinstance(kinds, (list, tuple)) and len(kinds) == n
+    setattr(parent, attr, torch.nn.ModuleList(list(blocks)[layer:]))
+    if sliced:
+        config.layer_types = list(kinds)[layer:]
+    try:
+        yield [(f"blocks.{layer}.hook_resid_pre", put)]
+    finally:
+        setattr(parent, attr, blocks)
+        if sliced:
+            config.layer_types = kinds
