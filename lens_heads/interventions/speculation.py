@@ -54,7 +54,7 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from lens_heads.forward.engine import Observer, Row, SuffixBatch, forward, prefix_cache, score_rows, scored_positions
-from lens_heads.models.hooks import hook_name, resumed_at
+from lens_heads.models.hooks import hook_name, layer_of, resumed_at
 from lens_heads.scores.collector import PrefixStats
 from lens_heads.scores.shared_prefix import pass_prefixes
 
@@ -252,11 +252,11 @@ class Speculation:
         with ablation.counted_apart() as realised:
 
             def enter(x: Tensor, hook) -> Tensor:
-                entering[int(hook.name.split(".")[1])] = x
+                entering[layer_of(hook)] = x
                 return x
 
             def check(z: Tensor, hook) -> Tensor:  # after the ablation's own hook: the layer's mask is decided
-                layer = int(hook.name.split(".")[1])
+                layer = layer_of(hook)
                 differs = (realised.last_zeroed[:, layer] != e.mask[layer]).any(-1)
                 for b in differs.nonzero().flatten().tolist():
                     if b not in parted:
@@ -266,16 +266,12 @@ class Speculation:
                 return z
 
             hooks = ablation.hooks(model, sb.smask, [r.key for r in rows], prefix=e.stats)
-            if e.resid is not None:
-                hooks += [(f"blocks.{k}.hook_resid_pre", enter) for k in range(L)]
-                hooks += [(hook_name("z", k), check) for k in range(L)]
+            hooks += [(hook_name("resid_pre", k), enter) for k in range(L)]
+            hooks += [(hook_name("z", k), check) for k in range(L)]
             try:
                 logits = sb.logits(model, hooks, e.kv)  # [sum of n_read, vocab]
             except _AllParted:
                 pass
-        if e.resid is None:  # an entry without residual streams: every input that parts runs whole
-            parted = {b: (int((realised.last_zeroed[b] != e.mask).any(-1).nonzero()[0]), None)
-                      for b in range(len(rows)) if not torch.equal(realised.last_zeroed[b], e.mask)}
         accepted = [b for b in range(len(rows)) if b not in parted]
         ablation.counts.take(realised, accepted)
         if accepted:
@@ -291,10 +287,7 @@ class Speculation:
         self.counts.rejected += len(parted)
         self.counts.tokens_saved += P * agreed
         for b, (k, resid) in sorted(parted.items()):
-            if resid is None:
-                self._whole(model, ablation, items[b], out, pbar, observer)
-            else:
-                self._resume(model, ablation, e, k, resid, items[b], out, pbar, observer)
+            self._resume(model, ablation, e, k, resid, items[b], out, pbar, observer)
         return []
 
     def _resume(self, model: LoadedModel, ablation, e: Entry, layer: int, suffix: Float[Tensor, "suffix d_model"],
@@ -331,11 +324,11 @@ class Speculation:
         entering: dict[int, Tensor] = {}
 
         def enter(x: Tensor, hook) -> Tensor:
-            entering[int(hook.name.split(".")[1])] = x[0, :P].clone()
+            entering[layer_of(hook)] = x[0, :P].clone()
             return x
 
         hooks = ablation.hooks(model, mask, [row.key], record=stats)
-        hooks += [(f"blocks.{k}.hook_resid_pre", enter) for k in range(model.geometry.n_layers)]
+        hooks += [(hook_name("resid_pre", k), enter) for k in range(model.geometry.n_layers)]
         logits, kv = forward(model, ids, mask, hooks, keep, want_cache=True, pick=pick)
         score_rows(out, [row], logits, observer)
         pbar.update(1)

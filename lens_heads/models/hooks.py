@@ -36,7 +36,7 @@ from lens_heads.errors import LensHeadsError
 if TYPE_CHECKING:
     from lens_heads.models.load import LoadedModel
 
-HookKind = Literal["pattern", "rows", "v", "values", "z", "attn_in"]
+HookKind = Literal["pattern", "rows", "v", "values", "z", "attn_in", "resid_pre"]
 HOOK_POINTS: dict[str, str] = {
     "pattern": "blocks.{layer}.attn.hook_pattern",
     "rows": "blocks.{layer}.attn.hook_rows",
@@ -44,6 +44,7 @@ HOOK_POINTS: dict[str, str] = {
     "values": "blocks.{layer}.attn.hook_values",
     "z": "blocks.{layer}.attn.hook_z",
     "attn_in": "blocks.{layer}.attn.hook_in",
+    "resid_pre": "blocks.{layer}.hook_resid_pre",  # the residual stream entering a block
 }
 _OWN_POINTS = ("rows", "values")  # lens_heads' points, served by ``run_with_hooks``
 # TransformerLens hook signature: fn(activation, hook) -> activation | None
@@ -545,7 +546,7 @@ def resumed_at(model: LoadedModel, layer: int,
     if sliced:
         config.layer_types = list(kinds)[layer:]
     try:
-        yield [(f"blocks.{layer}.hook_resid_pre", put)]
+        yield [(hook_name("resid_pre", layer), put)]
     finally:
         setattr(parent, attr, blocks)
         if sliced:
